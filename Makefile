@@ -1,0 +1,40 @@
+# gptcli developer tasks. Everything runs inside .venv, created on first use.
+#
+#   make test                 ruff + pytest (installs torch, then gptcli[dev,plot])
+#   make demo                 train the demo model on examples/demo and sample from it
+#   make test TORCH=torch TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
+#                             pick another torch build (CUDA, ROCm, CPU wheel index, ...)
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+EXTRAS ?= dev,plot
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.gptcli-installed
+
+.PHONY: install test lint demo clean
+
+install: $(STAMP)
+
+# torch goes in first so that the project's `torch>=2.4` is already satisfied and pip
+# never pulls a different (multi-GB) build as a dependency.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	$(BIN)/gptcli tokenize examples/demo --out data/demo --tokenizer bpe:512 --force
+	$(BIN)/gptcli tokenize "The rabbit dug a hole because it needed shelter." --tokenizer data/demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

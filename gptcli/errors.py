@@ -1,0 +1,19 @@
+"""Domain errors: what went wrong in words a user can act on.
+
+Core modules raise these; the CLI's error boundary turns them into one line on stderr
+and an exit code (2 for bad input, 1 for other failures).
+"""
+
+from __future__ import annotations
+
+
+class GptcliError(Exception):
+    """An error the user can fix; `str(err)` is the whole message."""
+
+    exit_code = 1
+
+
+class UsageError(GptcliError):
+    """Bad input: a missing file, a wrong flag value, an incompatible checkpoint, ..."""
+
+    exit_code = 2
