@@ -1,0 +1,303 @@
+"""The GPT-2 model, all of it in this one file.
+
+Token embedding + learned position embedding, then L pre-LayerNorm blocks of masked
+multi-head self-attention and a GELU MLP, a final LayerNorm, and an unembedding tied to the
+token embedding: P = softmax(LN(h) W_e^T). Parameter names follow GPT-2 (and nanoGPT), so
+released weights map onto it one to one.
+
+Shapes in comments: B batch, T new tokens, S keys attended (cached + new), C n_embd,
+nh heads, hs head size (C // nh), V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptcli.config import ModelConfig
+
+IGNORE_INDEX = -1  # targets with this value add nothing to the loss (padding, SFT prompts)
+
+
+class KVCache:
+    """Keys and values of every position seen so far, preallocated for `max_len` tokens.
+
+    Incremental decoding feeds only the new tokens; each attention layer appends its keys
+    and values here and attends over everything stored. `key_mask` (B, max_len) marks real
+    tokens when the prompt batch was padded, and stays None otherwise.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        batch_size: int,
+        max_len: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, nh, max_len, hs)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.key_mask: torch.Tensor | None = None  # (B, max_len) bool
+        self.max_len = max_len
+        self.pos = 0  # tokens stored
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.size(1)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new (B, nh, T, hs) keys/values of `layer`; return all (B, nh, S, hs)."""
+        end = self.pos + k.size(2)
+        self.k[layer, :, :, self.pos : end] = k
+        self.v[layer, :, :, self.pos : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def set_key_mask(self, valid: torch.Tensor) -> None:
+        """Remember which of the first S positions hold real tokens; valid: (B, S)."""
+        if self.key_mask is None:
+            self.key_mask = torch.ones(self.batch_size, self.max_len, dtype=torch.bool, device=valid.device)
+        self.key_mask[:, : valid.size(1)] = valid
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep the rows `index` of the batch, in that order (beam search survivors)."""
+        self.k = self.k.index_select(1, index)
+        self.v = self.v.index_select(1, index)
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, index)
+
+    def expand(self, n: int) -> None:
+        """Repeat every row n times: prefill a prompt once, then decode n continuations."""
+        index = torch.arange(self.batch_size, device=self.k.device).repeat_interleave(n)
+        self.reorder(index)
+
+
+class CausalSelfAttention(nn.Module):
+    """Masked multi-head self-attention: position t attends to positions <= t only."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # W_q|W_k|W_v
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_o
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.layer_idx = layer_idx
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv_cache: KVCache | None = None,
+        attentions: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        B, T, C = x.size()
+        hs = C // self.n_head
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nh, S, hs)
+
+        if attentions is None:
+            # fused kernel (flash / memory-efficient where available); mask=None means the
+            # plain causal case with T == S, or a single new token that sees everything
+            y = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=self.dropout if self.training else 0.0,
+                is_causal=mask is None and T > 1,
+            )  # (B, nh, T, hs)
+        else:
+            # the same computation written out, so the weights can be handed back
+            S = k.size(2)
+            if mask is None:
+                mask = causal_mask(T, S, x.device)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
+            att = att.masked_fill(~mask, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            attentions.append(att)
+            y = self.attn_dropout(att) @ v  # (B, nh, T, S) x (B, nh, S, hs) -> (B, nh, T, hs)
+
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: Linear(C, 4C), GELU (tanh approximation, as GPT-2), Linear(4C, C)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + MHA(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv_cache: KVCache | None = None,
+        attentions: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask, kv_cache, attentions)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+def causal_mask(T: int, S: int, device: torch.device | str) -> torch.Tensor:
+    """(T, S) bool: query i (absolute position S - T + i) may attend to keys j <= S - T + i."""
+    past = S - T
+    return torch.arange(S, device=device)[None, :] <= (past + torch.arange(T, device=device))[:, None]
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer language model with GPT-2's architecture and init."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),  # W_e
+                wpe=nn.Embedding(config.block_size, config.n_embd),  # W_p
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # unembedding tied to W_e
+
+        # GPT-2 init: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2L)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; position embeddings excluded by default (token ones are tied)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (forward + backward), as in the PaLM paper's appendix B."""
+        cfg = self.config
+        T = seq_len or cfg.block_size
+        return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * T
+
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        *,
+        kv_cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        attentions: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Final-LayerNorm hidden states (B, T, C) of the tokens idx (B, T).
+
+        kv_cache: continue after the positions it holds, and store the new ones.
+        attention_mask: (B, T), 0 where the batch is padded (left or right); padded
+            positions are never attended to and do not advance the positions of later tokens.
+        attentions: if a list is given, the attention weights (B, nh, T, S) of every layer
+            are appended to it (computed explicitly, so slower than the fused kernel).
+        """
+        B, T = idx.size()
+        past = kv_cache.pos if kv_cache is not None else 0
+        if kv_cache is not None and past + T > kv_cache.max_len:
+            raise ValueError(f"KV cache holds {kv_cache.max_len} tokens, asked for {past + T}")
+        if past + T > self.config.block_size:
+            raise ValueError(f"{past + T} positions exceed the model's block_size {self.config.block_size}")
+        pos, mask = self._positions_and_mask(B, T, past, idx.device, kv_cache, attention_mask)
+
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        for block in self.transformer.h:
+            x = block(x, mask, kv_cache, attentions)
+        if kv_cache is not None:
+            kv_cache.pos += T
+        return self.transformer.ln_f(x)
+
+    def _positions_and_mask(
+        self,
+        B: int,
+        T: int,
+        past: int,
+        device: torch.device,
+        kv_cache: KVCache | None,
+        attention_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Position ids (T,) or (B, T), and the attention mask (None, or bool broadcastable
+        to (B, nh, T, S)); None means plain causal with T == S, or one query seeing all keys."""
+        padded = attention_mask is not None or (kv_cache is not None and kv_cache.key_mask is not None)
+        if not padded:
+            pos = torch.arange(past, past + T, device=device)  # (T,)
+            mask = None if past == 0 or T == 1 else causal_mask(T, past + T, device)
+            return pos, mask
+
+        S = past + T
+        new_valid = (
+            attention_mask.to(device=device, dtype=torch.bool)
+            if attention_mask is not None
+            else torch.ones(B, T, dtype=torch.bool, device=device)
+        )
+        if kv_cache is not None and kv_cache.key_mask is not None:
+            valid = torch.cat([kv_cache.key_mask[:, :past], new_valid], dim=1)  # (B, S)
+        else:
+            valid = torch.cat([torch.ones(B, past, dtype=torch.bool, device=device), new_valid], 1)
+        if kv_cache is not None:
+            kv_cache.set_key_mask(valid)
+        pos = (valid.long().cumsum(1) - 1).clamp(min=0)[:, past:]  # (B, T): real tokens before
+        causal = causal_mask(T, S, device)  # (T, S)
+        itself = torch.arange(S, device=device)[None, :] == torch.arange(past, S, device=device)[:, None]
+        # a padded query would otherwise see no key at all (NaN softmax): let it see itself
+        mask = (causal[None] & valid[:, None, :]) | itself[None]  # (B, T, S)
+        return pos, mask[:, None]  # (B, 1, T, S)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, V) for idx (B, T); with targets (B, T), also the mean next-token NLL."""
+        h = self.hidden_states(idx, kv_cache=kv_cache, attention_mask=attention_mask)
+        logits = self.lm_head(h)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX
+            )
+        return logits, loss

@@ -1,0 +1,79 @@
+"""Shared fixtures: tiny models, tiny corpora, an isolated cache, Hugging Face references."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads or writes the user's caches, and none may reach the network."""
+    cache = tmp_path_factory.mktemp("gptcli-cache")
+    monkeypatch.setenv("GPTCLI_CACHE_DIR", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "120")
+
+
+def make_corpus(path: Path, n_sentences: int = 400, seed: int = 0) -> Path:
+    """Write a small grammatical corpus (deterministic) and return its path."""
+    rng = random.Random(seed)
+    animals = ["rabbit", "fox", "badger", "mole", "otter", "hedgehog"]
+    verbs = ["dug", "found", "built", "left"]
+    things = ["a hole", "a den", "a burrow", "a nest"]
+    reasons = ["it needed shelter", "winter was coming", "it was tired", "the rain began"]
+    lines = [
+        f"The {rng.choice(animals)} {rng.choice(verbs)} {rng.choice(things)} because {rng.choice(reasons)}."
+        for _ in range(n_sentences)
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    return make_corpus(tmp_path / "corpus.txt")
+
+
+@pytest.fixture(scope="session")
+def hf_gpt2():
+    """A factory for small random Hugging Face GPT-2 models (skipped without transformers)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    def build(n_layer=2, n_head=4, n_embd=32, vocab_size=97, n_positions=64, seed=0):
+        torch.manual_seed(seed)
+        cfg = transformers.GPT2Config(
+            n_layer=n_layer,
+            n_head=n_head,
+            n_embd=n_embd,
+            vocab_size=vocab_size,
+            n_positions=n_positions,
+            bos_token_id=vocab_size - 1,
+            eos_token_id=vocab_size - 1,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+        model = transformers.GPT2LMHeadModel(cfg).eval()
+        # HF's init (std 0.02, unit LayerNorms, zero biases) keeps activations so close to 0
+        # that a wrong GELU or a missing bias would hide below 1e-5: use larger random
+        # values everywhere so that every parameter and non-linearity shows in the logits
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".ln_" in name and name.endswith("weight"):
+                    p.copy_(1.0 + 0.2 * torch.randn_like(p))
+                else:
+                    p.copy_(0.15 * torch.randn_like(p))
+        return model
+
+    return build
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"gptcli tests; cpu count {os.cpu_count()}"

@@ -1,0 +1,217 @@
+"""The model against Hugging Face's GPT2LMHeadModel on the same weights (fp32, atol 1e-5)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gptcli.checkpoint import gptcli_to_hf_state_dict, hf_to_gptcli_state_dict
+from gptcli.config import ModelConfig
+from gptcli.model import GPT, IGNORE_INDEX, KVCache
+
+ATOL = 1e-5
+
+SHAPES = [
+    # (n_layer, n_head, n_embd, vocab, n_positions), (batch, T)
+    ((2, 4, 32, 97, 64), (1, 1)),
+    ((2, 4, 32, 97, 64), (3, 17)),
+    ((3, 2, 48, 101, 40), (2, 40)),
+    ((1, 1, 16, 13, 8), (4, 8)),
+]
+
+
+def ours_from_hf(hf) -> GPT:
+    c = hf.config
+    cfg = ModelConfig(
+        vocab_size=c.vocab_size,
+        block_size=c.n_positions,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        n_embd=c.n_embd,
+        dropout=0.0,
+        bias=True,
+    )
+    model = GPT(cfg).eval()
+    missing, unexpected = model.load_state_dict(hf_to_gptcli_state_dict(hf.state_dict()), strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    return model
+
+
+@pytest.mark.parametrize(("arch", "shape"), SHAPES)
+def test_logits_match_hugging_face(hf_gpt2, arch, shape):
+    n_layer, n_head, n_embd, vocab, n_pos = arch
+    hf = hf_gpt2(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab, n_positions=n_pos)
+    ours = ours_from_hf(hf)
+    idx = torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(idx).logits
+        logits, loss = ours(idx)
+    assert loss is None
+    torch.testing.assert_close(logits, ref, atol=ATOL, rtol=0)
+
+
+def test_loss_is_mean_next_token_nll_like_hugging_face(hf_gpt2):
+    hf = hf_gpt2()
+    ours = ours_from_hf(hf)
+    idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(idx, labels=idx).loss  # HF shifts labels inside
+        _, loss = ours(idx[:, :-1], idx[:, 1:])
+    torch.testing.assert_close(loss, ref, atol=ATOL, rtol=0)
+
+
+def test_ignored_targets_do_not_count():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)).eval()
+    x = torch.randint(0, 11, (1, 8))
+    y = torch.randint(0, 11, (1, 8))
+    y_masked = y.clone()
+    y_masked[0, :3] = IGNORE_INDEX
+    with torch.no_grad():
+        logits, loss = model(x, y_masked)
+    expected = F.cross_entropy(logits[0, 3:], y[0, 3:])
+    torch.testing.assert_close(loss, expected)
+
+
+def _padded_batch(lengths, T, vocab, left: bool, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, vocab, (len(lengths), T), generator=g)
+    mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        if left:
+            mask[b, T - n :] = 1
+        else:
+            mask[b, :n] = 1
+    return idx, mask
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
+def test_padded_prompts_match_hugging_face_and_unpadded(hf_gpt2, left):
+    hf = hf_gpt2()
+    ours = ours_from_hf(hf)
+    lengths, T = [5, 12, 9], 12
+    idx, mask = _padded_batch(lengths, T, 97, left)
+    position_ids = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = hf(idx, attention_mask=mask, position_ids=position_ids).logits
+        logits, _ = ours(idx, attention_mask=mask)
+        for b in range(len(lengths)):
+            real = mask[b].bool()
+            torch.testing.assert_close(logits[b, real], ref[b, real], atol=ATOL, rtol=0)
+            # and padding changes nothing: the same prompt alone gives the same logits
+            alone, _ = ours(idx[b : b + 1, real])
+            torch.testing.assert_close(logits[b, real], alone[0], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(("arch", "shape"), SHAPES[1:])
+def test_kv_cache_decoding_matches_full_forward_and_hugging_face(hf_gpt2, arch, shape):
+    n_layer, n_head, n_embd, vocab, n_pos = arch
+    hf = hf_gpt2(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab, n_positions=n_pos)
+    ours = ours_from_hf(hf)
+    B, T = shape
+    idx = torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = hf(idx).logits
+        cache = KVCache(ours.config, batch_size=B, max_len=T)
+        prefill = max(1, T // 3)
+        parts = [ours(idx[:, :prefill], kv_cache=cache)[0]]
+        # then a chunk of several tokens at once, then one token at a time
+        chunk_end = min(T, prefill + 3)
+        if chunk_end > prefill:
+            parts.append(ours(idx[:, prefill:chunk_end], kv_cache=cache)[0])
+        for t in range(chunk_end, T):
+            parts.append(ours(idx[:, t : t + 1], kv_cache=cache)[0])
+        cached = torch.cat(parts, dim=1)
+        full, _ = ours(idx)
+    assert cache.pos == T
+    torch.testing.assert_close(cached, full, atol=ATOL, rtol=0)
+    torch.testing.assert_close(cached, ref, atol=ATOL, rtol=0)
+
+
+def test_kv_cache_with_left_padded_prompts_matches_hugging_face(hf_gpt2):
+    hf = hf_gpt2()
+    ours = ours_from_hf(hf)
+    lengths, T, new = [4, 10, 7], 10, 6
+    idx, mask = _padded_batch(lengths, T, 97, left=True)
+    cont = torch.randint(0, 97, (3, new), generator=torch.Generator().manual_seed(5))
+    full_idx = torch.cat([idx, cont], 1)
+    full_mask = torch.cat([mask, torch.ones(3, new, dtype=torch.long)], 1)
+    position_ids = (full_mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = hf(full_idx, attention_mask=full_mask, position_ids=position_ids).logits
+        cache = KVCache(ours.config, batch_size=3, max_len=T + new)
+        first, _ = ours(idx, kv_cache=cache, attention_mask=mask)
+        steps = [ours(cont[:, t : t + 1], kv_cache=cache)[0] for t in range(new)]
+    got = torch.cat([first, *steps], 1)
+    real = full_mask.bool()
+    torch.testing.assert_close(got[real], ref[real], atol=ATOL, rtol=0)
+
+
+def test_cache_expand_and_reorder_select_rows():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=17, block_size=16, n_layer=2, n_head=2, n_embd=8)).eval()
+    prompt = torch.randint(0, 17, (1, 5))
+    nxt = torch.tensor([[3], [7], [11]])
+    with torch.no_grad():
+        cache = KVCache(model.config, batch_size=1, max_len=16)
+        model(prompt, kv_cache=cache)
+        cache.expand(3)
+        step, _ = model(nxt, kv_cache=cache)
+        cache.reorder(torch.tensor([2, 0]))
+        step2, _ = model(torch.tensor([[1], [1]]), kv_cache=cache)
+        for row, (tok, src) in enumerate([(11, 2), (3, 0)]):
+            seq = torch.cat([prompt, torch.tensor([[tok, 1]])], 1)
+            full, _ = model(seq)
+            torch.testing.assert_close(step[src, -1], full[0, -2], atol=ATOL, rtol=0)
+            torch.testing.assert_close(step2[row, -1], full[0, -1], atol=ATOL, rtol=0)
+
+
+def test_attention_weights_match_hugging_face_eager(hf_gpt2):
+    hf = hf_gpt2()
+    hf.config._attn_implementation = "eager"
+    ours = ours_from_hf(hf)
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        ref = hf(idx, output_attentions=True).attentions
+        attn: list[torch.Tensor] = []
+        h = ours.hidden_states(idx, attentions=attn)
+        logits, _ = ours(idx)
+    assert len(attn) == len(ref) == 2
+    for a, r in zip(attn, ref, strict=True):
+        assert a.shape == (2, 4, 9, 9)
+        torch.testing.assert_close(a, r, atol=ATOL, rtol=0)
+        torch.testing.assert_close(a.sum(-1), torch.ones(2, 4, 9))
+        assert torch.all(a.triu(diagonal=1) == 0)
+    # computing the weights explicitly gives the same logits as the fused kernel
+    torch.testing.assert_close(ours.lm_head(h), logits, atol=ATOL, rtol=0)
+
+
+def test_gpt2_init_and_weight_tying():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=500, block_size=32, n_layer=4, n_head=4, n_embd=128)
+    model = GPT(cfg)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    std = model.transformer.h[0].mlp.c_fc.weight.std().item()
+    assert abs(std - 0.02) < 0.002
+    proj = model.transformer.h[0].attn.c_proj.weight.std().item()
+    assert abs(proj - 0.02 / math.sqrt(2 * cfg.n_layer)) < 0.002
+    assert torch.all(model.transformer.h[0].attn.c_attn.bias == 0)
+
+
+def test_state_dict_round_trips_through_hugging_face_layout(hf_gpt2):
+    hf = hf_gpt2()
+    ours = ours_from_hf(hf)
+    back = gptcli_to_hf_state_dict(ours.state_dict())
+    for name, t in hf.state_dict().items():
+        if name in back:
+            torch.testing.assert_close(back[name], t)
+    assert "lm_head.weight" not in back
+
+
+def test_block_size_is_enforced():
+    model = GPT(ModelConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4))
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, 5, dtype=torch.long))
