@@ -1,0 +1,113 @@
+"""The `gptcli` Typer app: registers the verbs and is the one error boundary.
+
+Every failure leaves here as one line on stderr and an exit code: 2 for bad input (usage
+errors and gptcli.errors.UsageError), 130 for Ctrl-C, 1 for anything else. `--debug`
+(or GPTCLI_DEBUG=1) shows the traceback instead. Nothing here imports torch: verbs import
+the core lazily, so `gptcli --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+from typer.core import TyperGroup
+
+from gptcli import __version__
+from gptcli.cli import render
+from gptcli.cli.tokenize import tokenize
+from gptcli.errors import GptcliError
+
+_debug = os.environ.get("GPTCLI_DEBUG", "") not in ("", "0")
+
+
+class _Boundary(TyperGroup):
+    """Runs the app and turns every exception into one line and an exit code."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: Any = None,
+        complete_var: Any = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except NoArgsIsHelpError as e:
+            e.show()
+            code = 2
+        except ClickException as e:
+            where = (
+                f"gptcli {e.ctx.command_path.split(' ', 1)[-1]} --help"
+                if getattr(e, "ctx", None)
+                else "gptcli --help"
+            )
+            render.error(f"{e.format_message()} (see '{where}')")
+            code = e.exit_code
+        except GptcliError as e:
+            if _debug:
+                raise
+            render.error(str(e))
+            code = e.exit_code
+        except typer.Abort:
+            code = 130
+        except OSError as e:
+            if e.errno != errno.EPIPE:
+                if _debug:
+                    raise
+                render.error(f"{e.strerror or e}: {e.filename or ''}".rstrip(": "))
+            code = 1
+        except Exception as e:
+            if _debug:
+                raise
+            render.error(f"{type(e).__name__}: {e} (run with --debug for the traceback)")
+            code = 1
+        else:
+            code = rv if isinstance(rv, int) else 0
+        if not standalone_mode:
+            return code
+        sys.exit(code)
+
+
+app = typer.Typer(
+    cls=_Boundary,
+    name="gptcli",
+    help="Train, finetune, sample and look inside small GPTs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"gptcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks on errors.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """Train, finetune, sample and look inside small GPTs.
+
+    Start with `gptcli tokenize "The rabbit dug a"`, then `gptcli pretrain corpus.txt`.
+    """
+    global _debug
+    _debug = _debug or debug
+
+
+app.command("tokenize")(tokenize)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,109 @@
+"""`gptcli tokenize`: show how text splits into tokens, or encode a corpus into shards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gptcli.cli import render
+from gptcli.errors import UsageError
+
+if TYPE_CHECKING:
+    from gptcli.tokenizer import Tokenizer
+
+
+def resolve_tokenizer(arg: str, text: str | None = None) -> Tokenizer:
+    """--tokenizer as a spec (char, gpt2, bpe:N) or a path to a tokenizer.json, run or data dir.
+
+    A char tokenizer without a file takes its vocabulary from `text`."""
+    from gptcli.tokenizer import CharTokenizer, build_tokenizer, load_tokenizer, parse_spec
+
+    if Path(arg).exists():
+        return load_tokenizer(arg)
+    kind, _ = parse_spec(arg)
+    if kind == "char" and text is not None:
+        return CharTokenizer.from_texts([text])
+    if kind == "bpe":
+        raise UsageError(
+            f"{arg} is trained on a corpus: run `gptcli tokenize CORPUS --out DIR --tokenizer {arg}`, "
+            "then pass --tokenizer DIR"
+        )
+    return build_tokenizer(arg)
+
+
+def tokenize(
+    inputs: Annotated[
+        list[str],
+        typer.Argument(help="Text to tokenize; with --out, corpus files or directories.", show_default=False),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Encode the corpus into DIR: train.bin, val.bin, tokenizer.json, meta.json."
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            "-t",
+            help="char, gpt2, bpe:N, or a tokenizer.json / run / data dir [default: gpt2 text, char corpus]",
+            show_default=False,
+        ),
+    ] = None,
+    val_fraction: Annotated[
+        float, typer.Option("--val-fraction", help="Share of the corpus, from its end, kept for validation.")
+    ] = 0.1,
+    force: Annotated[bool, typer.Option("--force", help="Replace what --out already holds.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+) -> None:
+    """Show the tokens of a text, or encode a corpus for training.
+
+    gptcli tokenize "The rabbit dug a"                      position, id and piece of each token
+    gptcli tokenize corpus.txt --out data/shakes            train.bin / val.bin for pretrain
+    gptcli tokenize books/ --out data/books -t bpe:8192     train an 8192-token BPE on books/
+    """
+    if out is not None:
+        _encode_corpus(inputs, out, tokenizer or "char", val_fraction, force, json_out)
+        return
+    existing = [p for p in inputs if Path(p).exists()]
+    if existing:
+        raise UsageError(
+            f"{existing[0]} is a file or directory: add --out DIR to encode it as a corpus "
+            "(without --out, the arguments are tokenized as text)"
+        )
+    text = " ".join(inputs)
+    tok = resolve_tokenizer(tokenizer or "gpt2", text)
+    ids = tok.encode_prompt(text)
+    pieces = [tok.token_bytes(i) for i in ids]
+    if json_out:
+        render.print_json(
+            {
+                "tokenizer": tok.name,
+                "ids": ids,
+                "pieces": [p.decode("utf-8", errors="replace") for p in pieces],
+            }
+        )
+    else:
+        render.token_table(tok.name, tok.vocab_size, text, ids, pieces)
+
+
+def _encode_corpus(
+    inputs: list[str], out: Path, tokenizer: str, val_fraction: float, force: bool, json_out: bool
+) -> None:
+    from gptcli.data import collect_files, tokenize_corpus
+
+    tok: str | Tokenizer = tokenizer
+    if Path(tokenizer).exists():
+        tok = resolve_tokenizer(tokenizer)
+    total = sum(f.stat().st_size for f in collect_files(inputs, exclude=out))
+    with render.byte_progress("tokenizing", total, show=total > 4 << 20) as update:
+        report = tokenize_corpus(inputs, out, tok, val_fraction=val_fraction, force=force, progress=update)
+    if json_out:
+        from dataclasses import asdict
+
+        render.print_json({**asdict(report), "out": str(out)})
+    else:
+        render.tokenize_summary(report, str(out))

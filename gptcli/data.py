@@ -1,0 +1,513 @@
+"""Corpora on disk: text files -> token shards (train.bin / val.bin), and reading them back.
+
+A tokenized directory holds `train.bin` and `val.bin` (flat uint16 or uint32 token ids),
+`tokenizer.json`, and `meta.json` (counts, tokenizer, and the sha256 of the source text, so
+a second run over the same corpus is recognised). Text is streamed in chunks that end at
+safe split points, so encoding a chunk at a time gives exactly the ids of encoding it whole
+and a large file is never held in memory twice.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gptcli.errors import UsageError
+from gptcli.tokenizer import (
+    TOKENIZER_FILE,
+    CharTokenizer,
+    Tokenizer,
+    build_tokenizer,
+    load_tokenizer,
+    parse_spec,
+)
+
+META_FILE = "meta.json"
+FORMAT = "gptcli-tokens"
+VERSION = 1
+READ_BYTES = 1 << 20  # bytes read per step while streaming a file
+CHUNK_CHARS = 1 << 18  # characters handed to the encoder per chunk
+BATCH_CHUNKS = 16  # chunks encoded together across threads
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass
+class CorpusScan:
+    """What one streaming pass learned about the source files."""
+
+    files: list[Path]
+    bytes: int = 0
+    documents: int = 0
+    chars: int = 0
+    sha256: str = ""
+
+
+@dataclass
+class TokenizeReport:
+    """Counts of a tokenized corpus, as written to meta.json."""
+
+    tokenizer: str
+    request: str  # what was asked for: a spec, or name@hash of a given tokenizer
+    vocab_size: int
+    dtype: str
+    val_fraction: float
+    source_sha256: str
+    files: list[str]
+    documents: int
+    bytes: int
+    chars: int
+    train_tokens: int
+    val_tokens: int
+    seconds: float = 0.0
+    reused: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.train_tokens + self.val_tokens
+
+    @property
+    def chars_per_token(self) -> float:
+        return self.chars / max(1, self.tokens)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / max(self.seconds, 1e-9)
+
+
+# --- finding and checking the source text -------------------------------------------------
+
+
+def is_tokenized_dir(path: Path) -> bool:
+    meta = path / META_FILE
+    if not meta.is_file():
+        return False
+    try:
+        return json.loads(meta.read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = None) -> list[Path]:
+    """Text files named by paths; a directory contributes its files recursively, sorted,
+    skipping hidden entries and directories made by `gptcli tokenize`."""
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise UsageError(f"{p}: no such file or directory")
+        if p.is_file():
+            files.append(p)
+            continue
+        found = []
+        for root, dirs, names in os.walk(p):
+            r = Path(root)
+            dirs[:] = sorted(
+                d
+                for d in dirs
+                if not d.startswith(".")
+                and not is_tokenized_dir(r / d)
+                and (exclude is None or (r / d).resolve() != exclude.resolve())
+            )
+            found += [r / n for n in sorted(names) if not n.startswith(".")]
+        if not found:
+            raise UsageError(f"{p}: directory holds no text files")
+        files += found
+    return files
+
+
+def _decode_error(path: Path, offset: int, reason: str) -> UsageError:
+    return UsageError(
+        f"{path}: {reason} at byte offset {offset}; the corpus must be UTF-8 text "
+        f"(convert it, e.g. iconv -f latin1 -t utf-8, or remove the file)"
+    )
+
+
+def iter_file_text(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
+    """Stream a file's text in pieces, failing on bytes that are not UTF-8 text."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    offset = 0  # bytes of the file handed to the decoder so far
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(READ_BYTES)
+            final = not block
+            nul = block.find(b"\0")
+            if nul >= 0:
+                raise _decode_error(path, offset + nul, "NUL byte (binary data)")
+            try:
+                text = decoder.decode(block, final=final)
+            except UnicodeDecodeError as e:
+                pending = len(e.object) - len(block)  # bytes held over from the last block
+                raise _decode_error(path, offset - pending + e.start, "invalid UTF-8") from None
+            offset += len(block)
+            if on_bytes is not None and block:
+                on_bytes(len(block))
+            if text:
+                yield text
+            if final:
+                return
+
+
+def _iter_lines(pieces: Iterator[str]) -> Iterator[str]:
+    buf = ""
+    for piece in pieces:
+        buf += piece
+        *lines, buf = buf.split("\n")
+        yield from lines
+    if buf:
+        yield buf
+
+
+def iter_documents(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iterator[Iterator[str]]:
+    """The documents of one file, each a stream of text pieces (consume them in order).
+
+    A .jsonl file holds one document per line, {"text": ...}; any other file is one document."""
+    if path.suffix.lower() != ".jsonl":
+        yield iter_file_text(path, on_bytes)
+        return
+    for lineno, line in enumerate(_iter_lines(iter_file_text(path, on_bytes)), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise UsageError(f'{path}:{lineno}: not valid JSON; each line must be {{"text": "..."}}') from e
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise UsageError(f'{path}:{lineno}: no "text" string; each line must be {{"text": "..."}}')
+        yield iter([obj["text"]])
+
+
+def _newline_terminated(pieces: Iterator[str]) -> Iterator[str]:
+    """Separate documents with a newline where there is no end-of-text token to do it."""
+    last = "\n"
+    for piece in pieces:
+        if piece:
+            last = piece[-1]
+            yield piece
+    if last != "\n":
+        yield "\n"
+
+
+def _is_safe_split(text: str, i: int) -> bool:
+    """Whether text can be cut after the newline at i: a lone newline between two
+    non-space characters ends a pre-token in every tokenizer here (GPT-2's and rustbpe's
+    patterns), so encoding the two halves gives exactly the ids of encoding the whole."""
+    return 0 < i < len(text) - 1 and not text[i - 1].isspace() and not text[i + 1].isspace()
+
+
+def _safe_split(text: str, start: int = 0) -> int:
+    """Index just after the last safe newline at or after start; -1 if there is none."""
+    i = len(text)
+    while (i := text.rfind("\n", start, i)) >= 0:
+        if _is_safe_split(text, i):
+            return i + 1
+    return -1
+
+
+def _first_safe_split(text: str, start: int) -> int:
+    """Index just after the first safe newline at or after start; -1 if there is none."""
+    i = start
+    while (i := text.find("\n", i)) >= 0:
+        if _is_safe_split(text, i):
+            return i + 1
+        i += 1
+    return -1
+
+
+def iter_chunks(pieces: Iterator[str], chunk_chars: int = CHUNK_CHARS) -> Iterator[str]:
+    """Regroup streamed text into chunks of about chunk_chars that end at safe split points."""
+    buf = ""
+    for piece in pieces:
+        buf += piece
+        while len(buf) >= chunk_chars:
+            cut = _safe_split(buf, chunk_chars // 2)
+            if cut < 0:
+                if len(buf) < 64 * chunk_chars:
+                    break  # keep reading until a safe point turns up
+                cut = len(buf)  # a giant line: give up on exactness rather than memory
+            yield buf[:cut]
+            buf = buf[cut:]
+    if buf:
+        yield buf
+
+
+def scan_corpus(
+    files: list[Path], want_chars: bool = False, newline_sep: bool = False
+) -> tuple[CorpusScan, set[str]]:
+    """One streaming pass: validate UTF-8 (and JSONL), count bytes, documents and characters,
+    hash the text, and (for a char tokenizer) collect the character set. newline_sep: count
+    the text as encoded without an end-of-text token (documents end with a newline)."""
+    scan = CorpusScan(files=files)
+    digest = hashlib.sha256()
+    charset: set[str] = set()
+
+    def on_bytes(n: int) -> None:
+        scan.bytes += n
+
+    for path in files:
+        for doc in iter_documents(path, on_bytes):
+            scan.documents += 1
+            for text in _newline_terminated(doc) if newline_sep else doc:
+                digest.update(text.encode("utf-8"))
+                scan.chars += len(text)
+                if want_chars:
+                    charset.update(text)
+            digest.update(b"\0")  # document boundary
+    if scan.chars == 0:
+        names = ", ".join(str(f) for f in files[:3])
+        raise UsageError(f"the corpus is empty ({names}); give it some text")
+    scan.sha256 = digest.hexdigest()
+    return scan, charset
+
+
+# --- tokenizing ----------------------------------------------------------------------------
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def _existing_meta(out: Path) -> dict | None:
+    meta = out / META_FILE
+    if not meta.exists():
+        return None
+    try:
+        d = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) and d.get("format") == FORMAT else None
+
+
+def read_meta(path: Path) -> TokenizeReport:
+    d = _existing_meta(path)
+    if d is None:
+        raise UsageError(f"{path} is not a directory made by `gptcli tokenize` (no valid {META_FILE})")
+    if int(d.get("version", 0)) > VERSION:
+        raise UsageError(f"{path} was written by a newer gptcli (format {d['version']}); upgrade gptcli")
+    fields = {k: d[k] for k in TokenizeReport.__dataclass_fields__ if k in d}
+    try:
+        return TokenizeReport(**fields)
+    except TypeError as e:
+        raise UsageError(f"{path / META_FILE} is incomplete ({e}); re-run gptcli tokenize") from e
+
+
+def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: float, force: bool) -> bool:
+    """True if out already holds exactly this tokenization; raise if it holds anything else."""
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a directory")
+    meta = _existing_meta(out)
+    if meta is not None:
+        same = (
+            meta.get("source_sha256") == scan.sha256
+            and meta.get("request") == request
+            and meta.get("val_fraction") == val_fraction
+            and (out / "train.bin").is_file()
+            and (out / "val.bin").is_file()
+        )
+        if same:
+            return True
+        if not force:
+            if meta.get("source_sha256") != scan.sha256:
+                what = "of other text"
+            elif meta.get("request") != request:
+                what = f"with tokenizer {meta.get('request')}, not {request}"
+            else:
+                what = f"with --val-fraction {meta.get('val_fraction')}, not {val_fraction}"
+            raise UsageError(
+                f"{out} already holds a different tokenization ({what}); "
+                "choose another --out or pass --force to replace it"
+            )
+        return False
+    if any(out.iterdir()) and not force:
+        raise UsageError(f"{out} is not empty; choose another --out or pass --force to write into it")
+    return False
+
+
+class _ShardWriter:
+    """Appends token ids to train.bin, then (after the split point) to val.bin; files are
+    written under temporary names and renamed into place only when complete."""
+
+    def __init__(self, out: Path, dtype: np.dtype) -> None:
+        self.out, self.dtype = out, dtype
+        self.tmp = {s: out / f".{s}.bin.tmp" for s in ("train", "val")}
+        self.files = {s: open(p, "wb") for s, p in self.tmp.items()}  # noqa: SIM115
+        self.counts = {"train": 0, "val": 0}
+
+    def write(self, split: str, ids: Sequence[int] | np.ndarray) -> None:
+        arr = np.asarray(ids, dtype=self.dtype)
+        arr.tofile(self.files[split])
+        self.counts[split] += len(arr)
+
+    def commit(self) -> None:
+        for split, f in self.files.items():
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            os.replace(self.tmp[split], self.out / f"{split}.bin")
+
+    def abort(self) -> None:
+        for split, f in self.files.items():
+            f.close()
+            self.tmp[split].unlink(missing_ok=True)
+
+
+def _split_stream(
+    files: list[Path], split_char: int, newline_sep: bool, on_bytes: Callable[[int], None] | None
+) -> Iterator[tuple[str, str | None]]:
+    """Yield (split, chunk) over the corpus, and (split, None) where a document ends.
+
+    Characters before split_char go to train, the rest to val; the cut moves forward to the
+    next safe split point in its chunk when there is one."""
+    seen = 0
+    state = "train" if split_char > 0 else "val"
+    for path in files:
+        for doc in iter_documents(path, on_bytes):
+            for chunk in iter_chunks(_newline_terminated(doc) if newline_sep else doc):
+                if state == "train" and seen + len(chunk) > split_char:
+                    local = split_char - seen
+                    cut = _first_safe_split(chunk, local)
+                    cut = local if cut < 0 else cut
+                    if cut > 0:
+                        yield "train", chunk[:cut]
+                    state, chunk, seen = "val", chunk[cut:], seen + cut
+                if chunk:
+                    yield state, chunk
+                    seen += len(chunk)
+            yield state, None
+
+
+def _encode_into(tok: Tokenizer, writer: _ShardWriter, pending: list[tuple[str, str | None]]) -> None:
+    """Encode the pending chunks together (across threads) and write them in order."""
+    texts = [c for _, c in pending if c is not None]
+    if isinstance(tok, CharTokenizer):
+        encoded = iter([tok.encode_array(t) for t in texts])
+    else:
+        encoded = iter(tok.encode_batch(texts))
+    for split, chunk in pending:
+        if chunk is None:
+            if tok.eot_id is not None:
+                writer.write(split, [tok.eot_id])
+        else:
+            writer.write(split, next(encoded))
+    pending.clear()
+
+
+def tokenize_corpus(
+    paths: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    tokenizer: str | Tokenizer = "char",
+    val_fraction: float = 0.1,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> TokenizeReport:
+    """Encode text files (or directories of them) into out/{train,val}.bin.
+
+    tokenizer: a spec (char and bpe:N learn their vocabulary from this corpus) or a
+    ready tokenizer. The last `val_fraction` of the corpus (by characters, cut at a line
+    boundary) becomes the validation split. A document is a file, or a line of a .jsonl file
+    ({"text": ...}); BPE tokenizers end each with <|endoftext|>, others with a newline.
+    If out already holds this exact tokenization it is reused, not rewritten.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise UsageError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    out = Path(out)
+    files = collect_files(paths, exclude=out)
+    t0 = time.perf_counter()
+    if isinstance(tokenizer, str):
+        kind = parse_spec(tokenizer)[0]
+        request = tokenizer.strip().lower()
+    else:
+        kind = "given"
+        blob = json.dumps(tokenizer.to_dict(), sort_keys=True).encode()
+        request = f"{tokenizer.name}@{hashlib.sha256(blob).hexdigest()[:16]}"
+    newline_sep = kind == "char" or (not isinstance(tokenizer, str) and tokenizer.eot_id is None)
+    scan, charset = scan_corpus(files, want_chars=kind == "char", newline_sep=newline_sep)
+    if _check_out_dir(out, request, scan, val_fraction, force):
+        report = read_meta(out)
+        report.reused = True
+        return report
+
+    if not isinstance(tokenizer, str):
+        tok = tokenizer
+    elif kind == "char":
+        tok = CharTokenizer(sorted(charset))
+    elif kind == "bpe":
+        texts = (c for f in files for doc in iter_documents(f) for c in iter_chunks(doc))
+        tok = build_tokenizer(tokenizer, texts)
+    else:
+        tok = build_tokenizer(tokenizer)
+
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tok.vocab_size)
+    writer = _ShardWriter(out, dtype)
+    done = 0
+
+    def on_bytes(n: int) -> None:
+        nonlocal done
+        done += n
+
+    try:
+        pending: list[tuple[str, str | None]] = []
+        split_char = scan.chars - int(scan.chars * val_fraction)
+        for item in _split_stream(files, split_char, tok.eot_id is None, on_bytes):
+            pending.append(item)
+            if len(pending) >= BATCH_CHUNKS:
+                _encode_into(tok, writer, pending)
+                if progress is not None:
+                    progress(done, scan.bytes)
+        _encode_into(tok, writer, pending)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    if progress is not None:
+        progress(scan.bytes, scan.bytes)
+
+    tok.save(out / TOKENIZER_FILE)
+    report = TokenizeReport(
+        tokenizer=tok.name,
+        request=request,
+        vocab_size=tok.vocab_size,
+        dtype=dtype.name,
+        val_fraction=val_fraction,
+        source_sha256=scan.sha256,
+        files=[str(f) for f in files],
+        documents=scan.documents,
+        bytes=scan.bytes,
+        chars=scan.chars,
+        train_tokens=writer.counts["train"],
+        val_tokens=writer.counts["val"],
+        seconds=time.perf_counter() - t0,
+    )
+    meta = {"format": FORMAT, "version": VERSION, **asdict(report)}
+    meta.pop("reused")
+    tmp = out / f".{META_FILE}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    os.replace(tmp, out / META_FILE)
+    return report
+
+
+def load_split(path: str | os.PathLike, split: str) -> np.ndarray:
+    """Memory-map the token ids of one split of a tokenized directory."""
+    path = Path(path)
+    report = read_meta(path)
+    file = path / f"{split}.bin"
+    if not file.is_file():
+        raise UsageError(f"{file} is missing; re-run gptcli tokenize")
+    if file.stat().st_size == 0:
+        return np.zeros(0, dtype=np.dtype(report.dtype))
+    return np.memmap(file, dtype=np.dtype(report.dtype), mode="r")
+
+
+def load_data_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    return load_tokenizer(Path(path) / TOKENIZER_FILE)

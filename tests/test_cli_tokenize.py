@@ -1,0 +1,221 @@
+"""`gptcli tokenize` end to end, the CLI shell, and its error boundary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from gptcli.cli.app import app
+from gptcli.data import load_split, read_meta
+from gptcli.tokenizer import load_tokenizer
+from tests.conftest import make_corpus
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_usage_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+
+
+def test_text_table_shows_positions_ids_and_visible_pieces():
+    result = run("tokenize", "The rabbit dug a")
+    assert result.exit_code == 0, result.output
+    for fragment in ("464", "22746", "·rabbit", "·dug", "4 tokens", "gpt2"):
+        assert fragment in result.output
+
+
+def test_text_json():
+    result = run("tokenize", "The rabbit dug a", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.output) == {
+        "tokenizer": "gpt2",
+        "ids": [464, 22746, 18735, 257],
+        "pieces": ["The", " rabbit", " dug", " a"],
+    }
+
+
+def test_text_with_char_tokenizer_uses_the_texts_characters():
+    data = json.loads(run("tokenize", "abba", "-t", "char", "--json").output)
+    assert data == {"tokenizer": "char", "ids": [0, 1, 1, 0], "pieces": ["a", "b", "b", "a"]}
+
+
+def _docs(tmp_path: Path) -> tuple[Path, list[str]]:
+    d = tmp_path / "docs"
+    d.mkdir()
+    texts = []
+    for i in range(3):
+        p = make_corpus(d / f"doc{i}.txt", n_sentences=150, seed=i)
+        texts.append(p.read_text())
+    (d / ".hidden").write_text("never read")
+    return d, texts
+
+
+@pytest.mark.parametrize("spec", ["char", "gpt2", "bpe:300"])
+def test_corpus_shards_decode_to_the_input(tmp_path, spec):
+    src, texts = _docs(tmp_path)
+    out = tmp_path / "out"
+    result = run("tokenize", src, "--out", out, "-t", spec, "--val-fraction", "0.2", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    tok = load_tokenizer(out)
+    train, val = load_split(out, "train"), load_split(out, "val")
+    assert train.dtype == np.uint16
+    assert report["train_tokens"] == len(train) and report["val_tokens"] == len(val)
+    decoded = tok.decode(train.tolist()) + tok.decode(val.tolist())
+    if tok.eot_id is None:
+        assert decoded == "".join(texts)
+    else:  # every document ends with <|endoftext|>
+        assert decoded == "".join(t + "<|endoftext|>" for t in texts)
+    assert 0.15 < len(val) / (len(train) + len(val)) < 0.25
+    assert read_meta(out).documents == 3
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+
+
+def test_large_vocabularies_use_uint32(tmp_path):
+    # 70,000 distinct characters: more ids than uint16 holds
+    text = "".join(chr(0x10000 + i) for i in range(70_000)) + "\n"
+    (tmp_path / "wide.txt").write_text(text, encoding="utf-8")
+    result = run("tokenize", tmp_path / "wide.txt", "--out", tmp_path / "out", "--val-fraction", "0")
+    assert result.exit_code == 0, result.output
+    train = load_split(tmp_path / "out", "train")
+    assert train.dtype == np.uint32
+    assert load_tokenizer(tmp_path / "out").decode(train.tolist()) == text
+
+
+def test_same_corpus_twice_is_reused_and_a_different_one_refused(tmp_path, corpus):
+    out = tmp_path / "out"
+    assert run("tokenize", corpus, "--out", out).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    again = run("tokenize", corpus, "--out", out)
+    assert again.exit_code == 0 and "reused" in again.output
+
+    other = make_corpus(tmp_path / "other.txt", seed=9)
+    assert_usage_error(
+        run("tokenize", other, "--out", out), "already holds a different tokenization", "--force"
+    )
+    assert_usage_error(run("tokenize", corpus, "--out", out, "-t", "gpt2"), "tokenizer char, not gpt2")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing touched
+
+    assert run("tokenize", other, "--out", out, "--force").exit_code == 0
+    assert load_tokenizer(out).decode(load_split(out, "train").tolist()) in other.read_text()
+
+
+def test_tokenizer_from_a_data_dir(tmp_path, corpus):
+    out = tmp_path / "bpe"
+    assert run("tokenize", corpus, "--out", out, "-t", "bpe:300").exit_code == 0
+    data = json.loads(run("tokenize", "The rabbit", "-t", out, "--json").output)
+    assert data["tokenizer"] == "bpe:300"
+    assert "".join(data["pieces"]) == "The rabbit"
+    # and encoding another corpus with that same tokenizer
+    result = run(
+        "tokenize", make_corpus(tmp_path / "b.txt", seed=3), "--out", tmp_path / "b", "-t", out, "--json"
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["vocab_size"] == 300
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, corpus):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(b"caf" + "é au lait".encode("latin-1"))
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"abc\x00\x01\x02")
+    notempty = tmp_path / "busy"
+    notempty.mkdir()
+    (notempty / "mine.txt").write_text("keep me")
+    emptydir = tmp_path / "emptydir"
+    emptydir.mkdir()
+
+    assert_usage_error(run("tokenize", tmp_path / "nope.txt", "--out", tmp_path / "o1"), "no such file")
+    assert_usage_error(run("tokenize", empty, "--out", tmp_path / "o2"), "corpus is empty")
+    assert_usage_error(run("tokenize", emptydir, "--out", tmp_path / "o2b"), "holds no text files")
+    assert_usage_error(run("tokenize", latin1, "--out", tmp_path / "o3"), "invalid UTF-8", "byte offset 3")
+    assert_usage_error(run("tokenize", binary, "--out", tmp_path / "o4"), "NUL byte", "byte offset 3")
+    assert_usage_error(
+        run("tokenize", corpus, "--out", tmp_path / "o5", "-t", "wordpiece"), "unknown tokenizer"
+    )
+    assert_usage_error(run("tokenize", corpus, "--out", notempty), "is not empty")
+    assert_usage_error(
+        run("tokenize", corpus, "--out", tmp_path / "o6", "--val-fraction", "1.5"), "val-fraction"
+    )
+    assert_usage_error(run("tokenize", corpus), "add --out")
+    assert_usage_error(run("tokenize", "x", "-t", "bpe:512"), "trained on a corpus")
+    assert_usage_error(run("tokenize", "x", "--no-such-flag"), "No such option", "gptcli tokenize --help")
+    assert (notempty / "mine.txt").read_text() == "keep me"
+    for name in ("o1", "o2", "o3", "o4", "o5", "o6"):
+        assert not (tmp_path / name).exists()
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "from gptcli.cli.app import app\n"
+        "try:\n"
+        "    app(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "for verb in ['tokenize']:\n"
+        "    try:\n"
+        "        app([verb, '--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = sorted(m for m in ('torch', 'numpy', 'tiktoken', 'transformers') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+    assert "tokenize" in proc.stdout
+
+
+def test_python_dash_m_and_version():
+    proc = subprocess.run(
+        [sys.executable, "-m", "gptcli", "--version"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("gptcli ")
+
+
+@pytest.mark.parametrize("spec", ["char", "gpt2"])
+def test_jsonl_lines_are_documents(tmp_path, spec):
+    texts = ["The fox dug a den.", "Ünïcödé story\nwith two lines", "The owl sat."]
+    src = tmp_path / "stories.jsonl"
+    src.write_text("\n".join(json.dumps({"text": t}) for t in texts) + "\n\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = run("tokenize", src, "--out", out, "-t", spec, "--val-fraction", "0", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["documents"] == 3
+    tok = load_tokenizer(out)
+    decoded = tok.decode(load_split(out, "train").tolist())
+    sep = "<|endoftext|>" if spec == "gpt2" else "\n"  # no end-of-text token: a newline
+    assert decoded == "".join(t + sep for t in texts)
+
+
+def test_bad_jsonl_names_the_line(tmp_path):
+    src = tmp_path / "bad.jsonl"
+    src.write_text('{"text": "ok"}\n{"txt": "no text key"}\n', encoding="utf-8")
+    assert_usage_error(run("tokenize", src, "--out", tmp_path / "o"), "bad.jsonl:2", '"text"')
+    src.write_text('{"text": "ok"}\n{not json\n', encoding="utf-8")
+    assert_usage_error(run("tokenize", src, "--out", tmp_path / "o"), "bad.jsonl:2", "not valid JSON")
+    assert not (tmp_path / "o").exists()
