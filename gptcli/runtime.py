@@ -1,0 +1,196 @@
+"""Where and how the math runs: device, precision (with the reason it was chosen), seeding,
+and the peak FLOP/s that MFU is measured against."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from gptcli.errors import UsageError
+from gptcli.paths import cache_dir
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def pick_device(requested: str = "auto") -> tuple[torch.device, str]:
+    """The torch device for `requested` (auto|cpu|cuda|cuda:N|mps) and why it was picked."""
+    kind = requested.split(":")[0]
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda"), f"CUDA: {torch.cuda.get_device_name()}"
+        if torch.backends.mps.is_available():
+            return torch.device("mps"), "Apple MPS"
+        return torch.device("cpu"), f"CPU: {cpu_name()}, {torch.get_num_threads()} threads (no GPU found)"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise UsageError(
+                f"--device {requested}: no CUDA device is available (torch {torch.__version__}, {build}); "
+                "use --device cpu, or install a CUDA build of torch"
+            )
+        device = torch.device(requested)
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {requested}: only {torch.cuda.device_count()} CUDA device(s) present")
+        return device, f"CUDA: {torch.cuda.get_device_name(device)}"
+    if kind == "mps":
+        if not torch.backends.mps.is_available():
+            raise UsageError("--device mps: Apple MPS is not available on this machine; use --device cpu")
+        return torch.device("mps"), "Apple MPS"
+    if kind == "cpu":
+        return torch.device("cpu"), f"CPU: {cpu_name()}, {torch.get_num_threads()} threads"
+    raise UsageError(f"unknown device {requested!r}; use auto, cpu, cuda, cuda:N or mps")
+
+
+@lru_cache(maxsize=1)
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def cpu_bf16_feature() -> str | None:
+    """The CPU feature that gives native bf16 matmul (avx512_bf16, amx_bf16, arm bf16), if any."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+    for feature in ("amx_bf16", "avx512_bf16", "bf16"):
+        if feature in flags:
+            return feature
+    return None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the forward and backward passes run: fp32, or bf16/fp16 autocast over fp32 weights."""
+
+    name: str  # fp32 | bf16 | fp16
+    device_type: str
+    reason: str
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _DTYPES[self.name]
+
+    @property
+    def needs_grad_scaler(self) -> bool:
+        return self.name == "fp16"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+
+def pick_precision(device: torch.device, requested: str = "auto") -> Precision:
+    """`auto`: bf16 autocast on CUDA with bf16 and on CPUs with native bf16 matmul, fp16 with a
+    gradient scaler on older GPUs, fp32 otherwise. An explicit choice is checked, not trusted."""
+    kind = device.type
+    if requested not in ("auto", *_DTYPES):
+        raise UsageError(f"unknown dtype {requested!r}; use auto, fp32, bf16 or fp16")
+    if kind == "cuda":
+        bf16_ok = torch.cuda.is_bf16_supported()
+        if requested == "auto":
+            if bf16_ok:
+                return Precision("bf16", kind, "bf16 autocast: this GPU supports bf16")
+            return Precision("fp16", kind, "fp16 autocast + gradient scaler: this GPU has no bf16")
+        if requested == "bf16" and not bf16_ok:
+            raise UsageError("--dtype bf16: this GPU does not support bf16; use --dtype fp16 or auto")
+        return Precision(requested, kind, f"{requested}: as requested")
+    if kind == "mps":
+        if requested in ("auto", "fp32"):
+            return Precision("fp32", kind, "fp32: autocast is not used on MPS by default")
+        return Precision(requested, kind, f"{requested} autocast on MPS: as requested")
+    feature = cpu_bf16_feature()
+    if requested == "auto":
+        if feature:
+            return Precision("bf16", kind, f"bf16 autocast: this CPU has native bf16 matmul ({feature})")
+        return Precision("fp32", kind, "fp32: this CPU has no native bf16 matmul")
+    if requested == "fp16":
+        raise UsageError("--dtype fp16 is for GPUs; on the CPU use bf16 or fp32")
+    reason = f"{requested}: as requested"
+    if requested == "bf16" and not feature:
+        reason += " (this CPU has no native bf16 matmul: expect it to be slow)"
+    return Precision(requested, kind, reason)
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+# dense bf16/fp16 tensor-core peaks, FLOP/s, by device name
+_GPU_PEAKS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+    "L4": 121e12,
+    "V100": 125e12,
+    "T4": 65e12,
+}
+
+
+def peak_flops(device: torch.device, precision: Precision) -> float | None:
+    """Peak FLOP/s to measure MFU against: the datasheet for known GPUs (16-bit), else a
+    measured matmul peak for this device and dtype (cached, so measured once per machine)."""
+    if device.type == "cuda" and precision.name != "fp32":
+        name = torch.cuda.get_device_name(device)
+        for key, flops in _GPU_PEAKS.items():
+            if key in name:
+                return flops
+    if device.type == "mps":
+        return None
+    return measured_peak_flops(device, precision.dtype)
+
+
+def measured_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.5) -> float:
+    """Best matmul throughput of this device in dtype, remembered in the cache directory."""
+    label = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    key = f"{label}|{device.type}|{dtype}|{torch.get_num_threads()}|{torch.__version__}"
+    path = cache_dir() / "peak_flops.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return float(known[key])
+    n = 2048 if device.type == "cuda" else 1024
+    gen = torch.Generator(device=device).manual_seed(0)  # leave the global RNG alone
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t0))
+    known[key] = best
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        os.replace(tmp, path)
+    return best

@@ -1,0 +1,92 @@
+"""Configs: shipped YAMLs load, precedence, and errors that say what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gptcli.config import Config, flag_overrides, load_config, parse_duration
+from gptcli.errors import UsageError
+
+CONFIGS = sorted((Path(__file__).parents[1] / "examples" / "configs").glob("*.yaml"))
+
+
+def test_the_expected_configs_ship():
+    names = {p.name for p in CONFIGS}
+    assert {"shakespeare-char-cpu.yaml", "shakespeare-char.yaml", "gpt2-124m.yaml", "demo.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_yaml_loads(path):
+    config = load_config(path)
+    raw = yaml.safe_load(path.read_text())
+    for section, values in raw.items():
+        for key, value in values.items():
+            got = getattr(getattr(config, section), key)
+            assert got == value, (section, key)
+
+
+def test_shakespeare_char_cpu_is_nanogpts_cpu_run():
+    c = load_config(CONFIGS[[p.name for p in CONFIGS].index("shakespeare-char-cpu.yaml")])
+    assert (c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.block_size) == (4, 4, 128, 64)
+    assert (c.train.batch_size, c.train.max_iters, c.train.lr, c.model.dropout) == (12, 2000, 1e-3, 0.0)
+    assert c.data.tokenizer == "char"
+
+
+def test_precedence_defaults_then_yaml_then_flags(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  n_layer: 3\n  n_head: 4\n  n_embd: 64\ntrain:\n  lr: 0.002\n")
+    c = load_config(path, flag_overrides(n_layer=5, lr=None, batch_size=7))
+    assert c.model.n_layer == 5  # flag beats YAML
+    assert c.model.n_embd == 64  # YAML beats default
+    assert c.train.lr == 0.002  # a flag left unset does not override
+    assert c.train.batch_size == 7
+    assert c.model.block_size == Config().model.block_size  # default
+
+
+def test_config_round_trips_through_yaml(tmp_path):
+    c = load_config(None, flag_overrides(n_layer=2, max_time="15m", tokenizer="gpt2"))
+    assert c.train.max_time == 900.0
+    path = tmp_path / "saved.yaml"
+    path.write_text(c.to_yaml())
+    assert load_config(path) == c
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model:\n  n_layers: 4\n", "unknown key 'model.n_layers' in .*did you mean 'n_layer'"),
+        ("modle:\n  n_layer: 4\n", "unknown section 'modle'.*did you mean 'model'"),
+        ("train:\n  lr: fast\n", "train.lr must be a number, got 'fast'"),
+        ("model:\n  n_layer: 2.5\n", "model.n_layer must be an integer"),
+        ("model:\n  bias: 'yes'\n", "model.bias must be true or false"),
+        ("model:\n  n_embd: 100\n  n_head: 6\n", r"n_embd \(100\) must be divisible by model.n_head \(6\)"),
+        ("train:\n  lr: -0.001\n", "train.lr must be > 0"),
+        ("train:\n  min_lr: 0.1\n  lr: 0.01\n", "min_lr .* must not exceed"),
+        ("train:\n  dtype: float8\n", "train.dtype must be"),
+        ("model: [1, 2]\n", "section 'model' .* must be a mapping"),
+        ("train:\n  max_time: soon\n", "bad duration"),
+        ("{{{\n", "not valid YAML"),
+    ],
+)
+def test_bad_configs_explain_themselves(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message):
+        load_config(path)
+
+
+def test_yaml_is_data_never_code(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("model: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [(90, 90.0), ("90", 90.0), ("90s", 90.0), ("15m", 900.0), ("1.5h", 5400.0)]
+)
+def test_durations(value, seconds):
+    assert parse_duration(value) == seconds
