@@ -1,12 +1,303 @@
-"""Checkpoints: our run dirs on disk, and Hugging Face GPT-2 weights in and out."""
+"""Checkpoints: run directories on disk, and Hugging Face GPT-2 weights in and out.
+
+A run directory holds `config.yaml`, `metrics.jsonl`, and two checkpoints: `best/` (lowest
+validation loss) and `last/` (most recent, with the training state for exact resume).
+A checkpoint directory is self-contained:
+
+    model.safetensors       weights (the tied unembedding is stored once)
+    checkpoint.json         format version, model config, tokenizer, step, losses, run config
+    tokenizer.json          the tokenizer
+    train_state.safetensors optimizer moments, RNG states        (last/ only)
+    train_state.json        step, schedule position, data RNG, ... (last/ only)
+
+Nothing is pickled. A checkpoint is written into a temporary directory, fsynced, and then
+renamed into place, so a crash never leaves a half-written checkpoint under its real name.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from gptcli import __version__
+from gptcli.config import ModelConfig
+from gptcli.errors import UsageError
+from gptcli.model import GPT
+from gptcli.paths import RUNS_DIR
+from gptcli.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
+
+FORMAT = "gptcli-checkpoint"
+VERSION = 1
+MODEL_FILE = "model.safetensors"
+META_FILE = "checkpoint.json"
+STATE_TENSORS = "train_state.safetensors"
+STATE_JSON = "train_state.json"
+BEST, LAST = "best", "last"
 
 # Hugging Face's GPT-2 stores these projections as Conv1D, i.e. weight (in, out): the
 # transpose of nn.Linear's (out, in).
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+# --- atomic files and directories ---------------------------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in path.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    _fsync_dir(path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a file so that readers see the old or the new content, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Move a fully written directory into place, replacing final atomically enough: at every
+    moment either final or final.old is a complete checkpoint (loaders fall back to .old)."""
+    _fsync_tree(tmp)
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)  # published files are never modified, so sharing them is safe
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+# --- saving --------------------------------------------------------------------------------
+
+
+def model_state(model: GPT) -> dict[str, torch.Tensor]:
+    """State dict for safetensors: contiguous, detached, tied unembedding stored once."""
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+def split_tensors(tree: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any:
+    """A nested structure with every tensor moved into `tensors` (JSON keeps a reference)."""
+    if isinstance(tree, torch.Tensor):
+        tensors[prefix] = tree.detach().cpu().contiguous()
+        return {"__tensor__": prefix}
+    if isinstance(tree, dict):
+        return {
+            str(k): split_tensors(v, tensors, f"{prefix}.{k}" if prefix else str(k)) for k, v in tree.items()
+        }
+    if isinstance(tree, (list, tuple)):
+        return [split_tensors(v, tensors, f"{prefix}.{i}") for i, v in enumerate(tree)]
+    return tree
+
+
+def join_tensors(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(tree, dict):
+        if set(tree) == {"__tensor__"}:
+            return tensors[tree["__tensor__"]]
+        return {k: join_tensors(v, tensors) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [join_tensors(v, tensors) for v in tree]
+    return tree
+
+
+def save_checkpoint(
+    run_dir: Path,
+    name: str,
+    model: GPT,
+    tokenizer: Tokenizer,
+    meta: dict[str, Any],
+    train_state: dict[str, Any] | None = None,
+) -> Path:
+    """Write run_dir/name (best or last) atomically and return its path."""
+    final = run_dir / name
+    tmp = run_dir / f".{name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_file(model_state(model), tmp / MODEL_FILE, metadata={"format": "pt"})
+    full_meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "gptcli_version": __version__,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": {**vars(model.config)},
+        "tokenizer": tokenizer.name,
+        **meta,
+    }
+    (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2), encoding="utf-8")
+    tokenizer.save(tmp / TOKENIZER_FILE)
+    if train_state is not None:
+        tensors: dict[str, torch.Tensor] = {}
+        skeleton = split_tensors(train_state, tensors)
+        save_file(tensors, tmp / STATE_TENSORS)
+        (tmp / STATE_JSON).write_text(json.dumps(skeleton), encoding="utf-8")
+    publish_dir(tmp, final)
+    return final
+
+
+def copy_checkpoint(run_dir: Path, src: str, dst: str, meta_update: dict[str, Any] | None = None) -> Path:
+    """Publish run_dir/dst as the weights of run_dir/src (hard links), without train state."""
+    source = run_dir / src
+    tmp = run_dir / f".{dst}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    for f in (MODEL_FILE, TOKENIZER_FILE):
+        _link_or_copy(source / f, tmp / f)
+    meta = json.loads((source / META_FILE).read_text(encoding="utf-8"))
+    (tmp / META_FILE).write_text(json.dumps({**meta, **(meta_update or {})}, indent=2), encoding="utf-8")
+    publish_dir(tmp, run_dir / dst)
+    return run_dir / dst
+
+
+# --- finding and loading -------------------------------------------------------------------
+
+
+def _is_ckpt_dir(path: Path) -> bool:
+    return (path / META_FILE).is_file()
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint directory for a run dir (its best/, else last/) or a checkpoint dir.
+    A checkpoint interrupted mid-replacement is recovered from its .old copy."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"--ckpt {p}: no such file or directory")
+    if _is_ckpt_dir(p):
+        return p
+    for name in (BEST, LAST):
+        for candidate in (p / name, p / f"{name}.old"):
+            if _is_ckpt_dir(candidate):
+                return candidate
+    raise UsageError(
+        f"--ckpt {p} is not a gptcli run or checkpoint (no {META_FILE} in it, {BEST}/ or {LAST}/)"
+    )
+
+
+def newest_run(runs_dir: Path = RUNS_DIR) -> Path | None:
+    """The run under runs_dir whose latest checkpoint was written most recently."""
+    best: tuple[float, Path] | None = None
+    if not runs_dir.is_dir():
+        return None
+    for run in runs_dir.iterdir():
+        for name in (LAST, BEST):
+            meta = run / name / META_FILE
+            if meta.is_file():
+                mtime = meta.stat().st_mtime
+                if best is None or mtime > best[0]:
+                    best = (mtime, run)
+    return best[1] if best else None
+
+
+def read_meta(ckpt_dir: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((ckpt_dir / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{ckpt_dir / META_FILE} is unreadable ({e}); the checkpoint is damaged") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise UsageError(f"{ckpt_dir / META_FILE} is not a gptcli checkpoint file")
+    if int(meta.get("version", 0)) > VERSION:
+        raise UsageError(
+            f"{ckpt_dir} was written by a newer gptcli (checkpoint format {meta['version']}, "
+            f"this gptcli reads {VERSION}); upgrade gptcli"
+        )
+    return meta
+
+
+@dataclass
+class Loaded:
+    """A model ready to use, with its tokenizer and checkpoint metadata."""
+
+    path: Path
+    model: GPT
+    tokenizer: Tokenizer
+    meta: dict[str, Any]
+
+
+def load_weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:
+    file = ckpt_dir / MODEL_FILE
+    if not file.is_file():
+        raise UsageError(f"{file} is missing; the checkpoint is incomplete")
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UsageError(f"{file} is corrupted ({e}); use another checkpoint (e.g. the run's last/)") from e
+
+
+def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:
+    """Load a gptcli run dir or checkpoint dir: model (eval mode, on device), tokenizer, meta."""
+    ckpt = resolve_checkpoint(path)
+    meta = read_meta(ckpt)
+    try:
+        config = ModelConfig(**meta["model"])
+    except TypeError as e:
+        raise UsageError(f"{ckpt / META_FILE} has a bad model config ({e})") from e
+    config.validate()
+    tokenizer = load_tokenizer(ckpt / TOKENIZER_FILE)
+    if config.vocab_size is None or config.vocab_size < tokenizer.vocab_size:
+        raise UsageError(
+            f"{ckpt}: the model has {config.vocab_size} token embeddings but its tokenizer has "
+            f"{tokenizer.vocab_size} tokens; the checkpoint and tokenizer do not belong together"
+        )
+    model = GPT(config)
+    state = load_weights(ckpt)
+    expected = {k: v.shape for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    for key, shape in expected.items():
+        if key not in state:
+            raise UsageError(f"{ckpt / MODEL_FILE} lacks {key}; the checkpoint is incomplete")
+        if state[key].shape != shape:
+            raise UsageError(
+                f"{ckpt / MODEL_FILE}: {key} has shape {tuple(state[key].shape)} but the config "
+                f"needs {tuple(shape)}; the weights do not match checkpoint.json"
+            )
+    model.load_state_dict(state, strict=False)
+    model.to(device).eval()
+    return Loaded(ckpt, model, tokenizer, meta)
+
+
+def load_train_state(ckpt_dir: Path) -> dict[str, Any]:
+    """The training state saved with a last/ checkpoint (for --resume)."""
+    try:
+        skeleton = json.loads((ckpt_dir / STATE_JSON).read_text(encoding="utf-8"))
+        tensors = load_file(ckpt_dir / STATE_TENSORS)
+    except (OSError, ValueError, SafetensorError) as e:
+        raise UsageError(f"{ckpt_dir} has no readable training state ({e}); it cannot be resumed") from e
+    return join_tensors(skeleton, tensors)
+
+
+# --- Hugging Face GPT-2 layout -------------------------------------------------------------
 
 
 def hf_to_gptcli_state_dict(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

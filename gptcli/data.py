@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from gptcli.errors import UsageError
+from gptcli.paths import cache_dir
 from gptcli.tokenizer import (
     TOKENIZER_FILE,
     CharTokenizer,
@@ -402,41 +403,32 @@ def _encode_into(tok: Tokenizer, writer: _ShardWriter, pending: list[tuple[str, 
     pending.clear()
 
 
-def tokenize_corpus(
-    paths: Sequence[str | os.PathLike],
-    out: str | os.PathLike,
-    tokenizer: str | Tokenizer = "char",
-    val_fraction: float = 0.1,
-    force: bool = False,
-    progress: Progress | None = None,
-) -> TokenizeReport:
-    """Encode text files (or directories of them) into out/{train,val}.bin.
-
-    tokenizer: a spec (char and bpe:N learn their vocabulary from this corpus) or a
-    ready tokenizer. The last `val_fraction` of the corpus (by characters, cut at a line
-    boundary) becomes the validation split. A document is a file, or a line of a .jsonl file
-    ({"text": ...}); BPE tokenizers end each with <|endoftext|>, others with a newline.
-    If out already holds this exact tokenization it is reused, not rewritten.
-    """
-    if not 0.0 <= val_fraction < 1.0:
-        raise UsageError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    out = Path(out)
-    files = collect_files(paths, exclude=out)
-    t0 = time.perf_counter()
+def _describe_request(tokenizer: str | Tokenizer) -> tuple[str, str]:
+    """(kind, request): what kind of tokenizer, and a key that identifies what was asked for."""
     if isinstance(tokenizer, str):
-        kind = parse_spec(tokenizer)[0]
-        request = tokenizer.strip().lower()
-    else:
-        kind = "given"
-        blob = json.dumps(tokenizer.to_dict(), sort_keys=True).encode()
-        request = f"{tokenizer.name}@{hashlib.sha256(blob).hexdigest()[:16]}"
-    newline_sep = kind == "char" or (not isinstance(tokenizer, str) and tokenizer.eot_id is None)
-    scan, charset = scan_corpus(files, want_chars=kind == "char", newline_sep=newline_sep)
-    if _check_out_dir(out, request, scan, val_fraction, force):
-        report = read_meta(out)
-        report.reused = True
-        return report
+        return parse_spec(tokenizer)[0], tokenizer.strip().lower()
+    blob = json.dumps(tokenizer.to_dict(), sort_keys=True).encode()
+    return "given", f"{tokenizer.name}@{hashlib.sha256(blob).hexdigest()[:16]}"
 
+
+def _scan_for(files: list[Path], tokenizer: str | Tokenizer, kind: str) -> tuple[CorpusScan, set[str]]:
+    newline_sep = kind == "char" or (not isinstance(tokenizer, str) and tokenizer.eot_id is None)
+    return scan_corpus(files, want_chars=kind == "char", newline_sep=newline_sep)
+
+
+def _encode(
+    files: list[Path],
+    out: Path,
+    scan: CorpusScan,
+    charset: set[str],
+    tokenizer: str | Tokenizer,
+    request: str,
+    val_fraction: float,
+    progress: Progress | None,
+    t0: float,
+) -> TokenizeReport:
+    """Build the tokenizer if needed, stream the corpus through it, write shards and meta."""
+    kind = parse_spec(tokenizer)[0] if isinstance(tokenizer, str) else "given"
     if not isinstance(tokenizer, str):
         tok = tokenizer
     elif kind == "char":
@@ -495,6 +487,62 @@ def tokenize_corpus(
     tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
     os.replace(tmp, out / META_FILE)
     return report
+
+
+def _check_val_fraction(val_fraction: float) -> None:
+    if not 0.0 <= val_fraction < 1.0:
+        raise UsageError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+
+
+def tokenize_corpus(
+    paths: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    tokenizer: str | Tokenizer = "char",
+    val_fraction: float = 0.1,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> TokenizeReport:
+    """Encode text files (or directories of them) into out/{train,val}.bin.
+
+    tokenizer: a spec (char and bpe:N learn their vocabulary from this corpus) or a
+    ready tokenizer. The last `val_fraction` of the corpus (by characters, cut at a line
+    boundary) becomes the validation split. A document is a file, or a line of a .jsonl file
+    ({"text": ...}); BPE tokenizers end each with <|endoftext|>, others with a newline.
+    If out already holds this exact tokenization it is reused, not rewritten.
+    """
+    _check_val_fraction(val_fraction)
+    out = Path(out)
+    files = collect_files(paths, exclude=out)
+    t0 = time.perf_counter()
+    kind, request = _describe_request(tokenizer)
+    scan, charset = _scan_for(files, tokenizer, kind)
+    if _check_out_dir(out, request, scan, val_fraction, force):
+        report = read_meta(out)
+        report.reused = True
+        return report
+    return _encode(files, out, scan, charset, tokenizer, request, val_fraction, progress, t0)
+
+
+def cached_corpus(
+    paths: Sequence[str | os.PathLike],
+    tokenizer: str | Tokenizer = "char",
+    val_fraction: float = 0.1,
+    progress: Progress | None = None,
+) -> tuple[Path, TokenizeReport]:
+    """Tokenize raw text into the cache, keyed by its content hash and the tokenizer, so that
+    training on the same text again starts at once. Returns (data dir, report)."""
+    _check_val_fraction(val_fraction)
+    files = collect_files(paths)
+    t0 = time.perf_counter()
+    kind, request = _describe_request(tokenizer)
+    scan, charset = _scan_for(files, tokenizer, kind)
+    slug = "".join(c if c.isalnum() else "-" for c in request)
+    out = cache_dir() / "tokens" / f"{scan.sha256[:20]}-{slug}-v{val_fraction:g}"
+    if _check_out_dir(out, request, scan, val_fraction, force=True):
+        report = read_meta(out)
+        report.reused = True
+        return out, report
+    return out, _encode(files, out, scan, charset, tokenizer, request, val_fraction, progress, t0)
 
 
 def load_split(path: str | os.PathLike, split: str) -> np.ndarray:

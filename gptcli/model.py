@@ -178,6 +178,9 @@ class GPT(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        config.validate()
+        if config.vocab_size is None:
+            raise ValueError("ModelConfig.vocab_size must be set (it comes from the tokenizer)")
         self.config = config
         self.transformer = nn.ModuleDict(
             dict(

@@ -1,0 +1,455 @@
+"""One training loop for pretraining and finetuning.
+
+AdamW (weight decay on matrices only, fused where the device supports it), linear warmup
+then cosine decay to min_lr, gradient accumulation and clipping, bf16/fp16 autocast,
+optional torch.compile, periodic evaluation, checkpoints (last with full training state,
+best by validation loss), metrics.jsonl, and exact resume. It reports through a Reporter
+and never prints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+
+from gptcli.checkpoint import LAST, copy_checkpoint, load_train_state, save_checkpoint, write_text_atomic
+from gptcli.config import Config, TrainConfig
+from gptcli.errors import GptcliError
+from gptcli.model import GPT
+from gptcli.runtime import Precision, peak_flops, pick_device, pick_precision
+from gptcli.tasks import Batch, Task
+from gptcli.tokenizer import Tokenizer
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+
+
+class Diverged(GptcliError):
+    """The loss became NaN or infinite."""
+
+
+# --- what the loop reports -----------------------------------------------------------------
+
+
+@dataclass
+class RunInfo:
+    run_dir: Path
+    device: str
+    device_reason: str
+    precision: str
+    precision_reason: str
+    params: int
+    tokens_per_step: int
+    start_step: int
+    max_iters: int
+    max_time: float | None
+    compile: bool
+
+
+@dataclass
+class StepReport:
+    step: int  # optimizer steps done
+    max_iters: int
+    elapsed: float
+    lr: float
+    loss: float | None = None  # mean training loss of this step (on log steps only)
+    tokens_per_s: float | None = None
+    mfu: float | None = None  # model FLOPs utilisation, 0..1
+
+
+@dataclass
+class EvalReport:
+    step: int
+    metrics: dict[str, dict[str, float]]  # split -> {"loss": ..., other task metrics}
+    best_val_loss: float
+    improved: bool
+    elapsed: float
+
+
+@dataclass
+class Summary:
+    run_dir: Path
+    steps: int
+    start_step: int
+    elapsed: float
+    tokens: int
+    stop_reason: str  # max_iters | max_time | interrupted
+    best_val_loss: float | None
+    last_eval: dict[str, dict[str, float]] = field(default_factory=dict)
+    tokens_per_s: float | None = None
+
+
+class Reporter(Protocol):
+    def on_start(self, info: RunInfo) -> None: ...
+    def on_step(self, report: StepReport) -> None: ...
+    def on_eval(self, report: EvalReport) -> None: ...
+    def on_checkpoint(self, name: str, path: Path, step: int) -> None: ...
+    def on_end(self, summary: Summary) -> None: ...
+
+
+class NullReporter:
+    def on_start(self, info: RunInfo) -> None: ...
+    def on_step(self, report: StepReport) -> None: ...
+    def on_eval(self, report: EvalReport) -> None: ...
+    def on_checkpoint(self, name: str, path: Path, step: int) -> None: ...
+    def on_end(self, summary: Summary) -> None: ...
+
+
+# --- the pieces ----------------------------------------------------------------------------
+
+
+def lr_at(step: int, cfg: TrainConfig, elapsed: float = 0.0) -> float:
+    """Linear warmup over warmup_iters, then cosine decay to min_lr at max_iters, or at
+    max_time if that budget runs out first."""
+    if step < cfg.warmup_iters:
+        return cfg.lr * (step + 1) / (cfg.warmup_iters + 1)
+    progress = (step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters)
+    if cfg.max_time:
+        progress = max(progress, elapsed / cfg.max_time)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.min_lr + coeff * (cfg.lr - cfg.min_lr)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices and embeddings, none on biases and LayerNorm gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = device.type in ("cuda", "cpu")
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per log step and per evaluation."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def truncate(self, step: int, keep_eval_at_step: bool) -> None:
+        """Forget records written after the checkpoint at `step` (resume replays them)."""
+        if not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            s = rec.get("step", 0)
+            if s < step or (s == step and (rec.get("kind") != "eval" or keep_eval_at_step)):
+                kept.append(line)
+        write_text_atomic(self.path, "".join(k + "\n" for k in kept))
+
+
+@dataclass
+class TrainState:
+    """Where training is; saved with every last/ checkpoint."""
+
+    step: int = 0
+    tokens: int = 0
+    elapsed: float = 0.0
+    best_val_loss: float | None = None
+    last_eval_step: int = -1
+
+
+class _StopSignals:
+    """SIGINT/SIGTERM ask the loop to stop at the next step boundary (a second one kills)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.trainer.stop_reason is not None:
+            signal.signal(signum, self.previous.get(signum, signal.SIG_DFL))
+            raise KeyboardInterrupt
+        self.trainer.request_stop("interrupted" if signum == signal.SIGINT else "terminated")
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+# --- the loop ------------------------------------------------------------------------------
+
+
+class Trainer:
+    """Trains `model` on `task` and keeps `run_dir` up to date."""
+
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: Tokenizer,
+        task: Task,
+        config: Config,
+        run_dir: Path,
+        reporter: Reporter | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.task = task
+        self.config = config
+        self.cfg = config.train
+        self.run_dir = Path(run_dir)
+        self.reporter = reporter or NullReporter()
+        self.meta = meta or {}
+        self.stop_reason: str | None = None
+        self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
+
+    def request_stop(self, reason: str = "interrupted") -> None:
+        """Stop at the next step boundary, after writing a last/ checkpoint."""
+        self.stop_reason = reason
+
+    # -- set-up
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        self.device, self.device_reason = pick_device(cfg.device)
+        self.precision: Precision = pick_precision(self.device, cfg.dtype)
+        self.model.to(self.device)
+        self.optimizer = make_optimizer(self.model, cfg, self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
+        self.data_gen = torch.Generator().manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # dropout masks: independent of what ran before
+        self.state = TrainState()
+        self.forward_model: nn.Module = torch.compile(self.model) if cfg.compile else self.model
+
+    def _restore(self) -> None:
+        """Continue exactly where the last/ checkpoint left off."""
+        saved = load_train_state(self.run_dir / LAST)
+        optim = saved["optimizer"]
+        optim["state"] = {int(k): v for k, v in optim["state"].items()}
+        self.optimizer.load_state_dict(optim)
+        if saved.get("scaler"):
+            self.scaler.load_state_dict(saved["scaler"])
+        self.data_gen.set_state(saved["data_rng"])
+        torch.set_rng_state(saved["torch_rng"])
+        if self.device.type == "cuda" and saved.get("cuda_rng"):
+            torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        self.state = TrainState(**saved["state"])
+        self.metrics.truncate(self.state.step, keep_eval_at_step=self.state.last_eval_step == self.state.step)
+
+    def _train_state(self) -> dict[str, Any]:
+        return {
+            "state": asdict(self.state),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "data_rng": self.data_gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
+        }
+
+    # -- checkpoints and evaluation
+
+    def _checkpoint_meta(self, metrics: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+        return {
+            "step": self.state.step,
+            "tokens": self.state.tokens,
+            "best_val_loss": self.state.best_val_loss,
+            "train_loss": metrics["train"]["loss"] if metrics else None,
+            "val_loss": metrics["val"]["loss"] if metrics else None,
+            "config": self.config.to_dict(),
+            **self.meta,
+        }
+
+    def _save_last(self, metrics: dict[str, dict[str, float]] | None) -> Path:
+        path = save_checkpoint(
+            self.run_dir,
+            LAST,
+            self.model,
+            self.tokenizer,
+            self._checkpoint_meta(metrics),
+            self._train_state(),
+        )
+        self.reporter.on_checkpoint(LAST, path, self.state.step)
+        return path
+
+    def _eval_batches(self, split: str) -> Iterator[Batch]:
+        """eval_iters batches of examples spread evenly over the split (all of it when it is
+        that small): the same ones at every evaluation, so the curve shows learning rather
+        than sampling noise, and a steadier estimate than random batches."""
+        n, want = self.task.num_examples(split), self.cfg.eval_iters * self.cfg.batch_size
+        indices = torch.arange(n) if n <= want else torch.linspace(0, n - 1, want).round().long()
+        for chunk in indices.split(self.cfg.batch_size):
+            yield self.task.batch(split, chunk, self.device)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, dict[str, float]]:
+        self.model.eval()
+        try:
+            with self.precision.autocast():
+                return {
+                    split: self.task.evaluate(self.forward_model, split, self._eval_batches(split))
+                    for split in ("train", "val")
+                }
+        finally:
+            self.model.train()
+
+    def _evaluate_and_checkpoint(self, elapsed: float) -> dict[str, dict[str, float]]:
+        metrics = self.evaluate()
+        val = metrics["val"]["loss"]
+        if not math.isfinite(val):
+            self._diverged(f"validation loss is {val}")
+        improved = self.state.best_val_loss is None or val < self.state.best_val_loss
+        if improved:
+            self.state.best_val_loss = val
+        self.state.last_eval_step = self.state.step
+        self.metrics.append(
+            {"kind": "eval", "step": self.state.step, "elapsed": round(elapsed, 3), **_flatten(metrics)}
+        )
+        self.reporter.on_eval(
+            EvalReport(self.state.step, metrics, self.state.best_val_loss, improved, elapsed)
+        )
+        self._save_last(metrics)
+        if improved:
+            path = copy_checkpoint(self.run_dir, LAST, "best")
+            self.reporter.on_checkpoint("best", path, self.state.step)
+        return metrics
+
+    def _diverged(self, what: str) -> None:
+        best = self.state.best_val_loss
+        raise Diverged(
+            f"training diverged at step {self.state.step}: {what} (best val loss so far "
+            f"{best if best is None else round(best, 4)}); the last good checkpoint is kept. "
+            "Lower --lr, check the data, or train in --dtype fp32"
+        )
+
+    # -- the loop
+
+    def run(self, resume: bool = False) -> Summary:
+        self._setup()
+        if resume:
+            self._restore()
+        cfg, task, model = self.cfg, self.task, self.model
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.run_dir / CONFIG_FILE, self.config.to_yaml())
+
+        T = getattr(task, "block_size", model.config.block_size)
+        tokens_per_step = cfg.batch_size * cfg.grad_accum * T
+        peak = peak_flops(self.device, self.precision)
+        flops_per_token = model.flops_per_token(T)
+        start_step = self.state.step
+        self.reporter.on_start(
+            RunInfo(
+                self.run_dir, str(self.device), self.device_reason, self.precision.name,
+                self.precision.reason, model.num_params(), tokens_per_step, start_step,
+                cfg.max_iters, cfg.max_time, cfg.compile,
+            )
+        )  # fmt: skip
+
+        n_train = task.num_examples("train")
+        session_start = time.perf_counter()
+        t0 = session_start - self.state.elapsed  # elapsed counts earlier sessions of a resumed run
+        last_metrics: dict[str, dict[str, float]] = {}
+        window_t, window_tokens = time.perf_counter(), 0
+        model.train()
+        with _StopSignals(self):
+            while True:
+                elapsed = time.perf_counter() - t0
+                self.state.elapsed = elapsed
+                out_of_time = cfg.max_time is not None and elapsed >= cfg.max_time
+                done = self.state.step >= cfg.max_iters or out_of_time
+                if self.stop_reason is not None:
+                    self._save_last(None)
+                    break
+                if (
+                    done or self.state.step % cfg.eval_interval == 0
+                ) and self.state.last_eval_step != self.state.step:
+                    last_metrics = self._evaluate_and_checkpoint(elapsed)
+                    window_t, window_tokens = time.perf_counter(), 0  # keep evaluation out of tokens/s
+                if done:
+                    self.stop_reason = (
+                        "max_time" if out_of_time and self.state.step < cfg.max_iters else "max_iters"
+                    )
+                    break
+
+                lr = lr_at(self.state.step, cfg, elapsed)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                indices = torch.randint(n_train, (cfg.grad_accum, cfg.batch_size), generator=self.data_gen)
+                step_loss = torch.zeros((), device=self.device)
+                for micro in range(cfg.grad_accum):
+                    batch = task.batch("train", indices[micro], self.device)
+                    with self.precision.autocast():
+                        loss = task.loss(self.forward_model, batch) / cfg.grad_accum
+                    self.scaler.scale(loss).backward()
+                    step_loss += loss.detach()
+                if cfg.grad_clip > 0:
+                    self.scaler.unscale_(self.optimizer)
+                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.state.step += 1
+                self.state.tokens += tokens_per_step
+                window_tokens += tokens_per_step
+
+                report = StepReport(self.state.step, cfg.max_iters, time.perf_counter() - t0, lr)
+                if self.state.step % cfg.log_interval == 0 or self.state.step == 1:
+                    loss_value = step_loss.item()
+                    if not math.isfinite(loss_value):
+                        self._diverged(f"training loss is {loss_value}")
+                    now = time.perf_counter()
+                    report.loss = loss_value
+                    report.tokens_per_s = window_tokens / max(now - window_t, 1e-9)
+                    if peak:
+                        report.mfu = flops_per_token * report.tokens_per_s / peak
+                    window_t, window_tokens = now, 0
+                    self.metrics.append(
+                        {
+                            "kind": "train",
+                            "step": self.state.step,
+                            "loss": loss_value,
+                            "lr": lr,
+                            "tokens": self.state.tokens,
+                            "tokens_per_s": round(report.tokens_per_s, 1),
+                            "mfu": None if report.mfu is None else round(report.mfu, 4),
+                            "elapsed": round(report.elapsed, 3),
+                        }
+                    )
+                self.reporter.on_step(report)
+
+        elapsed = time.perf_counter() - t0
+        session = time.perf_counter() - session_start
+        run_tokens = (self.state.step - start_step) * tokens_per_step
+        summary = Summary(
+            run_dir=self.run_dir,
+            steps=self.state.step,
+            start_step=start_step,
+            elapsed=elapsed,
+            tokens=self.state.tokens,
+            stop_reason=self.stop_reason or "max_iters",
+            best_val_loss=self.state.best_val_loss,
+            last_eval=last_metrics,
+            tokens_per_s=run_tokens / session if run_tokens else None,
+        )
+        self.reporter.on_end(summary)
+        return summary
+
+
+def _flatten(metrics: dict[str, dict[str, float]]) -> dict[str, float]:
+    """{"train": {"loss": 1.2}} -> {"train_loss": 1.2}."""
+    return {f"{split}_{k}": v for split, m in metrics.items() for k, v in m.items()}
