@@ -1,0 +1,173 @@
+"""Text in, text out, on top of generate.py's token-level decoding: prompts, stop strings,
+the end-of-text token, streaming text as it is generated, and top-k probabilities per step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from gptcli.errors import UsageError
+from gptcli.generate import generate
+from gptcli.model import GPT
+from gptcli.tokenizer import Tokenizer
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    text: str
+    dropped: int = 0  # tokens cut from the left to fit the model's block_size
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str | None, block_size: int) -> Prompt:
+    """Token ids of a prompt; no text means "start of a document": the end-of-text token,
+    or a newline for tokenizers without one. Cut from the left to fit block_size."""
+    if text is None or text == "":
+        if tokenizer.eot_id is not None:
+            return Prompt([tokenizer.eot_id], "")
+        if "\n" not in getattr(tokenizer, "stoi", {"\n": 0}):
+            raise UsageError(
+                "this tokenizer has no end-of-text token or newline to start from; give --prompt"
+            )
+        return Prompt(tokenizer.encode("\n"), "")
+    ids = tokenizer.encode_prompt(text)
+    if not ids:
+        raise UsageError("the prompt encodes to no tokens; give some text")
+    dropped = max(0, len(ids) - block_size)
+    return Prompt(ids[dropped:], tokenizer.decode(ids[dropped:]) if dropped else text, dropped)
+
+
+@dataclass
+class TopK:
+    """The model's most likely next tokens at one step, and the one that was chosen."""
+
+    ids: list[int]
+    probs: list[float]
+    chosen: int
+    chosen_prob: float
+    chosen_rank: int  # 1-based rank of the chosen token in the full distribution
+
+
+def top_k_of(probs: torch.Tensor, k: int, chosen: int) -> TopK:
+    """TopK from one next-token distribution probs (V,)."""
+    values, ids = torch.topk(probs, min(k, probs.numel()))
+    chosen_prob = float(probs[chosen])
+    rank = int((probs > chosen_prob).sum()) + 1
+    return TopK(ids.tolist(), values.tolist(), chosen, chosen_prob, rank)
+
+
+class TextStream:
+    """One continuation: token ids in, printable text out. Holds back bytes that do not yet
+    form a character and text that may still become a stop string; ends at a stop string,
+    the end-of-text token, or when finished."""
+
+    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        self.ids: list[int] = []
+        self.text = ""  # final text (set when done)
+        self.emitted = 0  # characters of the text handed out so far
+        self.finish: str | None = None  # eot | stop | length
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
+
+    def push(self, token: int) -> str:
+        """Add one token; return the text that became final."""
+        if token == self.tokenizer.eot_id:
+            return self.close("eot")
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        for stop in self.stops:
+            at = text.find(stop)
+            if at >= 0:
+                self.text = text[:at]
+                self.finish = "stop"
+                return self._emit(self.text)
+        safe = len(text.rstrip("\ufffd"))  # an incomplete UTF-8 sequence decodes to U+FFFD
+        for stop in self.stops:  # a tail that is the start of a stop string waits
+            for n in range(min(len(stop) - 1, safe), 0, -1):
+                if text[:safe].endswith(stop[:n]):
+                    safe = min(safe, len(text[:safe]) - n)
+                    break
+        return self._emit(text[:safe])
+
+    def close(self, finish: str = "length") -> str:
+        if self.finish is None:
+            self.finish = finish
+            self.text = self.tokenizer.decode(self.ids)
+        return self._emit(self.text)
+
+    def _emit(self, text: str) -> str:
+        delta = text[self.emitted :]
+        self.emitted = len(text)
+        return delta
+
+
+@dataclass
+class Sampled:
+    """One finished continuation."""
+
+    text: str
+    ids: list[int]
+    finish: str
+    steps: list[TopK] = field(default_factory=list)
+
+
+def complete(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: Prompt,
+    *,
+    max_new_tokens: int,
+    num_samples: int = 1,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stops: Sequence[str] = (),
+    show_probs: int = 0,
+    on_text: Callable[[int, str], None] | None = None,
+) -> list[Sampled]:
+    """Sample num_samples continuations of prompt as one batch; on_text(i, delta) receives
+    each continuation's text as it becomes final (for streaming)."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    if seed is not None:
+        generator.manual_seed(seed)
+    else:
+        generator.seed()
+    streams = [TextStream(tokenizer, stops) for _ in range(num_samples)]
+    steps: list[list[TopK]] = [[] for _ in range(num_samples)]
+    for step in generate(
+        model,
+        prompt.ids,
+        max_new_tokens,
+        num_samples=num_samples,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        generator=generator,
+        vocab_size=tokenizer.vocab_size,
+    ):
+        for i, token in enumerate(step.tokens.tolist()):
+            stream = streams[i]
+            if stream.done:
+                continue
+            if show_probs:
+                steps[i].append(top_k_of(step.probs[i], show_probs, token))
+            delta = stream.push(token)
+            if delta and on_text is not None:
+                on_text(i, delta)
+        if all(s.done for s in streams):
+            break
+    results = []
+    for i, stream in enumerate(streams):
+        delta = stream.close("length")
+        if delta and on_text is not None:
+            on_text(i, delta)
+        results.append(Sampled(stream.text, stream.ids, stream.finish or "length", steps[i]))
+    return results

@@ -1,0 +1,152 @@
+"""Decoding: greedy = argmax, top-k/top-p stay in their sets, KV cache = no cache, stops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptcli.completion import TextStream, complete, encode_prompt, top_k_of
+from gptcli.config import ModelConfig
+from gptcli.generate import filter_logits, generate, sample_next
+from gptcli.model import GPT
+from gptcli.tokenizer import CharTokenizer, gpt2_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT:
+    torch.manual_seed(0)
+    m = GPT(ModelConfig(vocab_size=23, block_size=12, n_layer=2, n_head=2, n_embd=16)).eval()
+    with torch.no_grad():  # sharpen the random model so that its distributions are not flat
+        m.lm_head.weight.mul_(40)
+    return m
+
+
+def naive_greedy(model: GPT, prompt: list[int], n: int) -> list[int]:
+    """Argmax decoding the slow way: a full forward pass over the window at every step."""
+    seq = list(prompt)
+    for _ in range(n):
+        logits, _ = model(torch.tensor([seq[-model.config.block_size :]]))
+        seq.append(int(logits[0, -1].argmax()))
+    return seq[len(prompt) :]
+
+
+def test_temperature_zero_is_argmax_decoding(model):
+    prompt = [1, 5, 7]
+    got = [int(s.tokens[0]) for s in generate(model, prompt, 8, temperature=0.0)]
+    assert got == naive_greedy(model, prompt, 8)
+
+
+@pytest.mark.parametrize("n", [6, 30])  # 30 new tokens slide well past block_size = 12
+def test_kv_cache_sampling_equals_no_cache_sampling(model, n):
+    def run(use_cache: bool) -> list[list[int]]:
+        g = torch.Generator().manual_seed(123)
+        steps = generate(
+            model, [2, 3, 4], n, num_samples=3, temperature=1.3, generator=g, use_cache=use_cache
+        )
+        return torch.stack([s.tokens for s in steps], 1).tolist()
+
+    assert run(True) == run(False)
+
+
+def test_top_k_and_top_p_never_leave_their_sets(model):
+    g = torch.Generator().manual_seed(0)
+    for step in generate(model, [3], 25, num_samples=16, temperature=1.0, top_k=3, generator=g):
+        allowed = torch.topk(step.probs, 3, dim=-1).indices
+        assert all(int(t) in allowed[i].tolist() for i, t in enumerate(step.tokens))
+    g = torch.Generator().manual_seed(0)
+    for step in generate(model, [3], 25, num_samples=16, temperature=1.0, top_p=0.6, generator=g):
+        for i, t in enumerate(step.tokens.tolist()):
+            probs, order = torch.sort(step.probs[i], descending=True)
+            mass_before = torch.cumsum(probs, 0) - probs
+            nucleus = order[mass_before < 0.6].tolist()
+            assert t in nucleus
+
+
+def test_filter_logits_by_hand():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0]])
+    assert torch.isinf(filter_logits(logits, top_k=2)[0, 2:]).all()
+    assert torch.isfinite(filter_logits(logits, top_k=2)[0, :2]).all()
+    probs = logits.softmax(-1)[0]  # 0.644, 0.237, 0.087, 0.032
+    kept = torch.isfinite(filter_logits(logits, top_p=0.7)[0])
+    assert kept.tolist() == [True, True, False, False]
+    assert probs[0] < 0.7 < probs[0] + probs[1]
+    # the top token always stays, however small top_p
+    assert torch.isfinite(filter_logits(logits, top_p=0.01)[0]).tolist() == [True, False, False, False]
+
+
+def test_sample_next_follows_temperature():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(20000, 3)
+    g = torch.Generator().manual_seed(0)
+    freq = torch.bincount(sample_next(logits, 1.0, generator=g), minlength=3) / 20000
+    torch.testing.assert_close(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.015, rtol=0)
+    # temperature 0.5: q proportional to p^2
+    q = torch.tensor([0.49, 0.04, 0.01]) / 0.54
+    freq = torch.bincount(sample_next(logits, 0.5, generator=g), minlength=3) / 20000
+    torch.testing.assert_close(freq, q, atol=0.015, rtol=0)
+
+
+def test_padded_vocabulary_ids_are_never_sampled():
+    torch.manual_seed(1)
+    m = GPT(ModelConfig(vocab_size=40, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
+    with torch.no_grad():
+        m.lm_head.weight[30:] += 5.0  # make the padding rows attractive
+    g = torch.Generator().manual_seed(0)
+    for step in generate(m, [1], 10, num_samples=8, generator=g, vocab_size=30):
+        assert (step.tokens < 30).all()
+
+
+def test_text_stream_stops_at_a_stop_string_and_holds_back_its_prefix():
+    tok = CharTokenizer(list("abcdefgh \n"))
+    stream = TextStream(tok, stops=["cde"])
+    deltas = [stream.push(i) for i in tok.encode("abcdefg")]
+    assert deltas[:2] == ["a", "b"]
+    assert deltas[2] == ""  # "c" might start "cde": held back
+    assert "".join(deltas) == "ab" and stream.finish == "stop" and stream.text == "ab"
+
+
+def test_text_stream_ends_at_end_of_text_and_joins_partial_characters():
+    tok = gpt2_tokenizer()
+    stream = TextStream(tok)
+    ids = tok.encode("hi 🐇 there")
+    deltas = [stream.push(i) for i in ids]
+    assert all("\ufffd" not in d for d in deltas)  # bytes of the emoji wait for each other
+    assert stream.push(tok.eot_id) == "" and stream.finish == "eot"
+    assert "".join(deltas) == "hi 🐇 there" == stream.text
+
+
+def test_complete_stops_each_sample_on_its_own(model):
+    tok = CharTokenizer(list("abcdefghijklmnopqrstuvw"))
+    results = complete(
+        model,
+        tok,
+        encode_prompt(tok, "abc", 12),
+        max_new_tokens=20,
+        num_samples=4,
+        seed=3,
+        stops=["e"],
+        show_probs=2,
+    )
+    assert len(results) == 4
+    for r in results:
+        assert "e" not in r.text
+        assert r.finish in ("stop", "length")
+        assert len(r.steps) == len(r.ids) or r.finish == "stop"
+        assert all(len(s.ids) == 2 for s in r.steps)
+    again = complete(
+        model, tok, encode_prompt(tok, "abc", 12), max_new_tokens=20, num_samples=4, seed=3, stops=["e"]
+    )
+    assert [r.text for r in again] == [r.text for r in results]  # --seed reproduces
+
+
+def test_prompts_default_to_start_of_document_and_are_cut_from_the_left():
+    assert encode_prompt(gpt2_tokenizer(), None, 1024).ids == [50256]
+    char = CharTokenizer(list("ab\n"))
+    assert encode_prompt(char, "", 8).ids == [2]  # no end-of-text token: a newline
+    p = encode_prompt(char, "ab" * 10, 8)
+    assert len(p.ids) == 8 and p.dropped == 12 and p.text == char.decode(p.ids)
+
+
+def test_top_k_of_reports_the_rank_of_the_chosen_token():
+    probs = torch.tensor([0.1, 0.5, 0.3, 0.1])
+    t = top_k_of(probs, 2, chosen=2)
+    assert t.ids == [1, 2] and t.chosen_rank == 2 and t.chosen_prob == pytest.approx(0.3)
