@@ -19,6 +19,8 @@ from typer.core import TyperGroup
 
 from gptcli import __version__
 from gptcli.cli import render
+from gptcli.cli.pretrain import pretrain
+from gptcli.cli.sample import sample
 from gptcli.cli.tokenize import tokenize
 from gptcli.errors import GptcliError
 
@@ -107,6 +109,8 @@ def root(
 
 
 app.command("tokenize")(tokenize)
+app.command("pretrain")(pretrain)
+app.command("sample")(sample)
 
 
 def main() -> None:

@@ -126,3 +126,292 @@ def tokenize_summary(report: Any, out_dir: str) -> None:
     for k, v in rows:
         table.add_row(k, v)
     out.print(table)
+
+
+# --- training ------------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _fmt(value: float | None, spec: str = ".4f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def loss_chart(
+    train: Sequence[tuple[int, float]], val: Sequence[tuple[int, float]], width: int, height: int
+) -> Text:
+    """Train and val loss against step, drawn with plotext in braille characters."""
+    import plotext as plt
+
+    plt.clear_figure()
+    plt.plot_size(width, height)
+    plt.theme("pro")
+    if train:
+        plt.plot([s for s, _ in train], [v for _, v in train], label="train", marker="braille", color="cyan")
+    if val:
+        plt.plot([s for s, _ in val], [v for _, v in val], label="val", marker="braille", color="orange")
+    plt.xlabel("step")
+    return Text.from_ansi(plt.build())
+
+
+class TrainView:
+    """The live training view (a terminal): progress, numbers, and a redrawn loss curve.
+    Implements gptcli.train.Reporter."""
+
+    def __init__(self, title: str) -> None:
+        from rich.live import Live
+        from rich.progress import MofNCompleteColumn, TimeElapsedColumn
+
+        self.title = title
+        self.progress = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            "[progress.percentage]{task.percentage:>3.0f}%",
+            TimeElapsedColumn(),
+            "left",
+            TimeRemainingColumn(),
+            console=out,
+        )
+        self.task = self.progress.add_task("step", total=1)
+        self.live = Live(console=out, refresh_per_second=4, transient=False)
+        self.train: list[tuple[int, float]] = []
+        self.val: list[tuple[int, float]] = []
+        self.stats: dict[str, Any] = {}
+        self.header = Text("")
+        self.max_time: float | None = None
+
+    def on_start(self, info: Any) -> None:
+        self.header = Text.assemble(
+            (f"{self.title} ", "bold"),
+            (str(info.run_dir), "cyan"),
+            f"\n{info.device_reason} · {info.precision_reason} · {info.params / 1e6:.2f}M parameters · "
+            f"{info.tokens_per_step:,} tokens/step" + (" · torch.compile" if info.compile else ""),
+        )
+        self.max_time = info.max_time
+        self.progress.update(self.task, total=info.max_iters, completed=info.start_step)
+        self.live.start()
+        self._redraw()
+
+    def on_step(self, r: Any) -> None:
+        self.progress.update(self.task, completed=r.step)
+        self.stats.update(step=r.step, lr=r.lr, elapsed=r.elapsed)
+        if r.loss is not None:
+            self.train.append((r.step, r.loss))
+            best = self.stats.get("best_train")
+            self.stats.update(
+                loss=r.loss,
+                best_train=r.loss if best is None else min(best, r.loss),
+                tps=r.tokens_per_s,
+                mfu=r.mfu,
+            )
+            self._redraw()
+
+    def on_eval(self, r: Any) -> None:
+        self.val.append((r.step, r.metrics["val"]["loss"]))
+        self.stats.update(
+            val=r.metrics["val"]["loss"], best_val=r.best_val_loss, eval_train=r.metrics["train"]["loss"]
+        )
+        extra = {k: v for k, v in r.metrics["val"].items() if k != "loss"}
+        self.stats["val_extra"] = extra
+        if r.improved:
+            self.stats["best_step"] = r.step
+        self._redraw()
+
+    def on_checkpoint(self, name: str, path: Any, step: int) -> None:
+        self.stats[f"saved_{name}"] = step
+
+    def on_end(self, summary: Any) -> None:
+        self._redraw()
+        self.live.stop()
+
+    def _redraw(self) -> None:
+        from rich.console import Group
+
+        s = self.stats
+        numbers = Table.grid(padding=(0, 3))
+        for _ in range(4):
+            numbers.add_column()
+        mfu = "-" if s.get("mfu") is None else f"{100 * s['mfu']:.1f}%"
+        best_at = f" @{s['best_step']}" if "best_step" in s else ""
+        numbers.add_row(
+            f"step [bold]{s.get('step', 0)}[/]",
+            f"lr {_fmt(s.get('lr'), '.2e')}",
+            f"train [bold cyan]{_fmt(s.get('loss'))}[/] (best {_fmt(s.get('best_train'))})",
+            f"val [bold orange1]{_fmt(s.get('val'))}[/] (best {_fmt(s.get('best_val'))}{best_at})",
+        )
+        extras = "  ".join(f"{k} {v:.4f}" for k, v in s.get("val_extra", {}).items())
+        numbers.add_row(
+            f"{_fmt(s.get('tps'), ',.0f')} tok/s",
+            f"MFU {mfu}",
+            f"saved last @{s['saved_last']}" if "saved_last" in s else "",
+            extras,
+        )
+        width = max(40, min(out.width, 110))
+        parts: list[Any] = [self.header, self.progress, numbers]
+        if self.train or self.val:
+            parts.append(loss_chart(self.train, self.val, width, 16))
+        self.live.update(Group(*parts))
+
+
+class TrainLog:
+    """Plain training log (not a terminal): one line per log step and per evaluation.
+    Implements gptcli.train.Reporter."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+
+    def _line(self, text: str) -> None:
+        print(text, flush=True)
+
+    def on_start(self, info: Any) -> None:
+        self._line(f"{self.title} {info.run_dir}")
+        self._line(
+            f"{info.device_reason}; {info.precision_reason}; {info.params / 1e6:.2f}M parameters; "
+            f"{info.tokens_per_step:,} tokens/step" + ("; torch.compile" if info.compile else "")
+        )
+
+    def on_step(self, r: Any) -> None:
+        if r.loss is None:
+            return
+        mfu = "" if r.mfu is None else f" | mfu {100 * r.mfu:.1f}%"
+        self._line(
+            f"step {r.step}/{r.max_iters} | loss {r.loss:.4f} | lr {r.lr:.2e} | "
+            f"{r.tokens_per_s:,.0f} tok/s{mfu} | {_duration(r.elapsed)}"
+        )
+
+    def on_eval(self, r: Any) -> None:
+        extra = "".join(f" | val {k} {v:.4f}" for k, v in r.metrics["val"].items() if k != "loss")
+        best = " (best)" if r.improved else ""
+        self._line(
+            f"eval step {r.step}: train {r.metrics['train']['loss']:.4f} | "
+            f"val {r.metrics['val']['loss']:.4f}{best}{extra} | {_duration(r.elapsed)}"
+        )
+
+    def on_checkpoint(self, name: str, path: Any, step: int) -> None: ...
+
+    def on_end(self, summary: Any) -> None: ...
+
+
+def train_reporter(title: str) -> TrainView | TrainLog:
+    """The live view in a terminal, plain lines otherwise."""
+    return TrainView(title) if out.is_terminal else TrainLog(title)
+
+
+def train_summary(summary: Any, loss_png: str | None) -> None:
+    """The table printed when training ends (a gptcli.train.Summary)."""
+    table = Table(
+        title="training finished" if summary.stop_reason != "interrupted" else "training stopped",
+        title_justify="left",
+        show_header=False,
+        show_edge=False,
+    )
+    table.add_column(style="dim")
+    table.add_column()
+    val = summary.last_eval.get("val", {})
+    train = summary.last_eval.get("train", {})
+    reasons = {
+        "max_iters": "reached max_iters",
+        "max_time": "reached max_time",
+        "interrupted": "interrupted (Ctrl-C)",
+        "terminated": "terminated (SIGTERM)",
+    }
+    rows = [
+        ("run", str(summary.run_dir)),
+        (
+            "steps",
+            f"{summary.steps:,}" + (f" (resumed at {summary.start_step:,})" if summary.start_step else ""),
+        ),
+        ("stopped", reasons.get(summary.stop_reason, summary.stop_reason)),
+        ("time", _duration(summary.elapsed)),
+        ("tokens", f"{summary.tokens:,}"),
+        ("tokens/s", _fmt(summary.tokens_per_s, ",.0f")),
+        ("best val loss", _fmt(summary.best_val_loss)),
+        ("final train / val", f"{_fmt(train.get('loss'))} / {_fmt(val.get('loss'))}"),
+    ]
+    rows += [(f"val {k}", f"{v:.4f}") for k, v in val.items() if k != "loss"]
+    rows += [("checkpoints", f"{summary.run_dir}/best, {summary.run_dir}/last")]
+    if loss_png:
+        rows.append(("loss curve", loss_png))
+    for k, v in rows:
+        table.add_row(k, v)
+    out.print(table)
+
+
+def save_loss_png(metrics_path: Any, png_path: Any) -> bool:
+    """Plot metrics.jsonl's train and val loss to png_path; False if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    train, val = [], []
+    with open(metrics_path, encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("kind") == "train":
+                train.append((rec["step"], rec["loss"]))
+            elif rec.get("kind") == "eval":
+                val.append((rec["step"], rec["val_loss"]))
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    if train:
+        ax.plot(*zip(*train, strict=True), label="train", linewidth=1)
+    if val:
+        ax.plot(*zip(*val, strict=True), label="val", marker="o", markersize=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (next-token NLL)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+    return True
+
+
+# --- sampling ------------------------------------------------------------------------------
+
+
+def stream_text(text: str, style: str = "") -> None:
+    """Print text with no newline, at once (streaming generation)."""
+    out.print(text, end="", style=style, soft_wrap=True, markup=False, highlight=False)
+    out.file.flush()
+
+
+def sample_text(prompt: str, continuation: str, index: int | None = None) -> None:
+    """A prompt (dimmed) and its continuation (bright)."""
+    if index is not None:
+        out.rule(f"sample {index}", style="dim")
+    out.print(Text.assemble((prompt, "dim"), (continuation, "bold")), soft_wrap=True)
+
+
+def _bar(prob: float, width: int = 24) -> str:
+    full = prob * width
+    return "█" * int(full) + ("▌" if full - int(full) >= 0.5 else "")
+
+
+def probs_table(context: str, rows: Sequence[tuple[int, str, float, bool]], title: str | None = None) -> None:
+    """The most likely next tokens after context: (rank, piece, probability, chosen) rows,
+    with bars; the chosen token is marked."""
+    table = Table(
+        title=title or Text.assemble(("…" if len(context) > 48 else "", "dim"), (context[-48:], "dim"), " →"),
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("token")
+    table.add_column("prob", justify="right")
+    table.add_column("", style="green")
+    for rank, piece, prob, chosen in rows:
+        style = "bold green" if chosen else ""
+        table.add_row(
+            str(rank), Text(piece, style=style), f"{prob:.4f}", _bar(prob) + (" ◀" if chosen else "")
+        )
+    out.print(table)

@@ -49,7 +49,7 @@ def tokenize(
         typer.Option(
             "--tokenizer",
             "-t",
-            help="char, gpt2, bpe:N, or a tokenizer.json / run / data dir [default: gpt2 text, char corpus]",
+            help="char, gpt2, bpe:N, or a tokenizer.json / run / data dir (default: gpt2 text, char corpus)",
             show_default=False,
         ),
     ] = None,

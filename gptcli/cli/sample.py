@@ -1,0 +1,172 @@
+"""`gptcli sample`: generate text from a trained model, optionally showing the top-k
+next-token probabilities at every step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gptcli.cli import render
+from gptcli.cli.common import Ckpt, Device, Json, Seed, load_model
+from gptcli.errors import UsageError
+
+
+def check_sampling(
+    temp: float, top_k: int | None, top_p: float | None, max_new_tokens: int, num_samples: int
+) -> None:
+    if temp < 0:
+        raise UsageError(f"--temp must be >= 0 (0 = greedy), got {temp}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise UsageError(f"--top-p must be in (0, 1], got {top_p}")
+    if top_k is not None and top_k < 1:
+        raise UsageError(f"--top-k must be >= 1, got {top_k}")
+    if max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if num_samples < 1:
+        raise UsageError(f"--num-samples must be >= 1, got {num_samples}")
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
+    if prompt is not None and prompt_file is not None:
+        raise UsageError("give --prompt or --prompt-file, not both")
+    if prompt_file is None:
+        return prompt
+    try:
+        return prompt_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"--prompt-file {prompt_file}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--prompt-file {prompt_file}: not UTF-8 text (byte offset {e.start})") from None
+
+
+def sample(
+    ckpt: Ckpt = None,
+    prompt: Annotated[
+        str | None, typer.Option("--prompt", "-p", help="Text to continue (default: start of a document).")
+    ] = None,
+    prompt_file: Annotated[
+        Path | None, typer.Option("--prompt-file", help="Read the prompt from a file.")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate.")] = 200,
+    num_samples: Annotated[
+        int, typer.Option("--num-samples", help="Continuations, decoded as one batch.")
+    ] = 1,
+    temp: Annotated[
+        float, typer.Option("--temp", help="Temperature: sample from q ∝ p^(1/temp); 0 = greedy (argmax).")
+    ] = 1.0,
+    top_k: Annotated[
+        int | None, typer.Option("--top-k", help="Sample only among the k likeliest tokens.")
+    ] = None,
+    top_p: Annotated[
+        float | None, typer.Option("--top-p", help="Sample only within the smallest set of mass top-p.")
+    ] = None,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="End a continuation at this text (repeatable).")
+    ] = None,
+    stream: Annotated[
+        bool | None,
+        typer.Option("--stream/--no-stream", help="Print tokens as they come (default: on in a terminal)."),
+    ] = None,
+    show_probs: Annotated[
+        int,
+        typer.Option("--show-probs", help="After each step, show the K likeliest next tokens.", metavar="K"),
+    ] = 0,
+    seed: Seed = None,
+    device: Device = "auto",
+    json_out: Json = False,
+) -> None:
+    """Generate text from a trained model.
+
+    gptcli sample                                      newest run, start of a document
+    gptcli sample --prompt "The rabbit dug a" --show-probs 5 -n 3
+    gptcli sample --ckpt runs/shakes --temp 0.8 --top-k 200 --num-samples 3
+    """
+    from gptcli.completion import complete, encode_prompt
+
+    check_sampling(temp, top_k, top_p, max_new_tokens, num_samples)
+    if show_probs < 0:
+        raise UsageError(f"--show-probs must be >= 0, got {show_probs}")
+    text = read_prompt(prompt, prompt_file)
+    loaded = load_model(ckpt, device)
+    tok = loaded.tokenizer
+    p = encode_prompt(tok, text, loaded.model.config.block_size)
+    if p.dropped:
+        render.warning(
+            f"the prompt is {len(p.ids) + p.dropped} tokens, more than the model's block_size "
+            f"{loaded.model.config.block_size}; kept its last {len(p.ids)}"
+        )
+    live = (render.out.is_terminal if stream is None else stream) and not json_out
+    streaming = live and num_samples == 1 and not show_probs
+    if streaming:
+        render.stream_text(p.text, style="dim")
+
+    results = complete(
+        loaded.model,
+        tok,
+        p,
+        max_new_tokens=max_new_tokens,
+        num_samples=num_samples,
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stops=stop or [],
+        show_probs=show_probs,
+        on_text=(lambda i, delta: render.stream_text(delta, style="bold")) if streaming else None,
+    )
+
+    if json_out:
+        render.print_json(
+            {
+                "prompt": p.text,
+                "prompt_ids": p.ids,
+                "samples": [
+                    {
+                        "text": r.text,
+                        "ids": r.ids,
+                        "finish": r.finish,
+                        **({"top_k": [_top_k_json(tok, s) for s in r.steps]} if show_probs else {}),
+                    }
+                    for r in results
+                ],
+            }
+        )
+        return
+    if streaming:
+        render.stream_text("\n")
+        return
+    for i, r in enumerate(results):
+        render.sample_text(p.text, r.text, index=i + 1 if num_samples > 1 else None)
+        if show_probs:
+            _show_steps(tok, p.ids, r)
+
+
+def _top_k_json(tok, step) -> dict:
+    return {
+        "chosen": {"id": step.chosen, "token": _piece(tok, step.chosen), "prob": step.chosen_prob},
+        "candidates": [
+            {"id": i, "token": _piece(tok, i), "prob": pr} for i, pr in zip(step.ids, step.probs, strict=True)
+        ],
+    }
+
+
+def _piece(tok, token_id: int) -> str:
+    return tok.token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+def _show_steps(tok, prompt_ids: list[int], result) -> None:
+    """One probability table per generated token: the lecture's 'The rabbit dug a -> hole 0.45'."""
+    context = list(prompt_ids)
+    for step in result.steps:
+        rows = [
+            (rank, render.visible_piece(tok.token_bytes(i)), pr, i == step.chosen)
+            for rank, (i, pr) in enumerate(zip(step.ids, step.probs, strict=True), 1)
+        ]
+        if step.chosen not in step.ids:
+            rows.append(
+                (step.chosen_rank, render.visible_piece(tok.token_bytes(step.chosen)), step.chosen_prob, True)
+            )
+        render.probs_table(tok.decode(context), rows)
+        context.append(step.chosen)

@@ -1,0 +1,177 @@
+"""`gptcli pretrain` and `gptcli sample` end to end through Typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gptcli.cli.app import app
+from tests.conftest import make_corpus
+from tests.test_cli_tokenize import assert_usage_error
+
+runner = CliRunner()
+TINY = [
+    "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
+    "--max-iters", "30", "--eval-interval", "15", "--eval-iters", "2", "--log-interval", "5",
+    "--device", "cpu", "--dtype", "fp32", "--warmup-iters", "3", "--lr", "3e-3",
+]  # fmt: skip
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """One small pretrained run, shared by the sampling tests."""
+    tmp = tmp_path_factory.mktemp("trained")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPTCLI_CACHE_DIR", str(tmp / "cache"))
+    try:
+        corpus = make_corpus(tmp / "animals.txt", n_sentences=300)
+        result = run("pretrain", corpus, "--out", tmp / "run", *TINY, "--max-iters", "120")
+        assert result.exit_code == 0, result.output
+    finally:
+        mp.undo()
+    return tmp / "run"
+
+
+def test_pretrain_writes_a_run_and_reports(tmp_path):
+    corpus = make_corpus(tmp_path / "animals.txt")
+    result = run("pretrain", corpus, "--out", tmp_path / "run", *TINY)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "eval step 0:" in out and "eval step 30:" in out  # plain lines outside a terminal
+    assert "step 30/30 | loss" in out and "tok/s" in out
+    assert "training finished" in out and "best val loss" in out
+    assert "fp32: as requested" in out
+    run_dir = tmp_path / "run"
+    for name in ("config.yaml", "metrics.jsonl", "best/model.safetensors", "last/train_state.json"):
+        assert (run_dir / name).exists(), name
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 15, 30]
+    assert all(k in records[1] for k in ("loss", "lr", "tokens_per_s", "tokens"))
+    meta = json.loads((run_dir / "last" / "checkpoint.json").read_text())
+    assert meta["config"]["model"]["n_layer"] == 1 and meta["tokenizer"] == "char"
+
+    # the same corpus again: the cached tokens are reused
+    again = run("pretrain", corpus, "--out", tmp_path / "run2", *TINY, "--max-iters", "1")
+    assert again.exit_code == 0, again.output
+    assert "reusing the cached tokens" in again.output
+
+    # --resume with a larger budget continues from step 30
+    more = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "40")
+    assert more.exit_code == 0, more.output
+    assert "resumed at 30" in more.output and "step 40/40" in more.output
+
+
+def test_pretrain_on_a_tokenized_dir(tmp_path):
+    corpus = make_corpus(tmp_path / "c.txt")
+    assert run("tokenize", corpus, "--out", tmp_path / "tok", "-t", "gpt2").exit_code == 0
+    result = run("pretrain", tmp_path / "tok", "--out", tmp_path / "run", *TINY, "--max-iters", "2")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "last" / "checkpoint.json").read_text())["tokenizer"] == "gpt2"
+    assert_usage_error(
+        run("pretrain", tmp_path / "tok", "--out", tmp_path / "r2", "-t", "char", *TINY),
+        "tokenized with gpt2, not char",
+    )
+
+
+def test_pretrain_with_a_config_file_and_flags(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "model:\n  n_layer: 1\n  n_head: 1\n  n_embd: 16\n  block_size: 8\ntrain:\n  max_iters: 3\n"
+    )
+    corpus = make_corpus(tmp_path / "c.txt")
+    result = run(
+        "pretrain", corpus, "-c", cfg, "--out", tmp_path / "run", "--n-embd", "24", "--eval-iters", "1"
+    )
+    assert result.exit_code == 0, result.output
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "n_embd: 24" in saved and "n_layer: 1" in saved and "max_iters: 3" in saved
+
+
+def test_pretrain_refuses_to_overwrite_a_run(tmp_path):
+    corpus = make_corpus(tmp_path / "c.txt")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    assert_usage_error(
+        run("pretrain", corpus, "--out", tmp_path / "run", *TINY), "already exists", "--resume"
+    )
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
+    assert_usage_error(run("pretrain"), "give the text to train on")
+
+
+def test_sample_json_and_greedy_is_deterministic(trained):
+    a = json.loads(run("sample", "--ckpt", trained, "-p", "The ", "-n", "12", "--temp", "0", "--json").output)
+    b = json.loads(run("sample", "--ckpt", trained, "-p", "The ", "-n", "12", "--temp", "0", "--json").output)
+    assert a == b
+    assert a["prompt"] == "The " and len(a["samples"]) == 1
+    sample = a["samples"][0]
+    assert len(sample["ids"]) == 12 and sample["finish"] == "length"
+    assert set(sample) == {"text", "ids", "finish"}
+
+
+def test_sample_several_with_seed_and_stop(trained):
+    args = ["sample", "--ckpt", trained, "-p", "The", "-n", "40", "--num-samples", "3", "--seed", "7"]
+    a = json.loads(run(*args, "--stop", ".", "--json").output)
+    b = json.loads(run(*args, "--stop", ".", "--json").output)
+    assert a == b and len(a["samples"]) == 3
+    for s in a["samples"]:
+        assert "." not in s["text"]
+    plain = run(*args)
+    assert plain.exit_code == 0 and "sample 3" in plain.output
+
+
+def test_sample_show_probs_marks_the_chosen_token(trained):
+    result = run(
+        "sample", "--ckpt", trained, "-p", "The rabbit dug a", "-n", "2", "--show-probs", "3", "--temp", "0"
+    )
+    assert result.exit_code == 0, result.output
+    assert "The rabbit dug a →" in result.output and "◀" in result.output and "prob" in result.output
+    data = json.loads(
+        run("sample", "--ckpt", trained, "-p", "The", "-n", "3", "--show-probs", "4", "--json").output
+    )
+    steps = data["samples"][0]["top_k"]
+    assert len(steps) == 3 and len(steps[0]["candidates"]) == 4
+    probs = [c["prob"] for c in steps[0]["candidates"]]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
+
+
+def test_sample_uses_the_newest_run(trained, tmp_path):
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert_usage_error(run("sample"), "no trained model found under ./runs", "gptcli pretrain")
+        (tmp_path / "runs").mkdir()
+        os.symlink(trained, tmp_path / "runs" / "mine")
+        result = run("sample", "-n", "5", "--seed", "1")
+        assert result.exit_code == 0, result.output
+        assert "using the newest run: runs/mine" in result.output
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--temp", "-1"], "--temp must be >= 0"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--top-k", "0"], "--top-k must be >= 1"),
+        (["-p", "Zebra ~ 東京"], "not in this char tokenizer's vocabulary"),
+        (["--prompt-file", "/nonexistent/prompt.txt"], "no such file"),
+    ],
+)
+def test_sample_bad_input(trained, args, message):
+    assert_usage_error(run("sample", "--ckpt", trained, *args), message)
+
+
+def test_sample_warns_and_truncates_a_long_prompt(trained):
+    result = run("sample", "--ckpt", trained, "-p", "The fox dug a den. " * 5, "-n", "2")
+    assert result.exit_code == 0
+    assert "more than the model's block_size 16; kept its last 16" in result.output
