@@ -1,7 +1,7 @@
 # gptcli developer tasks. Everything runs inside .venv, created on first use.
 #
 #   make test                 ruff + pytest (installs torch, then gptcli[dev,plot])
-#   make demo                 train the demo model on examples/demo and sample from it
+#   make demo                 train the demo GPT on examples/demo (once) and sample from it
 #   make test TORCH=torch TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
 #                             pick another torch build (CUDA, ROCm, CPU wheel index, ...)
 
@@ -32,9 +32,15 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
+DEMO_RUN ?= runs/demo
+
+# trains once (about two minutes on a laptop CPU); later runs reuse runs/demo
 demo: $(STAMP)
-	$(BIN)/gptcli tokenize examples/demo --out data/demo --tokenizer bpe:512 --force
-	$(BIN)/gptcli tokenize "The rabbit dug a hole because it needed shelter." --tokenizer data/demo
+	test -f $(DEMO_RUN)/best/checkpoint.json || \
+	  $(BIN)/gptcli pretrain examples/demo --config examples/configs/demo.yaml --out $(DEMO_RUN)
+	$(BIN)/gptcli sample --ckpt $(DEMO_RUN) --num-samples 3 --seed 1
+	$(BIN)/gptcli sample --ckpt $(DEMO_RUN) --prompt "The rabbit dug a" --show-probs 5 \
+	  --max-new-tokens 1 --temp 0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
