@@ -1,5 +1,5 @@
-"""Token-level decoding: sampling (temperature, top-k, top-p) and greedy. Knows nothing
-about text: it takes and yields token ids.
+"""Token-level decoding: sampling (temperature, top-k, top-p), greedy, and beam search.
+Knows nothing about text: it takes and yields token ids.
 
 Decoding runs on a KV cache: the prompt is encoded once, then each step feeds only the new
 token. When the sequence outgrows the model's block_size, the context window slides: the
@@ -8,7 +8,7 @@ cache is rebuilt from the most recent 3/4 of a block and decoding continues.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -135,3 +135,111 @@ def generate(
 
 def _cache_dtype(model: GPT) -> torch.dtype:
     return next(model.parameters()).dtype
+
+
+# --- beam search ---------------------------------------------------------------------------
+
+
+@dataclass
+class Hypothesis:
+    """One beam search result: the generated ids (with the end token, if it ended)."""
+
+    ids: list[int]
+    logprob: float  # sum of the log-probabilities of ids
+    score: float  # logprob / len(ids) ** length_penalty
+    finished: bool  # ended with an end token (not cut off by max_new_tokens)
+
+
+def _banned_by_ngrams(seq: Sequence[int], n: int) -> list[int]:
+    """Tokens that would repeat an n-gram already in seq (HF's no_repeat_ngram_size)."""
+    if n <= 0 or len(seq) < n - 1:
+        return []
+    prefix = tuple(seq[len(seq) - n + 1 :]) if n > 1 else ()
+    return [seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i : i + n - 1]) == prefix]
+
+
+@torch.no_grad()
+def beam_search(
+    model: GPT,
+    prompt: Sequence[int],
+    beams: int,
+    max_new_tokens: int,
+    *,
+    length_penalty: float = 1.0,
+    end_ids: Sequence[int] = (),
+    is_end: Callable[[list[int]], bool] | None = None,
+    no_repeat_ngram: int = 0,
+    vocab_size: int | None = None,
+) -> list[Hypothesis]:
+    """Beam search as the lecture defines it, run as one batch of `beams` rows.
+
+    Keep the `beams` highest-scoring partial hypotheses by sum of log-probabilities. Each
+    step the best 2 x beams continuations of all rows are ranked; one that ends (its token
+    is in end_ids, or is_end(ids) says so) is set aside as finished if it ranks among the
+    first `beams`, and the best `beams` that do not end continue. Stop once `beams`
+    hypotheses are finished, or after max_new_tokens (the running ones are then kept as
+    unfinished). Results are ranked by sum(log p) / length ** length_penalty, the length
+    counting the end token. These are Hugging Face's rules for
+    generate(num_beams=beams, early_stopping=True, length_penalty=...).
+
+    The prompt is encoded once; the KV cache is then reordered by beam index every step.
+    """
+    if beams < 1:
+        raise ValueError("beams must be >= 1")
+    device = next(model.parameters()).device
+    block = model.config.block_size
+    if len(prompt) + max_new_tokens > block:
+        raise ValueError(
+            f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceed block_size {block}"
+        )
+    ends = set(end_ids)
+    cache = KVCache(model.config, 1, len(prompt) + max_new_tokens, device, _cache_dtype(model))
+    logits = model.lm_head(
+        model.hidden_states(torch.tensor([list(prompt)], device=device), kv_cache=cache)[:, -1]
+    )
+    cache.expand(beams)
+    logits = logits.expand(beams, -1)
+    seqs: list[list[int]] = [[] for _ in range(beams)]
+    scores = torch.full((beams,), float("-inf"), device=device)
+    scores[0] = 0.0  # at first, every row holds the same (empty) hypothesis: expand only one
+    finished: list[Hypothesis] = []
+    for step in range(max_new_tokens):
+        logp = F.log_softmax(logits.float(), dim=-1)  # (beams, V)
+        if vocab_size is not None and vocab_size < logp.size(-1):
+            logp[:, vocab_size:] = float("-inf")
+        for row, seq in enumerate(seqs):
+            banned = _banned_by_ngrams(list(prompt) + seq, no_repeat_ngram)
+            if banned:
+                logp[row, banned] = float("-inf")
+        V = logp.size(-1)
+        total = scores[:, None] + logp  # (beams, V)
+        top_scores, top_index = torch.topk(total.view(-1), min(2 * beams, total.numel()))
+        last = step == max_new_tokens - 1
+        rows, tokens, kept = [], [], []
+        for rank, (s, i) in enumerate(zip(top_scores.tolist(), top_index.tolist(), strict=True)):
+            if s == float("-inf"):
+                break
+            row, token = divmod(i, V)
+            seq = [*seqs[row], token]
+            ended = token in ends or (is_end is not None and is_end(seq))
+            if ended or last:
+                if rank < beams:
+                    finished.append(Hypothesis(seq, s, s / len(seq) ** length_penalty, ended))
+            elif len(kept) < beams:
+                rows.append(row)
+                tokens.append(token)
+                kept.append(s)
+        finished.sort(key=lambda h: h.score, reverse=True)
+        del finished[beams:]
+        if last or sum(h.finished for h in finished) >= beams or not kept:
+            break
+        while len(kept) < beams:  # fewer live continuations than beams: pad with dead rows
+            rows.append(rows[0])
+            tokens.append(tokens[0])
+            kept.append(float("-inf"))
+        seqs = [[*seqs[r], t] for r, t in zip(rows, tokens, strict=True)]
+        scores = torch.tensor(kept, device=device)
+        cache.reorder(torch.tensor(rows, device=device))
+        step_ids = torch.tensor(tokens, device=device)[:, None]
+        logits = model.lm_head(model.hidden_states(step_ids, kv_cache=cache)[:, -1])
+    return finished
