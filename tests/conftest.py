@@ -40,6 +40,34 @@ def corpus(tmp_path: Path) -> Path:
     return make_corpus(tmp_path / "corpus.txt")
 
 
+# flags for a model small enough to train in a second
+TINY = [
+    "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
+    "--max-iters", "30", "--eval-interval", "15", "--eval-iters", "2", "--log-interval", "5",
+    "--device", "cpu", "--dtype", "fp32", "--warmup-iters", "3", "--lr", "3e-3",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One small char-level run trained through the CLI, shared by the decoding tests."""
+    from typer.testing import CliRunner
+
+    from gptcli.cli.app import app
+
+    tmp = tmp_path_factory.mktemp("trained")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPTCLI_CACHE_DIR", str(tmp / "cache"))
+    try:
+        corpus = make_corpus(tmp / "animals.txt", n_sentences=300)
+        args = ["pretrain", str(corpus), "--out", str(tmp / "run"), *TINY, "--max-iters", "120"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+    finally:
+        mp.undo()
+    return tmp / "run"
+
+
 @pytest.fixture(scope="session")
 def hf_gpt2():
     """A factory for small random Hugging Face GPT-2 models (skipped without transformers)."""

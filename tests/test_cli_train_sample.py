@@ -4,40 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from gptcli.cli.app import app
-from tests.conftest import make_corpus
+from tests.conftest import TINY, make_corpus
 from tests.test_cli_tokenize import assert_usage_error
 
 runner = CliRunner()
-TINY = [
-    "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
-    "--max-iters", "30", "--eval-interval", "15", "--eval-iters", "2", "--log-interval", "5",
-    "--device", "cpu", "--dtype", "fp32", "--warmup-iters", "3", "--lr", "3e-3",
-]  # fmt: skip
 
 
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """One small pretrained run, shared by the sampling tests."""
-    tmp = tmp_path_factory.mktemp("trained")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("GPTCLI_CACHE_DIR", str(tmp / "cache"))
-    try:
-        corpus = make_corpus(tmp / "animals.txt", n_sentences=300)
-        result = run("pretrain", corpus, "--out", tmp / "run", *TINY, "--max-iters", "120")
-        assert result.exit_code == 0, result.output
-    finally:
-        mp.undo()
-    return tmp / "run"
 
 
 def test_pretrain_writes_a_run_and_reports(tmp_path):

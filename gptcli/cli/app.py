@@ -19,6 +19,8 @@ from typer.core import TyperGroup
 
 from gptcli import __version__
 from gptcli.cli import render
+from gptcli.cli.beam import beam
+from gptcli.cli.inspect_attn import inspect_attn
 from gptcli.cli.pretrain import pretrain
 from gptcli.cli.sample import sample
 from gptcli.cli.tokenize import tokenize
@@ -111,6 +113,8 @@ def root(
 app.command("tokenize")(tokenize)
 app.command("pretrain")(pretrain)
 app.command("sample")(sample)
+app.command("beam")(beam)
+app.command("inspect-attn")(inspect_attn)
 
 
 def main() -> None:

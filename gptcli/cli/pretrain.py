@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gptcli.cli import render
+from gptcli.cli import figures, render
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str) -> None:
     trainer.reporter = render.train_reporter(f"gptcli {verb} →")
     summary = trainer.run(resume=resume)
     png = trainer.run_dir / "loss.png"
-    saved = render.save_loss_png(trainer.run_dir / "metrics.jsonl", png)
+    saved = figures.save_loss_png(trainer.run_dir / "metrics.jsonl", png)
     render.train_summary(summary, str(png) if saved else None)
     if summary.stop_reason in ("interrupted", "terminated"):
         render.warning(

@@ -40,6 +40,11 @@ def info(message: str) -> None:
     err.print(Text(message, style="dim"), soft_wrap=True)
 
 
+def write_json_file(path: Any, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, ensure_ascii=False)
+
+
 def print_json(obj: Any) -> None:
     """Machine-readable output: one JSON document on stdout."""
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
@@ -343,38 +348,6 @@ def train_summary(summary: Any, loss_png: str | None) -> None:
     out.print(table)
 
 
-def save_loss_png(metrics_path: Any, png_path: Any) -> bool:
-    """Plot metrics.jsonl's train and val loss to png_path; False if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    train, val = [], []
-    with open(metrics_path, encoding="utf-8") as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("kind") == "train":
-                train.append((rec["step"], rec["loss"]))
-            elif rec.get("kind") == "eval":
-                val.append((rec["step"], rec["val_loss"]))
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    if train:
-        ax.plot(*zip(*train, strict=True), label="train", linewidth=1)
-    if val:
-        ax.plot(*zip(*val, strict=True), label="val", marker="o", markersize=3)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (next-token NLL)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png_path)
-    plt.close(fig)
-    return True
-
-
 # --- sampling ------------------------------------------------------------------------------
 
 
@@ -415,3 +388,104 @@ def probs_table(context: str, rows: Sequence[tuple[int, str, float, bool]], titl
             str(rank), Text(piece, style=style), f"{prob:.4f}", _bar(prob) + (" ◀" if chosen else "")
         )
     out.print(table)
+
+
+# --- beam search ---------------------------------------------------------------------------
+
+
+def beam_table(prompt: str, rows: Sequence[dict[str, Any]]) -> None:
+    """The n-best hypotheses: rank, text (prompt dimmed, continuation bright), total
+    log-probability, length-normalised score, length, and whether it ended."""
+    table = Table(show_edge=False, pad_edge=False, title="beam search", title_justify="left")
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("text", ratio=1)
+    table.add_column("log p", justify="right")
+    table.add_column("score", justify="right", style="bold")
+    table.add_column("len", justify="right")
+    table.add_column("ended", justify="center")
+    for rank, r in enumerate(rows, 1):
+        table.add_row(
+            str(rank),
+            Text.assemble((prompt, "dim"), (r["text"], "bold")),
+            f"{r['logprob']:.3f}",
+            f"{r['score']:.4f}",
+            str(len(r["ids"])),
+            "✓" if r["finished"] else "✗",
+        )
+    out.print(table)
+
+
+# --- attention heatmaps ---------------------------------------------------------------------
+
+# viridis, from 0 (dark) to 1 (bright)
+_SCALE = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
+_SHADES = " ░▒▓█"
+
+
+def _color(w: float) -> str:
+    x = min(max(w, 0.0), 1.0) * (len(_SCALE) - 1)
+    i = min(int(x), len(_SCALE) - 2)
+    f = x - i
+    r, g, b = (round(a + (c - a) * f) for a, c in zip(_SCALE[i], _SCALE[i + 1], strict=True))
+    return f"rgb({r},{g},{b})"
+
+
+def _cell(w: float, masked: bool, numbers: bool) -> Text:
+    """One heatmap cell: a shade (and the weight, for short prompts); masked cells are dots."""
+    if masked:
+        return Text("  · " if numbers else "· ", style="grey35")
+    if numbers:
+        label = " 1.0" if w >= 0.995 else " " + f"{w:.2f}"[1:]
+        return Text(label, style=f"{'black' if w > 0.55 else 'white'} on {_color(w)}")
+    shade = _SHADES[min(len(_SHADES) - 1, round(w * (len(_SHADES) - 1)))]
+    return Text(shade * 2, style=_color(w))
+
+
+def attention_heatmap(tokens: Sequence[str], weights: Any, title: str) -> None:
+    """One attention map large: query tokens as rows, key tokens as columns, future
+    positions masked. weights: (T, T) nested sequence or tensor."""
+    T = len(tokens)
+    numbers = T <= 16
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False, show_lines=False,
+                  box=None, padding=(0, 0))  # fmt: skip
+    table.add_column("query ↓  key →", justify="right", style="bold", no_wrap=True)
+    for tok in tokens:
+        label = tok[:6]
+        table.add_column("\n".join(label) if numbers else label[:1], justify="center", no_wrap=True,
+                         header_style="cyan", vertical="bottom")  # fmt: skip
+    for q in range(T):
+        row = [_cell(float(weights[q][k]), k > q, numbers) for k in range(T)]
+        table.add_row(Text(f"{tokens[q][:12]} {q:>2} "), *row)
+    out.print(table)
+
+
+def attention_grid(tokens: Sequence[str], maps: Sequence[tuple[str, Any]]) -> None:
+    """Many attention maps small, side by side: (title, (T, T) weights) each."""
+    from rich.columns import Columns
+    from rich.panel import Panel
+
+    T = len(tokens)
+    panels = []
+    for title, weights in maps:
+        lines = Text()
+        for q in range(T):
+            for k in range(T):
+                lines.append_text(_cell(float(weights[q][k]), k > q, numbers=False))
+            if q < T - 1:
+                lines.append("\n")
+        panels.append(Panel(lines, title=title, expand=False, padding=(0, 0), border_style="grey42"))
+    out.print(Columns(panels, padding=(0, 1)))
+    out.print(Text("rows: queries, columns: keys, · masked (future)   ", style="dim") + _legend())
+
+
+def _legend() -> Text:
+    legend = Text("weight 0 ", style="dim")
+    for i in range(5):
+        legend.append_text(_cell(i / 4, False, numbers=False))
+    return legend + Text(" 1", style="dim")
+
+
+def token_labels(tokens: Sequence[str]) -> None:
+    """The prompt's tokens with their positions, for reading the small maps."""
+    out.print(Text("tokens: ", style="dim") + Text("  ".join(f"{i}:{t}" for i, t in enumerate(tokens))),
+              soft_wrap=True)  # fmt: skip

@@ -1,0 +1,125 @@
+"""`gptcli beam`: beam search for the likeliest continuations, with their scores."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+import typer
+
+from gptcli.cli import render
+from gptcli.cli.common import Ckpt, Device, Json, load_model
+from gptcli.errors import UsageError
+
+
+def beam(
+    prompt: Annotated[str, typer.Argument(help="Text to continue.", show_default=False)],
+    ckpt: Ckpt = None,
+    beams: Annotated[int, typer.Option("--beams", "-b", help="Hypotheses kept at every step (B).")] = 4,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-new-tokens",
+            "-n",
+            help="Longest continuation (default: 40, or half the context if shorter).",
+        ),
+    ] = None,
+    length_penalty: Annotated[
+        float,
+        typer.Option(
+            "--length-penalty",
+            help="alpha in sum(log p) / length^alpha: 1 = mean log-likelihood, 0 = plain sum.",
+        ),
+    ] = 1.0,
+    n_best: Annotated[
+        int | None,
+        typer.Option("--n-best", help="Hypotheses to show, at most B (default: B).", show_default=False),
+    ] = None,
+    no_repeat_ngram: Annotated[
+        int, typer.Option("--no-repeat-ngram", help="Forbid repeating any n-gram of this size (0 = off).")
+    ] = 0,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="Text that ends a hypothesis (repeatable).")
+    ] = None,
+    eos: Annotated[
+        list[str] | None,
+        typer.Option("--eos", help="A token, given as its text, that ends a hypothesis (repeatable)."),
+    ] = None,
+    device: Device = "auto",
+    json_out: Json = False,
+) -> None:
+    """Search for the likeliest continuations with beam search.
+
+    Keeps the B best partial hypotheses by total log-probability; one that emits the end
+    token (end-of-text, an --eos token, or a --stop text) is set aside as finished; stops when
+    B are finished or at --max-new-tokens, and ranks them by sum(log p) / length^alpha.
+
+    gptcli beam "The rabbit" --beams 4
+    gptcli beam "The fox dug a" --beams 8 --n-best 3 --eos . --length-penalty 0.6
+    """
+    from gptcli.completion import encode_prompt
+    from gptcli.generate import beam_search
+
+    if beams < 1:
+        raise UsageError(f"--beams must be >= 1, got {beams}")
+    n_best = beams if n_best is None else n_best
+    if not 1 <= n_best <= beams:
+        raise UsageError(f"--n-best must be between 1 and --beams ({beams}), got {n_best}")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if not math.isfinite(length_penalty):
+        raise UsageError(f"--length-penalty must be a finite number, got {length_penalty}")
+    if no_repeat_ngram < 0:
+        raise UsageError(f"--no-repeat-ngram must be >= 0, got {no_repeat_ngram}")
+
+    loaded = load_model(None if ckpt is None else ckpt, device)
+    tok, block = loaded.tokenizer, loaded.model.config.block_size
+    if max_new_tokens is None:
+        max_new_tokens = min(40, block // 2)
+    if max_new_tokens >= block:
+        raise UsageError(
+            f"--max-new-tokens must be below the model's block_size {block}, got {max_new_tokens}"
+        )
+    p = encode_prompt(tok, prompt, block - max_new_tokens)
+    if p.dropped:
+        render.warning(
+            f"the prompt plus {max_new_tokens} new tokens exceed the model's block_size {block}; "
+            f"kept the prompt's last {len(p.ids)} tokens"
+        )
+    end_ids = [tok.eot_id] if tok.eot_id is not None else []
+    for text in eos or []:
+        ids = tok.encode(text)
+        if len(ids) != 1:
+            raise UsageError(f"--eos {text!r} is {len(ids)} tokens, not one; use --stop {text!r} instead")
+        end_ids.append(ids[0])
+    stops = [s for s in stop or [] if s]
+
+    def is_end(ids: list[int]) -> bool:
+        text = tok.decode(ids)
+        return any(s in text for s in stops)
+
+    hyps = beam_search(
+        loaded.model,
+        p.ids,
+        beams,
+        max_new_tokens,
+        length_penalty=length_penalty,
+        end_ids=end_ids,
+        is_end=is_end if stops else None,
+        no_repeat_ngram=no_repeat_ngram,
+        vocab_size=tok.vocab_size,
+    )[:n_best]
+
+    rows = []
+    for h in hyps:
+        body = h.ids[:-1] if h.finished and h.ids[-1] in end_ids else h.ids
+        text = tok.decode(body)
+        for s in stops:
+            text = text.split(s, 1)[0]
+        rows.append(
+            {"text": text, "ids": h.ids, "logprob": h.logprob, "score": h.score, "finished": h.finished}
+        )
+    if json_out:
+        render.print_json({"prompt": p.text, "prompt_ids": p.ids, "hypotheses": rows})
+    else:
+        render.beam_table(p.text, rows)

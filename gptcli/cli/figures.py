@@ -1,0 +1,91 @@
+"""Figures saved to files for people to look at: loss curves, attention maps (PNG, HTML).
+
+matplotlib is optional (the `plot` extra): the PNG writers return False without it.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_loss_png(metrics_path: Any, png_path: Any) -> bool:
+    """Plot metrics.jsonl's train and val loss to png_path; False if matplotlib is missing."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    train, val = [], []
+    with open(metrics_path, encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("kind") == "train":
+                train.append((rec["step"], rec["loss"]))
+            elif rec.get("kind") == "eval":
+                val.append((rec["step"], rec["val_loss"]))
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    if train:
+        ax.plot(*zip(*train, strict=True), label="train", linewidth=1)
+    if val:
+        ax.plot(*zip(*val, strict=True), label="val", marker="o", markersize=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (next-token NLL)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+    return True
+
+
+def save_attention_png(
+    path: Path, tokens: list[str], attention: Any, layers: list[int], heads: list[str]
+) -> bool:
+    """A grid of heatmaps, one row per layer and one column per head (or the head mean);
+    attention: (len(layers), len(heads), T, T). False if matplotlib is missing."""
+    import numpy as np
+
+    plt = _pyplot()
+    if plt is None:
+        return False
+    L, H, T = len(layers), len(heads), len(tokens)
+    size = 1.2 + 0.22 * T if T <= 24 else 2.4
+    fig, axes = plt.subplots(L, H, figsize=(size * H, size * L + 0.6), squeeze=False, dpi=110)
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#e8e8e8")
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    for i, layer in enumerate(layers):
+        for j, head in enumerate(heads):
+            ax = axes[i][j]
+            m = np.ma.masked_where(future, np.asarray(attention[i][j], dtype=float))
+            image = ax.imshow(m, cmap=cmap, vmin=0.0, vmax=1.0)
+            ax.set_title(f"layer {layer} · head {head}", fontsize=8)
+            if T <= 24:
+                ax.set_xticks(range(T), tokens, rotation=90, fontsize=6)
+                ax.set_yticks(range(T), tokens, fontsize=6)
+            else:
+                ax.set_xticks([])
+                ax.set_yticks([])
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def save_attention_html(path: Path, data: dict[str, Any]) -> None:
+    """One self-contained page (no network) to pick a layer and head and hover the cells.
+    data: {"prompt", "tokens", "attention": [layer][head][query][key], "top_k": [...]}."""
+    template = files("gptcli.cli").joinpath("attention.html").read_text(encoding="utf-8")
+    payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
+    path.write_text(template.replace("/*DATA*/null", payload), encoding="utf-8")

@@ -1,0 +1,137 @@
+"""`gptcli inspect-attn`: the masked self-attention of every layer and head for a prompt,
+and the top-k next-token probabilities after it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gptcli.cli import figures, render
+from gptcli.cli.common import Ckpt, Device, Json, load_model
+from gptcli.errors import UsageError
+
+SAVE_FORMATS = (".json", ".png", ".html")
+
+
+def _pick(value: str, n: int, what: str, allow_mean: bool) -> list[int] | str:
+    """--layer / --head: an index, `all`, or (heads) `mean`."""
+    v = value.strip().lower()
+    if v == "all":
+        return list(range(n))
+    if v == "mean" and allow_mean:
+        return "mean"
+    try:
+        i = int(v)
+    except ValueError:
+        choices = "N, all or mean" if allow_mean else "N or all"
+        raise UsageError(f"--{what} takes {choices}, got {value!r}") from None
+    if not 0 <= i < n:
+        raise UsageError(f"--{what} {i}: the model has {n} {what}s, numbered 0 to {n - 1}")
+    return [i]
+
+
+def inspect_attn(
+    prompt: Annotated[str, typer.Argument(help="Text whose attention to show.", show_default=False)],
+    ckpt: Ckpt = None,
+    layer: Annotated[str, typer.Option("--layer", "-l", help="A layer index, or all.")] = "all",
+    head: Annotated[
+        str, typer.Option("--head", help="A head index, all, or mean (average over heads).")
+    ] = "all",
+    top_k: Annotated[int, typer.Option("--top-k", "-k", help="Next-token probabilities to list.")] = 10,
+    save: Annotated[
+        Path | None,
+        typer.Option(
+            "--save", help="Also write FILE.json, FILE.png (matplotlib) or FILE.html (interactive)."
+        ),
+    ] = None,
+    device: Device = "auto",
+    json_out: Json = False,
+) -> None:
+    """Show what every attention head looks at, and what the model predicts next.
+
+    gptcli inspect-attn "The rabbit dug a"                       all heads, small
+    gptcli inspect-attn "The rabbit dug a" --layer 3 --head 1    one head, large, with weights
+    gptcli inspect-attn "The rabbit dug a" --save attn.html      open it in a browser
+    """
+    from gptcli.attention import capture
+    from gptcli.completion import encode_prompt
+
+    if top_k < 1:
+        raise UsageError(f"--top-k must be >= 1, got {top_k}")
+    if save is not None and save.suffix.lower() not in SAVE_FORMATS:
+        raise UsageError(f"--save {save}: use a .json, .png or .html file name")
+    if not prompt:
+        raise UsageError("give a prompt to look at")
+    loaded = load_model(ckpt, device)
+    tok, cfg = loaded.tokenizer, loaded.model.config
+    layers = _pick(layer, cfg.n_layer, "layer", allow_mean=False)
+    heads = _pick(head, cfg.n_head, "head", allow_mean=True)
+    p = encode_prompt(tok, prompt, cfg.block_size)
+    if p.dropped:
+        render.warning(
+            f"the prompt is longer than the model's block_size {cfg.block_size}; "
+            f"kept its last {len(p.ids)} tokens"
+        )
+
+    maps = capture(loaded.model, p.ids, vocab_size=tok.vocab_size)
+    raw = [tok.token_bytes(i).decode("utf-8", errors="replace") for i in p.ids]
+    ids, probs = maps.top_k(top_k)
+    top = [
+        {"token": tok.token_bytes(i).decode("utf-8", errors="replace"), "id": i, "prob": pr}
+        for i, pr in zip(ids, probs, strict=True)
+    ]
+    document = {
+        "prompt": p.text,
+        "tokens": raw,
+        "ids": p.ids,
+        "attention": maps.attention.tolist(),
+        "top_k": top,
+    }
+
+    if save is not None:
+        _save(save, document, maps, layers, heads)
+    if json_out:
+        render.print_json(document)
+        return
+
+    pieces = [render.visible_piece(tok.token_bytes(i)) for i in p.ids]
+    selected = maps.select(layers, heads)  # (L', H', T, T)
+    head_names = ["mean"] if heads == "mean" else [str(h) for h in heads]
+    if selected.shape[0] * selected.shape[1] == 1:
+        title = f"layer {layers[0]}, {'mean of heads' if heads == 'mean' else f'head {heads[0]}'}"
+        render.attention_heatmap(pieces, selected[0, 0].tolist(), title)
+    else:
+        render.token_labels(pieces)
+        render.attention_grid(
+            pieces,
+            [
+                (f"L{layer_i} H{name}", selected[i, j].tolist())
+                for i, layer_i in enumerate(layers)
+                for j, name in enumerate(head_names)
+            ],
+        )
+    rows = [
+        (rank, render.visible_piece(tok.token_bytes(i)), pr, False)
+        for rank, (i, pr) in enumerate(zip(ids, probs, strict=True), 1)
+    ]
+    render.probs_table(p.text, rows)
+    if save is not None:
+        render.info(f"saved {save}")
+
+
+def _save(path: Path, document: dict, maps, layers: list[int], heads: list[int] | str) -> None:
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        render.write_json_file(path, document)
+    elif suffix == ".html":
+        figures.save_attention_html(path, document)
+    else:
+        names = ["mean"] if heads == "mean" else [str(h) for h in heads]
+        if not figures.save_attention_png(
+            path, document["tokens"], maps.select(layers, heads).tolist(), layers, names
+        ):
+            raise UsageError(
+                "--save .png needs matplotlib: pip install 'gptcli[plot]' (or save .html / .json)"
+            )
