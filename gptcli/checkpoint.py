@@ -1,4 +1,4 @@
-"""Checkpoints: run directories on disk, and Hugging Face GPT-2 weights in and out.
+"""Checkpoints: run directories on disk (and, through gptcli.hf, Hugging Face GPT-2 models).
 
 A run directory holds `config.yaml`, `metrics.jsonl`, and two checkpoints: `best/` (lowest
 validation loss) and `last/` (most recent, with the training state for exact resume).
@@ -34,7 +34,7 @@ from gptcli.config import ModelConfig
 from gptcli.errors import UsageError
 from gptcli.model import GPT
 from gptcli.paths import RUNS_DIR
-from gptcli.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
+from gptcli.tokenizer import TOKENIZER_FILE, Tokenizer, gpt2_tokenizer, load_tokenizer
 
 FORMAT = "gptcli-checkpoint"
 VERSION = 1
@@ -43,10 +43,6 @@ META_FILE = "checkpoint.json"
 STATE_TENSORS = "train_state.safetensors"
 STATE_JSON = "train_state.json"
 BEST, LAST = "best", "last"
-
-# Hugging Face's GPT-2 stores these projections as Conv1D, i.e. weight (in, out): the
-# transpose of nn.Linear's (out, in).
-_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
 # --- atomic files and directories ---------------------------------------------------------
@@ -194,7 +190,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     A checkpoint interrupted mid-replacement is recovered from its .old copy."""
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"--ckpt {p}: no such file or directory")
+        raise UsageError(f"--ckpt {p}: no such file or directory (nor a Hugging Face hub name: gpt2, ...)")
     if _is_ckpt_dir(p):
         return p
     for name in (BEST, LAST):
@@ -257,8 +253,25 @@ def load_weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:
-    """Load a gptcli run dir or checkpoint dir: model (eval mode, on device), tokenizer, meta."""
-    ckpt = resolve_checkpoint(path)
+    """Load a model (eval mode, on device) with its tokenizer and metadata from a gptcli run
+    dir or checkpoint dir, a Hugging Face GPT-2 directory, or a hub name (gpt2, ...)."""
+    from gptcli import hf
+
+    p = Path(path)
+    if not p.exists() and str(path) in hf.HUB_MODELS:
+        p = hf.resolve_hub_name(str(path))
+    if p.is_dir() and not _is_ckpt_dir(p) and hf.is_hf_dir(p):
+        model, meta = hf.load_hf(p, device)
+        # a model exported by gptcli with its own tokenizer keeps it beside the weights
+        own = p / hf.GPTCLI_TOKENIZER
+        tokenizer = load_tokenizer(own) if own.is_file() else gpt2_tokenizer()
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise UsageError(
+                f"{p}: the model has {model.config.vocab_size} token embeddings, fewer than the "
+                f"{tokenizer.vocab_size} tokens of its tokenizer ({tokenizer.name})"
+            )
+        return Loaded(p, model, tokenizer, meta)
+    ckpt = resolve_checkpoint(p)
     meta = read_meta(ckpt)
     try:
         config = ModelConfig(**meta["model"])
@@ -295,29 +308,3 @@ def load_train_state(ckpt_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError, SafetensorError) as e:
         raise UsageError(f"{ckpt_dir} has no readable training state ({e}); it cannot be resumed") from e
     return join_tensors(skeleton, tensors)
-
-
-# --- Hugging Face GPT-2 layout -------------------------------------------------------------
-
-
-def hf_to_gptcli_state_dict(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Map a Hugging Face GPT2LMHeadModel / GPT2Model state dict onto our parameter names."""
-    out: dict[str, torch.Tensor] = {}
-    for key, tensor in hf.items():
-        name = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
-        if name.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # causal-mask buffers of old transformers versions, not weights
-        if name.endswith(_CONV1D):
-            tensor = tensor.t()
-        out[name] = tensor.contiguous()
-    out.setdefault("lm_head.weight", out["transformer.wte.weight"])
-    return out
-
-
-def gptcli_to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict in Hugging Face GPT2LMHeadModel's layout (tied lm_head left out)."""
-    return {
-        name: (t.t() if name.endswith(_CONV1D) else t).contiguous()
-        for name, t in sd.items()
-        if name != "lm_head.weight"
-    }

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptcli.checkpoint import gptcli_to_hf_state_dict, hf_to_gptcli_state_dict
 from gptcli.config import ModelConfig
+from gptcli.hf import gptcli_to_hf_state_dict, hf_to_gptcli_state_dict
 from gptcli.model import GPT, IGNORE_INDEX, KVCache
 
 ATOL = 1e-5
