@@ -36,8 +36,11 @@ class ModelConfig:
     n_embd: int = 384
     dropout: float = 0.0
     bias: bool = True
+    n_classes: int = 0  # > 0: a classification head on the last token (set by finetune)
 
     def validate(self) -> None:
+        if self.n_classes < 0:
+            raise UsageError(f"model.n_classes must be >= 0, got {self.n_classes}")
         for name in ("block_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise UsageError(f"model.{name} must be a positive integer, got {getattr(self, name)}")

@@ -559,3 +559,50 @@ def load_split(path: str | os.PathLike, split: str) -> np.ndarray:
 
 def load_data_tokenizer(path: str | os.PathLike) -> Tokenizer:
     return load_tokenizer(Path(path) / TOKENIZER_FILE)
+
+
+# --- labelled records for finetuning -------------------------------------------------------
+
+
+@dataclass
+class Record:
+    """One row of a finetuning file, with where it came from (for error messages)."""
+
+    fields: dict
+    source: str  # "file:line"
+
+
+def read_records(path: str | os.PathLike) -> list[Record]:
+    """Rows of a JSONL file (one JSON object per line) or a CSV file with a header row."""
+    import csv
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    text = "".join(iter_file_text(path))
+    records: list[Record] = []
+    if path.suffix.lower() == ".csv":
+        rows = list(csv.reader(text.splitlines()))
+        if not rows:
+            raise UsageError(f"{path}: empty file; it needs a header row and at least one record")
+        header = [h.strip() for h in rows[0]]
+        for lineno, row in enumerate(rows[1:], 2):
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) != len(header):
+                raise UsageError(f"{path}:{lineno}: {len(row)} columns, but the header has {len(header)}")
+            records.append(Record(dict(zip(header, row, strict=True)), f"{path}:{lineno}"))
+    else:
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise UsageError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise UsageError(f"{path}:{lineno}: a JSON object is needed, got {type(obj).__name__}")
+            records.append(Record(obj, f"{path}:{lineno}"))
+    if not records:
+        raise UsageError(f"{path}: no records in the file")
+    return records

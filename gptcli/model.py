@@ -193,6 +193,8 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # unembedding tied to W_e
+        # GPT-1's finetuning head: class scores from the last token's final hidden state
+        self.classifier = nn.Linear(config.n_embd, config.n_classes) if config.n_classes else None
 
         # GPT-2 init: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2L)
         self.apply(self._init_weights)

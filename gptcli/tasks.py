@@ -2,19 +2,27 @@
 
 The training loop draws example indices and hands them to a task; it knows nothing else
 about the data. Pretraining is LMTask: next-token prediction on random windows of a token
-stream. (Finetuning tasks follow the same interface.)
+stream. Finetuning adds GPT-1's supervised tasks (SupervisedTask: classification and
+multiple choice with an auxiliary LM loss) and instruction tuning (SFTTask).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
+from gptcli.data import Record
 from gptcli.errors import UsageError
+from gptcli.model import IGNORE_INDEX
+from gptcli.tokenizer import Tokenizer
 
 Batch = dict[str, torch.Tensor]
 
@@ -52,6 +60,8 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 class LMTask:
     """Next-token prediction: example i is the window tokens[i : i + block_size + 1]."""
 
+    fixed_length = True  # every batch is batch_size x block_size tokens
+
     def __init__(self, train: np.ndarray, val: np.ndarray, block_size: int) -> None:
         for split, data in (("train", train), ("val", val)):
             if len(data) < block_size + 1:
@@ -81,3 +91,316 @@ class LMTask:
     def evaluate(self, model: nn.Module, split: str, batches: Iterable[Batch]) -> dict[str, float]:
         losses = [self.loss(model, b).item() for b in batches]
         return {"loss": float(np.mean(losses))}
+
+
+# --- finetuning: GPT-1's supervised tasks, and instruction tuning --------------------------
+
+
+def end_ids(tokenizer: Tokenizer) -> list[int]:
+    """What closes a finetuning sequence (GPT-1's "extract" position): end-of-text, or a
+    newline for tokenizers without one."""
+    return [tokenizer.eot_id] if tokenizer.eot_id is not None else tokenizer.encode("\n")
+
+
+def encode_parts(
+    tokenizer: Tokenizer, parts: Sequence[str], delimiter: str, block_size: int, where: str
+) -> list[int]:
+    """GPT-1's input transformation: the parts joined by the delimiter, then the end token,
+    cut from the left to fit block_size."""
+    try:
+        ids = tokenizer.encode(delimiter.join(parts)) + end_ids(tokenizer)
+    except UsageError as e:
+        raise UsageError(f"{where}: {e}") from None
+    return ids[-block_size:]
+
+
+def pad_batch(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token sequences into (N, T) with their lengths (N,)."""
+    lengths = torch.tensor([len(s) for s in seqs])
+    x = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        x[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return x, lengths
+
+
+def next_token_targets(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Targets for language modelling each right-padded row: the next token, ignored past the end."""
+    y = torch.full_like(x, IGNORE_INDEX)
+    y[:, :-1] = x[:, 1:]
+    positions = torch.arange(x.size(1))[None, :]
+    y[positions >= (lengths[:, None] - 1)] = IGNORE_INDEX
+    return y
+
+
+@dataclass
+class Example:
+    """One supervised example: its token sequences and the index of the right answer."""
+
+    seqs: list[list[int]]
+    label: int
+
+
+def macro_f1(pred: torch.Tensor, true: torch.Tensor) -> float:
+    """Mean F1 over the classes that occur in the labels or the predictions."""
+    scores = []
+    for c in torch.cat([pred, true]).unique().tolist():
+        tp = int(((pred == c) & (true == c)).sum())
+        fp = int(((pred == c) & (true != c)).sum())
+        fn = int(((pred != c) & (true == c)).sum())
+        scores.append(2 * tp / max(1, 2 * tp + fp + fn))
+    return float(np.mean(scores)) if scores else 0.0
+
+
+class SupervisedTask:
+    """GPT-1's finetuning: scores from the final hidden state of each sequence's last token,
+    objective L3 = L2 (cross-entropy of the scores) + aux_lm_weight * L1 (next-token NLL on
+    the same text).
+
+    kind "classify": each example has one sequence (or two, both orders of a pair, whose
+    last hidden states are added) and the head gives n_classes scores.
+    kind "choice": each example has one sequence per choice; the head gives one score per
+    sequence, and the scores of an example's choices go through a softmax."""
+
+    def __init__(
+        self, kind: str, splits: dict[str, list[Example]], aux_lm_weight: float, block_size: int
+    ) -> None:
+        self.kind = kind
+        self.splits = splits
+        self.aux_lm_weight = aux_lm_weight
+        self.block_size = block_size
+
+    def num_examples(self, split: str) -> int:
+        return len(self.splits[split])
+
+    def batch(self, split: str, indices: torch.Tensor, device: torch.device) -> Batch:
+        return self.collate([self.splits[split][i] for i in indices.tolist()], device)
+
+    def collate(self, examples: Sequence[Example], device: torch.device) -> Batch:
+        seqs = [s for e in examples for s in e.seqs]
+        owner = torch.tensor([i for i, e in enumerate(examples) for _ in e.seqs])
+        slot = torch.tensor([j for e in examples for j in range(len(e.seqs))])
+        x, lengths = pad_batch(seqs)
+        return {
+            "x": to_device(x, device),
+            "lengths": to_device(lengths, device),
+            "y_lm": to_device(next_token_targets(x, lengths), device),
+            "owner": to_device(owner, device),
+            "slot": to_device(slot, device),
+            "labels": to_device(torch.tensor([e.label for e in examples]), device),
+        }
+
+    def _forward(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(scores (B, K), LM loss or None)."""
+        h = model.hidden_states(batch["x"])  # (N, T, C)
+        N, B = h.size(0), batch["labels"].size(0)
+        last = h[torch.arange(N, device=h.device), batch["lengths"] - 1]  # (N, C)
+        if self.kind == "classify":
+            pooled = torch.zeros(B, h.size(-1), device=h.device, dtype=last.dtype).index_add(
+                0, batch["owner"], last
+            )
+            scores = model.classifier(pooled)  # (B, K)
+        else:
+            per_seq = model.classifier(last).squeeze(-1).float()  # (N,)
+            scores = torch.full((B, int(batch["slot"].max()) + 1), float("-inf"), device=h.device)
+            scores[batch["owner"], batch["slot"]] = per_seq
+        lm = None
+        if self.aux_lm_weight > 0:
+            logits = model.lm_head(h)
+            lm = F.cross_entropy(
+                logits.view(-1, logits.size(-1)), batch["y_lm"].view(-1), ignore_index=IGNORE_INDEX
+            )
+        return scores, lm
+
+    def _losses(
+        self, model: nn.Module, batch: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        scores, lm = self._forward(model, batch)
+        cls = F.cross_entropy(scores.float(), batch["labels"])
+        total = cls if lm is None else cls + self.aux_lm_weight * lm
+        return total, scores, lm
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        return self._losses(model, batch)[0]
+
+    def tokens(self, batch: Batch) -> int:
+        return batch["x"].numel()
+
+    def evaluate(self, model: nn.Module, split: str, batches: Iterable[Batch]) -> dict[str, float]:
+        totals, cls_losses, lm_losses, preds, labels = [], [], [], [], []
+        for b in batches:
+            total, scores, lm = self._losses(model, b)
+            totals.append(total.item())
+            cls_losses.append(F.cross_entropy(scores.float(), b["labels"]).item())
+            if lm is not None:
+                lm_losses.append(lm.item())
+            preds.append(scores.argmax(-1).cpu())
+            labels.append(b["labels"].cpu())
+        pred, true = torch.cat(preds), torch.cat(labels)
+        metrics = {"loss": float(np.mean(totals)), "cls_loss": float(np.mean(cls_losses))}
+        if lm_losses:
+            metrics["lm_loss"] = float(np.mean(lm_losses))
+        metrics["accuracy"] = float((pred == true).float().mean())
+        if self.kind == "classify":
+            metrics["f1"] = macro_f1(pred, true)
+        return metrics
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, examples: list[Example], device: torch.device) -> torch.Tensor:
+        """Probabilities (len(examples), K) of each label (or choice)."""
+        out = []
+        for start in range(0, len(examples), 32):
+            scores, _ = self._forward(model, self.collate(examples[start : start + 32], device))
+            out.append(scores.float().softmax(-1).cpu())
+        return torch.cat(out)
+
+
+class SFTTask:
+    """Instruction tuning: prompt + completion + end-of-text, with the loss on the
+    completion (and end) tokens only."""
+
+    def __init__(self, splits: dict[str, list[tuple[list[int], int]]], block_size: int) -> None:
+        self.splits = splits  # (token ids, prompt length) per example
+        self.block_size = block_size
+
+    def num_examples(self, split: str) -> int:
+        return len(self.splits[split])
+
+    def batch(self, split: str, indices: torch.Tensor, device: torch.device) -> Batch:
+        rows = [self.splits[split][i] for i in indices.tolist()]
+        x, _ = pad_batch([ids[:-1] for ids, _ in rows])
+        y = torch.full_like(x, IGNORE_INDEX)
+        for i, (ids, n_prompt) in enumerate(rows):
+            y[i, : len(ids) - 1] = sft_targets(ids, n_prompt)
+        return {"x": to_device(x, device), "y": to_device(y, device)}
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        _, loss = model(batch["x"], batch["y"])
+        return loss
+
+    def tokens(self, batch: Batch) -> int:
+        return batch["x"].numel()
+
+    def evaluate(self, model: nn.Module, split: str, batches: Iterable[Batch]) -> dict[str, float]:
+        return {"loss": float(np.mean([self.loss(model, b).item() for b in batches]))}
+
+
+def sft_targets(ids: Sequence[int], n_prompt: int) -> torch.Tensor:
+    """Next-token targets of ids[:-1], ignored where the target is still part of the prompt."""
+    y = torch.tensor(ids[1:], dtype=torch.long)
+    y[: max(0, n_prompt - 1)] = IGNORE_INDEX
+    return y
+
+
+# --- reading finetuning data ---------------------------------------------------------------
+
+
+def _text(record: Record, key: str) -> str:
+    value = record.fields.get(key)
+    if not isinstance(value, str):
+        what = "missing" if value is None else f"not a string ({value!r})"
+        raise UsageError(f"{record.source}: '{key}' is {what}")
+    return value
+
+
+def holdout(n: int, val_fraction: float, seed: int, source: str) -> tuple[list[int], list[int]]:
+    """Indices of the training and validation records when validation is held out of the
+    training file: a seeded random val_fraction of them."""
+    if n < 2:
+        raise UsageError(
+            f"{source}: one record cannot be split into train and val; add records or give --val-data"
+        )
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    n_val = min(n - 1, max(1, round(n * val_fraction)))
+    return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+def classify_examples(
+    records: list[Record],
+    tokenizer: Tokenizer,
+    block_size: int,
+    labels: list | None,
+    delimiter: str,
+    both_orders: bool,
+) -> tuple[list[Example], list]:
+    """Examples from {"text", "label"} or {"text_a", "text_b", "label"} records; labels is
+    the label set (taken from these records when None)."""
+    if labels is None:
+        seen = []
+        for r in records:
+            if "label" not in r.fields:
+                raise UsageError(f"{r.source}: 'label' is missing")
+            if r.fields["label"] not in seen:
+                seen.append(r.fields["label"])
+        if len(seen) < 2:
+            raise UsageError(
+                f"{records[0].source.rsplit(':', 1)[0]}: every record has label {seen[0]!r}; "
+                "classification needs at least two classes"
+            )
+        labels = sorted(seen, key=str)
+    index = {json.dumps(label): i for i, label in enumerate(labels)}
+    examples = []
+    for r in records:
+        key = json.dumps(r.fields.get("label"))
+        if key not in index:
+            raise UsageError(
+                f"{r.source}: label {r.fields.get('label')!r} is not one of the training labels "
+                f"({', '.join(map(str, labels))})"
+            )
+        examples.append(
+            Example(classify_sequences(r, tokenizer, block_size, delimiter, both_orders), index[key])
+        )
+    return examples, labels
+
+
+def classify_sequences(
+    record: Record, tokenizer: Tokenizer, block_size: int, delimiter: str, both_orders: bool
+) -> list[list[int]]:
+    """The model input of one classification record: "text", or the pair "text_a", "text_b"
+    joined by the delimiter (and, with both_orders, the pair the other way round too)."""
+    if "text" in record.fields:
+        return [encode_parts(tokenizer, [_text(record, "text")], delimiter, block_size, record.source)]
+    if "text_a" in record.fields or "text_b" in record.fields:
+        a, b = _text(record, "text_a"), _text(record, "text_b")
+        seqs = [encode_parts(tokenizer, [a, b], delimiter, block_size, record.source)]
+        if both_orders:
+            seqs.append(encode_parts(tokenizer, [b, a], delimiter, block_size, record.source))
+        return seqs
+    raise UsageError(f"{record.source}: needs 'text', or 'text_a' and 'text_b' (and 'label')")
+
+
+def choice_examples(
+    records: list[Record], tokenizer: Tokenizer, block_size: int, delimiter: str
+) -> list[Example]:
+    """Examples from {"context", "choices": [...], "label": i} records, one sequence per choice."""
+    examples = []
+    for r in records:
+        context, choices, label = _text(r, "context"), r.fields.get("choices"), r.fields.get("label")
+        if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
+            raise UsageError(f"{r.source}: 'choices' must be a list of at least two strings")
+        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(choices):
+            raise UsageError(
+                f"{r.source}: 'label' must be the index of the right choice (0 to {len(choices) - 1})"
+            )
+        seqs = [encode_parts(tokenizer, [context, c], delimiter, block_size, r.source) for c in choices]
+        examples.append(Example(seqs, label))
+    return examples
+
+
+def sft_examples(records: list[Record], tokenizer: Tokenizer, block_size: int) -> list[tuple[list[int], int]]:
+    """(ids, prompt length) from {"prompt", "completion"} records: prompt + completion + end,
+    the prompt cut from the left and then the completion from the right to fit."""
+    out = []
+    for r in records:
+        prompt, completion = _text(r, "prompt"), _text(r, "completion")
+        if not completion:
+            raise UsageError(f"{r.source}: 'completion' is empty; there would be nothing to learn")
+        try:
+            p, c = tokenizer.encode(prompt), tokenizer.encode(completion) + end_ids(tokenizer)
+        except UsageError as e:
+            raise UsageError(f"{r.source}: {e}") from None
+        room = block_size + 1  # the sequence feeds block_size tokens and predicts the next of each
+        p = p[max(0, len(p) - max(1, room - len(c))) :]
+        ids = (p + c)[:room]
+        out.append((ids, len(p)))
+    return out

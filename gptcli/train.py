@@ -49,7 +49,7 @@ class RunInfo:
     precision: str
     precision_reason: str
     params: int
-    tokens_per_step: int
+    tokens_per_step: int | None  # None when examples vary in length
     start_step: int
     max_iters: int
     max_time: float | None
@@ -348,10 +348,11 @@ class Trainer:
         write_text_atomic(self.run_dir / CONFIG_FILE, self.config.to_yaml())
 
         T = getattr(task, "block_size", model.config.block_size)
-        tokens_per_step = cfg.batch_size * cfg.grad_accum * T
+        fixed_length = getattr(task, "fixed_length", False)
+        tokens_per_step = cfg.batch_size * cfg.grad_accum * T if fixed_length else None
         peak = peak_flops(self.device, self.precision)
         flops_per_token = model.flops_per_token(T)
-        start_step = self.state.step
+        start_step, start_tokens = self.state.step, self.state.tokens
         self.reporter.on_start(
             RunInfo(
                 self.run_dir, str(self.device), self.device_reason, self.precision.name,
@@ -391,8 +392,10 @@ class Trainer:
                     group["lr"] = lr
                 indices = torch.randint(n_train, (cfg.grad_accum, cfg.batch_size), generator=self.data_gen)
                 step_loss = torch.zeros((), device=self.device)
+                step_tokens = 0
                 for micro in range(cfg.grad_accum):
                     batch = task.batch("train", indices[micro], self.device)
+                    step_tokens += task.tokens(batch)
                     with self.precision.autocast():
                         loss = task.loss(self.forward_model, batch) / cfg.grad_accum
                     self.scaler.scale(loss).backward()
@@ -404,8 +407,8 @@ class Trainer:
                 self.scaler.update()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.state.step += 1
-                self.state.tokens += tokens_per_step
-                window_tokens += tokens_per_step
+                self.state.tokens += step_tokens
+                window_tokens += step_tokens
 
                 report = StepReport(self.state.step, cfg.max_iters, time.perf_counter() - t0, lr)
                 if self.state.step % cfg.log_interval == 0 or self.state.step == 1:
@@ -434,7 +437,7 @@ class Trainer:
 
         elapsed = time.perf_counter() - t0
         session = time.perf_counter() - session_start
-        run_tokens = (self.state.step - start_step) * tokens_per_step
+        run_tokens = self.state.tokens - start_tokens
         summary = Summary(
             run_dir=self.run_dir,
             steps=self.state.step,
