@@ -20,6 +20,9 @@ from typer.core import TyperGroup
 from gptcli import __version__
 from gptcli.cli import render
 from gptcli.cli.beam import beam
+from gptcli.cli.classify import classify
+from gptcli.cli.export import export
+from gptcli.cli.finetune import finetune
 from gptcli.cli.inspect_attn import inspect_attn
 from gptcli.cli.pretrain import pretrain
 from gptcli.cli.sample import sample
@@ -112,9 +115,12 @@ def root(
 
 app.command("tokenize")(tokenize)
 app.command("pretrain")(pretrain)
+app.command("finetune")(finetune)
 app.command("sample")(sample)
 app.command("beam")(beam)
 app.command("inspect-attn")(inspect_attn)
+app.command("classify")(classify)
+app.command("export")(export)
 
 
 def main() -> None:

@@ -195,8 +195,9 @@ class TrainView:
         self.header = Text.assemble(
             (f"{self.title} ", "bold"),
             (str(info.run_dir), "cyan"),
-            f"\n{info.device_reason} · {info.precision_reason} · {info.params / 1e6:.2f}M parameters · "
-            f"{info.tokens_per_step:,} tokens/step" + (" · torch.compile" if info.compile else ""),
+            f"\n{info.device_reason} · {info.precision_reason} · {info.params / 1e6:.2f}M parameters"
+            + (f" · {info.tokens_per_step:,} tokens/step" if info.tokens_per_step else "")
+            + (" · torch.compile" if info.compile else ""),
         )
         self.max_time = info.max_time
         self.progress.update(self.task, total=info.max_iters, completed=info.start_step)
@@ -277,8 +278,9 @@ class TrainLog:
     def on_start(self, info: Any) -> None:
         self._line(f"{self.title} {info.run_dir}")
         self._line(
-            f"{info.device_reason}; {info.precision_reason}; {info.params / 1e6:.2f}M parameters; "
-            f"{info.tokens_per_step:,} tokens/step" + ("; torch.compile" if info.compile else "")
+            f"{info.device_reason}; {info.precision_reason}; {info.params / 1e6:.2f}M parameters"
+            + (f"; {info.tokens_per_step:,} tokens/step" if info.tokens_per_step else "")
+            + ("; torch.compile" if info.compile else "")
         )
 
     def on_step(self, r: Any) -> None:
@@ -369,9 +371,14 @@ def _bar(prob: float, width: int = 24) -> str:
     return "█" * int(full) + ("▌" if full - int(full) >= 0.5 else "")
 
 
-def probs_table(context: str, rows: Sequence[tuple[int, str, float, bool]], title: str | None = None) -> None:
-    """The most likely next tokens after context: (rank, piece, probability, chosen) rows,
-    with bars; the chosen token is marked."""
+def probs_table(
+    context: str,
+    rows: Sequence[tuple[int, str, float, bool]],
+    title: str | None = None,
+    column: str = "token",
+) -> None:
+    """The most likely next tokens (or labels) after context: (rank, name, probability,
+    chosen) rows, with bars; the chosen one is marked."""
     table = Table(
         title=title or Text.assemble(("…" if len(context) > 48 else "", "dim"), (context[-48:], "dim"), " →"),
         title_justify="left",
@@ -379,7 +386,7 @@ def probs_table(context: str, rows: Sequence[tuple[int, str, float, bool]], titl
         pad_edge=False,
     )
     table.add_column("#", justify="right", style="dim")
-    table.add_column("token")
+    table.add_column(column)
     table.add_column("prob", justify="right")
     table.add_column("", style="green")
     for rank, piece, prob, chosen in rows:
@@ -489,3 +496,32 @@ def token_labels(tokens: Sequence[str]) -> None:
     """The prompt's tokens with their positions, for reading the small maps."""
     out.print(Text("tokens: ", style="dim") + Text("  ".join(f"{i}:{t}" for i, t in enumerate(tokens))),
               soft_wrap=True)  # fmt: skip
+
+
+def predictions_table(
+    records: Sequence[Any], predictions: Sequence[dict[str, Any]], accuracy: float | None
+) -> None:
+    """Predicted labels for records (gptcli.data.Record), with the true ones where known."""
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("text", ratio=1, overflow="ellipsis", no_wrap=True)
+    table.add_column("predicted")
+    table.add_column("prob", justify="right")
+    table.add_column("true")
+    for i, (r, p) in enumerate(zip(records, predictions, strict=True), 1):
+        f = r.fields
+        text = f.get("text") or f"{f.get('text_a', '')} | {f.get('text_b', '')}"
+        true = p.get("true")
+        mark = "" if true is None else (" ✓" if true == p["label"] else " ✗")
+        style = "" if true is None else ("green" if true == p["label"] else "red")
+        table.add_row(
+            str(i),
+            text,
+            Text(str(p["label"]), style=style),
+            f"{p['prob']:.3f}",
+            f"{'' if true is None else true}{mark}",
+        )
+    out.print(table)
+    if accuracy is not None:
+        labelled = sum("true" in p for p in predictions)
+        out.print(f"accuracy {accuracy:.4f} ({round(accuracy * labelled)}/{labelled})")

@@ -1,0 +1,293 @@
+"""`gptcli finetune`: continue training a checkpoint on new text (lm), on labelled examples
+(classify, choice: GPT-1's recipe), or on prompt/completion pairs (sft)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gptcli.cli import render
+from gptcli.cli.common import load_model
+from gptcli.cli.training import (
+    MODEL,
+    RUN,
+    Config,
+    Resume,
+    load_for_resume,
+    new_run_dir,
+    opt,
+    prepare_text,
+    run_trainer,
+    train_flags,
+    training_options,
+)
+from gptcli.config import TrainConfig
+from gptcli.errors import UsageError
+
+if TYPE_CHECKING:
+    from gptcli.config import Config as RunConfig
+    from gptcli.train import Trainer
+
+TASKS = ("lm", "classify", "choice", "sft")
+TASK = "Task"
+
+# finetuning starts from a trained model: smaller steps, shorter runs, than pretraining
+FINETUNE_DEFAULTS = TrainConfig(
+    batch_size=16, lr=1e-4, min_lr=1e-5, warmup_iters=20, max_iters=300, eval_interval=50, weight_decay=0.01
+)
+T = training_options(FINETUNE_DEFAULTS)
+
+
+def finetune(
+    data: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="--task lm: text files/dirs (or a `gptcli tokenize` dir); otherwise a JSONL file "
+            "(classify also takes CSV).",
+            show_default=False,
+        ),
+    ] = None,
+    ckpt: Annotated[
+        str | None,
+        opt(
+            "--ckpt", help="The model to start from: a run, checkpoint dir, GPT-2 dir or hub name.", panel=RUN
+        ),
+    ] = None,
+    task: Annotated[
+        str, opt("--task", help="lm | classify | choice | sft (default: lm).", panel=TASK)
+    ] = "lm",
+    val_data: Annotated[
+        Path | None,
+        opt("--val-data", help="Validation records (default: hold out --val-fraction).", panel=TASK),
+    ] = None,
+    val_fraction: Annotated[
+        float, opt("--val-fraction", help="Share held out for validation (default: 0.1).", panel=TASK)
+    ] = 0.1,
+    aux_lm_weight: Annotated[
+        float,
+        opt(
+            "--aux-lm-weight",
+            help="lambda in L2 + lambda * L1, the auxiliary LM loss (default: 0.5).",
+            panel=TASK,
+        ),
+    ] = 0.5,
+    delimiter: Annotated[
+        str,
+        opt(
+            "--delimiter",
+            help="Text between a pair's parts, or context and choice (default: newline).",
+            panel=TASK,
+        ),
+    ] = "\n",
+    both_orders: Annotated[
+        bool,
+        opt("--both-orders", help="Pairs: score both orders and add them (GPT-1's similarity).", panel=TASK),
+    ] = False,
+    config: Config = None,
+    out: Annotated[
+        Path | None, opt("--out", "-o", help="Run directory (default: runs/<data>-<task>-<time>).", panel=RUN)
+    ] = None,
+    resume: Resume = False,
+    dropout: Annotated[
+        float | None, opt("--dropout", help="Dropout probability (default: the checkpoint's).", panel=MODEL)
+    ] = None,
+    block_size: Annotated[
+        int | None,
+        opt("--block-size", help="A shorter context than the checkpoint's (default: its own).", panel=MODEL),
+    ] = None,
+    batch_size: T.batch_size = None,
+    grad_accum: T.grad_accum = None,
+    lr: T.lr = None,
+    min_lr: T.min_lr = None,
+    warmup_iters: T.warmup_iters = None,
+    max_iters: T.max_iters = None,
+    max_time: T.max_time = None,
+    weight_decay: T.weight_decay = None,
+    grad_clip: T.grad_clip = None,
+    eval_interval: T.eval_interval = None,
+    eval_iters: T.eval_iters = None,
+    log_interval: T.log_interval = None,
+    device: T.device = None,
+    dtype: T.dtype = None,
+    compile: T.compile = None,
+    seed: T.seed = None,
+) -> None:
+    """Finetune a model: domain text, classification, multiple choice or instructions.
+
+    gptcli finetune --ckpt runs/demo more_stories.txt                    continue next-token training
+    gptcli finetune --ckpt runs/demo reviews.jsonl --task classify      {"text": ..., "label": ...}
+    gptcli finetune --ckpt gpt2 pairs.csv --task classify --both-orders  text_a,text_b,label
+    gptcli finetune --ckpt runs/demo stories.jsonl --task choice         {"context", "choices", "label"}
+    gptcli finetune --ckpt runs/demo qa.jsonl --task sft                 {"prompt", "completion"}
+    """
+    from gptcli.config import flag_overrides
+
+    flags = flag_overrides(dropout=dropout, block_size=block_size, **train_flags(locals()))
+    if resume:
+        trainer = _resume(out, flags, config)
+    else:
+        if task not in TASKS:
+            raise UsageError(f"--task {task!r}: use one of {', '.join(TASKS)}")
+        if ckpt is None:
+            raise UsageError("give the model to start from: gptcli finetune --ckpt RUN_DIR DATA")
+        if not data:
+            raise UsageError(
+                f"give the data to finetune on: gptcli finetune --ckpt {ckpt} DATA --task {task}"
+            )
+        if task != "lm" and len(data) != 1:
+            raise UsageError(f"--task {task} takes one data file (and --val-data for validation)")
+        if not 0.0 < val_fraction < 1.0:
+            raise UsageError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+        if aux_lm_weight < 0:
+            raise UsageError(f"--aux-lm-weight must be >= 0, got {aux_lm_weight}")
+        settings = {
+            "task": task,
+            "data": [str(p) for p in data],
+            "val_data": str(val_data) if val_data else None,
+            "val_fraction": val_fraction,
+            "aux_lm_weight": aux_lm_weight,
+            "delimiter": delimiter,
+            "both_orders": both_orders,
+            "base": ckpt,
+        }
+        trainer = _fresh(ckpt, settings, config, out, flags)
+    run_trainer(trainer, resume=resume, verb="finetune")
+
+
+def _base_config(loaded: Any, config_path: Path | None, flags: dict) -> RunConfig:
+    """Finetuning defaults < --config < flags for training; the model comes from the checkpoint."""
+    from dataclasses import asdict
+
+    from gptcli.config import Config as RunConfig
+    from gptcli.config import merge, read_yaml
+
+    config = RunConfig(train=TrainConfig(**asdict(FINETUNE_DEFAULTS)))
+    config.model = type(loaded.model.config)(**vars(loaded.model.config))
+    config.data.tokenizer = loaded.tokenizer.name
+    if config_path is not None:
+        values = read_yaml(config_path)
+        model_keys = set(values.get("model") or {}) - {"dropout", "block_size"}
+        if model_keys or "data" in values:
+            raise UsageError(
+                f"{config_path}: the model's shape and tokenizer come from the checkpoint; "
+                "only model.dropout, model.block_size and train.* can be set"
+            )
+        merge(config, values, str(config_path))
+    merge(config, flags, "the command line")
+    config.model.n_classes = 0
+    return config.validate()
+
+
+def _fresh(ckpt: str, settings: dict, config_path: Path | None, out: Path | None, flags: dict) -> Trainer:
+    from gptcli.model import GPT
+    from gptcli.runtime import seed_everything
+
+    loaded = load_model(ckpt, "cpu")
+    base_block = loaded.model.config.block_size
+    config = _base_config(loaded, config_path, flags)
+    if config.model.block_size > base_block:
+        raise UsageError(
+            f"--block-size {config.model.block_size} is larger than the checkpoint's {base_block}; "
+            "its position embeddings stop there"
+        )
+    run_dir = new_run_dir(out, f"{Path(settings['data'][0]).stem}-{settings['task']}")
+    task, extra = _build_task(settings, loaded.tokenizer, config, seed=config.train.seed)
+    seed_everything(config.train.seed)
+    model = GPT(config.model)
+    state = {k: v for k, v in loaded.model.state_dict().items() if not k.startswith("classifier.")}
+    if config.model.block_size < base_block:
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: config.model.block_size]
+    model.load_state_dict(state, strict=False)
+    return _trainer(model, loaded.tokenizer, task, config, run_dir, {**settings, **extra})
+
+
+def _resume(out: Path | None, flags: dict, config_path: Path | None) -> Trainer:
+    loaded, config = load_for_resume(out, flags, config_path)
+    meta = loaded.meta
+    if "base" not in meta:
+        raise UsageError(
+            f"{loaded.path.parent} is a pretraining run; resume it with gptcli pretrain --resume"
+        )
+    settings = {
+        k: meta[k]
+        for k in (
+            "task",
+            "data",
+            "val_data",
+            "val_fraction",
+            "aux_lm_weight",
+            "delimiter",
+            "both_orders",
+            "base",
+        )
+    }
+    task, extra = _build_task(
+        settings, loaded.tokenizer, config, seed=config.train.seed, labels=meta.get("labels")
+    )
+    return _trainer(loaded.model, loaded.tokenizer, task, config, loaded.path.parent, {**settings, **extra})
+
+
+def _build_task(
+    settings: dict, tok: Any, config: RunConfig, seed: int, labels: list | None = None
+) -> tuple[Any, dict]:
+    """The task and what the checkpoint must remember about it (labels, data dir)."""
+    from gptcli.data import load_split, read_records
+    from gptcli.tasks import (
+        LMTask,
+        SFTTask,
+        SupervisedTask,
+        choice_examples,
+        classify_examples,
+        holdout,
+        sft_examples,
+    )
+
+    kind, block = settings["task"], config.model.block_size
+    if kind == "lm":
+        data_dir, _ = prepare_text([Path(p) for p in settings["data"]], tok, settings["val_fraction"])
+        return LMTask(load_split(data_dir, "train"), load_split(data_dir, "val"), block), {
+            "data_dir": str(data_dir)
+        }
+    records = read_records(settings["data"][0])
+    val_records = read_records(settings["val_data"]) if settings["val_data"] else None
+    if val_records is None:
+        train_idx, val_idx = holdout(len(records), settings["val_fraction"], seed, settings["data"][0])
+    else:
+        train_idx, val_idx = list(range(len(records))), []
+
+    def split(convert):
+        """Convert every record in file order (so errors name the first bad line), then split."""
+        examples = convert(records)
+        val = convert(val_records) if val_records is not None else [examples[i] for i in val_idx]
+        return {"train": [examples[i] for i in train_idx], "val": val}
+
+    if kind == "sft":
+        return SFTTask(split(lambda rs: sft_examples(rs, tok, block)), block), {}
+    if kind == "choice":
+        config.model.n_classes = 1
+        splits = split(lambda rs: choice_examples(rs, tok, block, settings["delimiter"]))
+        return SupervisedTask("choice", splits, settings["aux_lm_weight"], block), {}
+    if labels is None:
+        _, labels = classify_examples(
+            records, tok, block, None, settings["delimiter"], settings["both_orders"]
+        )
+    splits = split(
+        lambda rs: classify_examples(rs, tok, block, labels, settings["delimiter"], settings["both_orders"])[
+            0
+        ]
+    )
+    config.model.n_classes = len(labels)
+    task = SupervisedTask("classify", splits, settings["aux_lm_weight"], block)
+    render.info(
+        f"classify: {len(splits['train'])} training and {len(splits['val'])} validation examples, "
+        f"labels {labels}"
+    )
+    return task, {"labels": labels}
+
+
+def _trainer(model, tok, task, config, run_dir, meta) -> Trainer:
+    from gptcli.train import Trainer
+
+    return Trainer(model, tok, task, config, run_dir, meta=meta)

@@ -1,0 +1,163 @@
+"""What pretrain and finetune share: the training flags, the run directory, and running the
+loop with the live view, the summary and loss.png."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gptcli.cli import figures, render
+from gptcli.config import TrainConfig
+from gptcli.errors import UsageError
+from gptcli.paths import RUNS_DIR
+
+if TYPE_CHECKING:
+    from gptcli.train import Trainer
+
+MODEL, TRAIN, HARDWARE, RUN = "Model", "Training", "Hardware", "Run"
+
+_HELP = {
+    "batch_size": ("--batch-size", "Sequences per micro-step"),
+    "grad_accum": ("--grad-accum", "Micro-steps per optimizer step"),
+    "lr": ("--lr", "Peak learning rate"),
+    "min_lr": ("--min-lr", "Learning rate at the end of the cosine"),
+    "warmup_iters": ("--warmup-iters", "Linear warmup steps"),
+    "max_iters": ("--max-iters", "Optimizer steps"),
+    "max_time": ("--max-time", "Wall-clock budget, e.g. 90s, 15m, 2h; the LR schedule fits it"),
+    "weight_decay": ("--weight-decay", "AdamW weight decay on matrices"),
+    "grad_clip": ("--grad-clip", "Max gradient norm, 0 = off"),
+    "eval_interval": ("--eval-interval", "Steps between evaluations and checkpoints"),
+    "eval_iters": ("--eval-iters", "Batches per evaluation"),
+    "log_interval": ("--log-interval", "Steps between log lines"),
+    "device": ("--device", "auto | cpu | cuda | cuda:N | mps"),
+    "dtype": ("--dtype", "auto | fp32 | bf16 | fp16"),
+    "compile": ("--compile/--no-compile", "torch.compile the model"),
+    "seed": ("--seed", "Random seed"),
+}
+_TYPES = {int: int | None, float: float | None, str: str | None, bool: bool | None}
+
+
+def opt(*names: str, help: str, panel: str = TRAIN, **kw: Any) -> Any:
+    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
+
+
+def training_options(defaults: TrainConfig) -> SimpleNamespace:
+    """Annotated option types for the TrainConfig flags, their help showing these defaults
+    (flags default to None: "not given", so a YAML value is not overridden)."""
+    out = {}
+    for f in fields(TrainConfig):
+        if f.name not in _HELP:
+            continue
+        flag, text = _HELP[f.name]
+        value = getattr(defaults, f.name)
+        shown = (
+            "off"
+            if value is None or value is False
+            else ("on" if value is True else f"{value:g}" if isinstance(value, float) else value)
+        )
+        base = {"max_time": str, "beta1": float, "beta2": float}.get(f.name) or type(value)
+        panel = HARDWARE if f.name in ("device", "dtype", "compile", "seed") else TRAIN
+        out[f.name] = Annotated[
+            _TYPES[base], opt(*flag.split(" "), help=f"{text} (default: {shown}).", panel=panel)
+        ]
+    return SimpleNamespace(**out)
+
+
+Config = Annotated[Path | None, opt("--config", "-c", help="YAML config (see examples/configs).", panel=RUN)]
+Resume = Annotated[
+    bool, opt("--resume", help="Continue the run in --out (default: the newest run) exactly.", panel=RUN)
+]
+
+
+def train_flags(values: dict[str, Any]) -> dict[str, Any]:
+    """The TrainConfig flags among a command's arguments (None = not given)."""
+    return {k: values[k] for k in _HELP if k in values}
+
+
+def new_run_dir(out: Path | None, stem: str) -> Path:
+    """--out, or runs/<stem>-<timestamp>; never a directory that already holds something."""
+    if out is None:
+        out = RUNS_DIR / f"{stem or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(
+            f"{out} already exists and is not empty; pass --resume to continue that run, "
+            "or choose another --out"
+        )
+    return out
+
+
+def run_trainer(trainer: Trainer, resume: bool, verb: str) -> None:
+    """Train with the live view, print the summary and loss.png; exit 130 with a resume hint
+    if interrupted."""
+    trainer.reporter = render.train_reporter(f"gptcli {verb} →")
+    summary = trainer.run(resume=resume)
+    png = trainer.run_dir / "loss.png"
+    saved = figures.save_loss_png(trainer.run_dir / "metrics.jsonl", png)
+    render.train_summary(summary, str(png) if saved else None)
+    if summary.stop_reason in ("interrupted", "terminated"):
+        render.warning(
+            f"stopped at step {summary.steps}; the last checkpoint is saved. "
+            f"Continue with: gptcli {verb} --resume --out {trainer.run_dir}"
+        )
+        raise typer.Exit(130)
+    next_verb = "classify" if trainer.meta.get("task") == "classify" else "sample"
+    render.info(f"next: gptcli {next_verb} --ckpt {trainer.run_dir}")
+
+
+def prepare_text(
+    corpus: list[Path], tokenizer: Any, val_fraction: float, explicit_tokenizer: bool = False
+) -> tuple[Path, Any]:
+    """A tokenized directory for the corpus, and its report: the directory given (made by
+    `gptcli tokenize`), or raw text tokenized into the cache, reused when the same text and
+    tokenizer come again. tokenizer: a spec (char, gpt2, bpe:N) or a Tokenizer."""
+    from gptcli.data import cached_corpus, collect_files, is_tokenized_dir, read_meta
+
+    if len(corpus) == 1 and corpus[0].is_dir() and is_tokenized_dir(corpus[0]):
+        report = read_meta(corpus[0])
+        wanted = tokenizer if isinstance(tokenizer, str) else tokenizer.name
+        if (explicit_tokenizer or not isinstance(tokenizer, str)) and report.tokenizer != wanted.lower():
+            raise UsageError(
+                f"{corpus[0]} is tokenized with {report.tokenizer}, not {wanted}; drop --tokenizer, "
+                f"or tokenize the text again with: gptcli tokenize TEXT --out DIR -t {wanted}"
+            )
+        return corpus[0], report
+    total = sum(f.stat().st_size for f in collect_files(corpus))
+    with render.byte_progress("tokenizing", total, show=total > 4 << 20) as update:
+        data_dir, report = cached_corpus(corpus, tokenizer, val_fraction, update)
+    verb = "reusing the cached tokens of" if report.reused else "tokenized"
+    render.info(
+        f"{verb} {len(report.files)} file(s): {report.tokens:,} {report.tokenizer} tokens ({data_dir})"
+    )
+    return data_dir, report
+
+
+def load_for_resume(out: Path | None, flags: dict[str, Any], config_path: Path | None) -> tuple[Any, Any]:
+    """The last/ checkpoint of the run to resume, and its config with the allowed changes."""
+    from gptcli.checkpoint import LAST, load_checkpoint, newest_run
+    from gptcli.config import CONFIG_CHANGES_ON_RESUME, Config, merge
+
+    if config_path is not None:
+        raise UsageError("--resume continues a run with its saved config; drop --config")
+    bad = [f"--{k.replace('_', '-')}" for d in flags.values() for k in d if k not in CONFIG_CHANGES_ON_RESUME]
+    if bad:
+        allowed = ", ".join("--" + k.replace("_", "-") for k in CONFIG_CHANGES_ON_RESUME)
+        raise UsageError(
+            f"{', '.join(bad)} cannot change when resuming (the run continues exactly); only {allowed} can"
+        )
+    if out is None:
+        out = newest_run()
+        if out is None:
+            raise UsageError("--resume: no run under ./runs to continue; pass --out RUN_DIR")
+        render.info(f"resuming the newest run: {out}")
+    loaded = load_checkpoint(out / LAST if (out / LAST).exists() else out)
+    if loaded.path.name not in (LAST, LAST + ".old") or loaded.path.parent != out:
+        raise UsageError(f"--resume: {out} has no last/ checkpoint to continue from")
+    config = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")
+    merge(config, flags, "the command line").validate()
+    loaded.model.train()
+    return loaded, config

@@ -1,0 +1,295 @@
+"""Finetuning: GPT-1's classification recipe on a task that needs word order, multiple
+choice, instruction tuning with masked prompts, domain text, and bad data."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gptcli.checkpoint import load_checkpoint
+from gptcli.cli.app import app
+from gptcli.data import Record, read_records
+from gptcli.model import IGNORE_INDEX
+from gptcli.tasks import SFTTask, SupervisedTask, classify_examples, sft_examples, sft_targets
+from gptcli.tokenizer import CharTokenizer
+from tests.test_cli_tokenize import assert_usage_error
+
+runner = CliRunner()
+NOUNS = ["cat", "dog", "fox", "owl", "bee", "elk"]
+VERBS = ["saw", "bit", "met", "fed"]
+FAST = [
+    "--dtype",
+    "fp32",
+    "--device",
+    "cpu",
+    "--batch-size",
+    "16",
+    "--warmup-iters",
+    "10",
+    "--eval-iters",
+    "4",
+]
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def sentence(rng: random.Random) -> tuple[str, str]:
+    """'the fox bit the owl' and its subject, 'fox': the label depends on word order, so a
+    bag of words (which sees {fox, owl} either way) cannot tell."""
+    x, y = rng.sample(NOUNS, 2)
+    return x, f"the {x} {rng.choice(VERBS)} the {y}"
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    """A tiny char-level LM pretrained on such sentences."""
+    tmp = tmp_path_factory.mktemp("ft")
+    rng = random.Random(0)
+    (tmp / "corpus.txt").write_text("".join(sentence(rng)[1] + ".\n" for _ in range(3000)))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPTCLI_CACHE_DIR", str(tmp / "cache"))
+    try:
+        result = run(
+            "pretrain", tmp / "corpus.txt", "--out", tmp / "pre", "--n-layer", "2", "--n-head", "2",
+            "--n-embd", "32", "--block-size", "32", "--max-iters", "150", "--eval-interval", "150",
+            "--lr", "3e-3", *FAST,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+    finally:
+        mp.undo()
+    return tmp / "pre"
+
+
+@pytest.fixture(scope="module")
+def order_data(tmp_path_factory) -> Path:
+    rng = random.Random(1)
+    path = tmp_path_factory.mktemp("order") / "order.jsonl"
+    path.write_text(
+        "".join(json.dumps({"text": s, "label": x}) + "\n" for x, s in (sentence(rng) for _ in range(600)))
+    )
+    return path
+
+
+def finetune(pretrained: Path, data: Path, out: Path, *args: str):
+    result = run("finetune", "--ckpt", pretrained, data, "--out", out, "--lr", "2e-3", *FAST, *args)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "last" / "checkpoint.json").read_text()), result.output
+
+
+@pytest.mark.parametrize("aux", ["0", "0.5"])
+def test_classification_that_needs_word_order_reaches_95_percent(pretrained, order_data, tmp_path, aux):
+    meta, output = finetune(
+        pretrained, order_data, tmp_path / "cls", "--task", "classify", "--aux-lm-weight", aux,
+        "--max-iters", "150", "--eval-interval", "50",
+    )  # fmt: skip
+    evals = [json.loads(x) for x in (tmp_path / "cls" / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in evals if e["kind"] == "eval"]
+    assert evals[0]["val_accuracy"] < 0.5  # chance is 1/6 before finetuning
+    assert evals[-1]["val_accuracy"] >= 0.95
+    assert evals[-1]["val_f1"] >= 0.95
+    assert ("val_lm_loss" in evals[-1]) == (aux != "0")  # L3 = L2 + lambda * L1, lambda = 0 drops L1
+    assert meta["labels"] == sorted(NOUNS) and meta["model"]["n_classes"] == 6
+    assert "val accuracy" in output
+
+
+def test_the_classifier_reloads_and_predicts_the_same(pretrained, order_data, tmp_path):
+    finetune(pretrained, order_data, tmp_path / "cls", "--task", "classify", "--max-iters", "60")
+    loaded = load_checkpoint(tmp_path / "cls")
+    records = read_records(order_data)[:20]
+    block = loaded.model.config.block_size
+    examples, _ = classify_examples(records, loaded.tokenizer, block, loaded.meta["labels"], "\n", False)
+    probs = SupervisedTask("classify", {}, 0.0, block).predict(loaded.model, examples, torch.device("cpu"))
+
+    out = run("classify", "--ckpt", tmp_path / "cls", "--file", order_data, "--json")
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    for p, row in zip(probs, data["predictions"][:20], strict=True):
+        assert row["probs"] == pytest.approx(
+            dict(zip(loaded.meta["labels"], p.tolist(), strict=True)), abs=1e-6
+        )
+    assert data["accuracy"] is not None and 0 <= data["accuracy"] <= 1
+    single = run("classify", "--ckpt", tmp_path / "cls", "the dog fed the cat")
+    assert single.exit_code == 0 and "label" in single.output and "◀" in single.output
+
+
+def test_multiple_choice_trains(pretrained, tmp_path):
+    rng = random.Random(2)
+    rows = []
+    for _ in range(300):
+        x, s = sentence(rng)
+        wrong = rng.sample([n for n in NOUNS if n != x], 2)
+        choices = [x, *wrong]
+        rng.shuffle(choices)
+        rows.append({"context": f"{s}. who", "choices": choices, "label": choices.index(x)})
+    data = tmp_path / "choice.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    meta, _ = finetune(
+        pretrained, data, tmp_path / "mc", "--task", "choice", "--max-iters", "200", "--eval-interval", "100",
+        "--lr", "5e-3",
+    )  # fmt: skip
+    evals = [json.loads(x) for x in (tmp_path / "mc" / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in evals if e["kind"] == "eval"]
+    assert evals[0]["val_accuracy"] < 0.6 and evals[-1]["val_accuracy"] >= 0.8
+    assert meta["model"]["n_classes"] == 1  # one score per choice, softmax over an example's choices
+
+
+def test_sft_loss_ignores_the_prompt():
+    tok = CharTokenizer(list("abcdefgh \n?"))
+    recs = [
+        Record({"prompt": "abc?", "completion": "defg"}, "x:1"),
+        Record({"prompt": "hh?", "completion": "ab"}, "x:2"),
+    ]
+    examples = sft_examples(recs, tok, block_size=16)
+    ids, n_prompt = examples[0]
+    assert n_prompt == 4 and tok.decode(ids) == "abc?defg\n"
+    y = sft_targets(ids, n_prompt)
+    assert (y[:3] == IGNORE_INDEX).all() and y[3:].tolist() == ids[4:]  # first target: 'd' after '?'
+
+    torch.manual_seed(0)
+    from gptcli.config import ModelConfig
+    from gptcli.model import GPT
+
+    model = GPT(ModelConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=1, n_embd=8)).eval()
+    task = SFTTask({"train": examples}, 16)
+    batch = task.batch("train", torch.tensor([0, 1]), torch.device("cpu"))
+    loss = task.loss(model, batch)
+    # the prompt's targets, perturbed before the mask is applied, change nothing ...
+    full = torch.tensor(ids[1:])
+    perturbed = full.clone()
+    perturbed[: n_prompt - 1] = torch.tensor([7, 7, 7])
+    masked = perturbed.clone()
+    masked[: n_prompt - 1] = IGNORE_INDEX
+    assert torch.equal(masked, y)
+    x = torch.tensor([ids[:-1]])
+    with torch.no_grad():
+        assert model(x, y[None])[1] == model(x, masked[None])[1]
+        # ... while training on the whole sequence would count them
+        assert model(x, full[None])[1] != model(x, y[None])[1]
+    assert torch.isfinite(loss)
+
+
+def test_sft_and_lm_finetuning_run(pretrained, tmp_path):
+    data = tmp_path / "qa.jsonl"
+    rng = random.Random(3)
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"{s}. ", "completion": x}) + "\n"
+            for x, s in (sentence(rng) for _ in range(200))
+        )
+    )
+    meta, _ = finetune(
+        pretrained, data, tmp_path / "sft", "--task", "sft", "--max-iters", "20", "--eval-interval", "10"
+    )
+    assert meta["task"] == "sft" and meta["tokenizer"] == "char"
+    text = tmp_path / "more.txt"
+    text.write_text("".join(sentence(rng)[1] + ".\n" for _ in range(500)))
+    meta, _ = finetune(
+        pretrained, text, tmp_path / "lm", "--task", "lm", "--max-iters", "10", "--eval-interval", "10"
+    )
+    assert meta["task"] == "lm" and meta["base"] == str(pretrained)
+
+
+def test_finetune_resumes(pretrained, order_data, tmp_path):
+    finetune(
+        pretrained,
+        order_data,
+        tmp_path / "r",
+        "--task",
+        "classify",
+        "--max-iters",
+        "20",
+        "--eval-interval",
+        "10",
+    )
+    result = run("finetune", "--resume", "--out", tmp_path / "r", "--max-iters", "30")
+    assert result.exit_code == 0, result.output
+    assert "resumed at 20" in result.output and "step 30/30" in result.output
+
+
+def test_block_size_can_shrink_but_not_grow(pretrained, order_data, tmp_path):
+    meta, _ = finetune(
+        pretrained,
+        order_data,
+        tmp_path / "short",
+        "--task",
+        "classify",
+        "--block-size",
+        "24",
+        "--max-iters",
+        "2",
+    )
+    assert meta["model"]["block_size"] == 24
+    assert_usage_error(
+        run(
+            "finetune",
+            "--ckpt",
+            pretrained,
+            order_data,
+            "--task",
+            "classify",
+            "--block-size",
+            "64",
+            "--out",
+            tmp_path / "x",
+        ),
+        "larger than the checkpoint's 32",
+    )
+
+
+def test_bad_data_names_the_file_and_line(pretrained, tmp_path):
+    def bad(name: str, text: str, *args: str) -> str:
+        path = tmp_path / name
+        path.write_text(text)
+        result = run("finetune", "--ckpt", pretrained, path, "--out", tmp_path / f"out-{name}", *args)
+        assert_usage_error(result)
+        assert not (tmp_path / f"out-{name}").exists()
+        return result.output
+
+    assert "missing.jsonl:2: 'label' is missing" in bad(
+        "missing.jsonl", '{"text": "the cat", "label": "a"}\n{"text": "the dog"}\n', "--task", "classify"
+    )
+    assert "empty.jsonl: no records" in bad("empty.jsonl", "\n\n", "--task", "classify")
+    assert "one.jsonl: every record has label 'cat'" in bad(
+        "one.jsonl", '{"text": "a", "label": "cat"}\n{"text": "b", "label": "cat"}\n', "--task", "classify"
+    )
+    (tmp_path / "val.jsonl").write_text('{"text": "x", "label": "cat"}\n{"text": "y", "label": "emu"}\n')
+    assert "val.jsonl:2: label 'emu' is not one of the training labels" in bad(
+        "train.jsonl", '{"text": "a", "label": "cat"}\n{"text": "b", "label": "dog"}\n',
+        "--task", "classify", "--val-data", str(tmp_path / "val.jsonl"),
+    )  # fmt: skip
+    assert "pairs.jsonl:1: 'text_b' is missing" in bad(
+        "pairs.jsonl",
+        '{"text_a": "a", "label": "x"}\n{"text": "b", "label": "y"}\n' * 3,
+        "--task",
+        "classify",
+    )
+    assert "mc.jsonl:1: 'label' must be the index" in bad(
+        "mc.jsonl", '{"context": "a", "choices": ["b", "c"], "label": 2}\n' * 2, "--task", "choice"
+    )
+    assert "sft.jsonl:1: 'completion' is missing" in bad(
+        "sft.jsonl", '{"prompt": "a"}\n' * 2, "--task", "sft"
+    )
+    assert "broken.jsonl:1: not valid JSON" in bad("broken.jsonl", "{oops\n", "--task", "sft")
+    assert "--task 'regress'" in bad("any.jsonl", "{}\n", "--task", "regress")
+
+
+def test_csv_pairs_with_both_orders(pretrained, tmp_path):
+    rng = random.Random(4)
+    lines = ["text_a,text_b,label"]
+    for _ in range(200):
+        x, s = sentence(rng)
+        y = rng.choice([n for n in NOUNS if n != x])
+        lines.append(f"{s},the {x},same" if rng.random() < 0.5 else f"{s},the {y},other")
+    data = tmp_path / "pairs.csv"
+    data.write_text("\n".join(lines) + "\n")
+    meta, _ = finetune(
+        pretrained, data, tmp_path / "pairs", "--task", "classify", "--both-orders", "--max-iters", "5"
+    )
+    assert meta["both_orders"] is True and meta["labels"] == ["other", "same"]
