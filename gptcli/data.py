@@ -335,12 +335,13 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
 
 
 class _ShardWriter:
-    """Appends token ids to train.bin, then (after the split point) to val.bin; files are
-    written under temporary names and renamed into place only when complete."""
+    """Appends token ids to train.bin, then (after the split point) to val.bin, under
+    temporary names private to this process; publish() moves them into place."""
 
     def __init__(self, out: Path, dtype: np.dtype) -> None:
         self.out, self.dtype = out, dtype
-        self.tmp = {s: out / f".{s}.bin.tmp" for s in ("train", "val")}
+        self.tag = f"{os.getpid()}-{os.urandom(4).hex()}"
+        self.tmp = {s: out / f".{s}.bin.{self.tag}.tmp" for s in ("train", "val")}
         self.files = {s: open(p, "wb") for s, p in self.tmp.items()}  # noqa: SIM115
         self.counts = {"train": 0, "val": 0}
 
@@ -349,12 +350,11 @@ class _ShardWriter:
         arr.tofile(self.files[split])
         self.counts[split] += len(arr)
 
-    def commit(self) -> None:
-        for split, f in self.files.items():
+    def finish(self) -> None:
+        for f in self.files.values():
             f.flush()
             os.fsync(f.fileno())
             f.close()
-            os.replace(self.tmp[split], self.out / f"{split}.bin")
 
     def abort(self) -> None:
         for split, f in self.files.items():
@@ -362,29 +362,39 @@ class _ShardWriter:
             self.tmp[split].unlink(missing_ok=True)
 
 
+SEEK_CHARS = 4 * CHUNK_CHARS  # how far past the split point to look for a line or document end
+
+
 def _split_stream(
     files: list[Path], split_char: int, newline_sep: bool, on_bytes: Callable[[int], None] | None
 ) -> Iterator[tuple[str, str | None]]:
     """Yield (split, chunk) over the corpus, and (split, None) where a document ends.
 
-    Characters before split_char go to train, the rest to val; the cut moves forward to the
-    next safe split point in its chunk when there is one."""
+    Text before split_char goes to train, the rest to val. The cut moves forward to the next
+    line boundary (a safe split point) or document end, whichever comes first; only a line
+    longer than SEEK_CHARS is cut where it stands."""
     seen = 0
-    state = "train" if split_char > 0 else "val"
+    state = "train" if split_char > 0 else "val"  # train -> seeking -> val
     for path in files:
         for doc in iter_documents(path, on_bytes):
             for chunk in iter_chunks(_newline_terminated(doc) if newline_sep else doc):
                 if state == "train" and seen + len(chunk) > split_char:
-                    local = split_char - seen
-                    cut = _first_safe_split(chunk, local)
-                    cut = local if cut < 0 else cut
-                    if cut > 0:
-                        yield "train", chunk[:cut]
-                    state, chunk, seen = "val", chunk[cut:], seen + cut
+                    state = "seeking"
+                if state == "seeking":
+                    start = max(0, split_char - seen)
+                    cut = _first_safe_split(chunk, start)
+                    if cut < 0 and seen + len(chunk) - split_char > SEEK_CHARS:
+                        cut = max(start, split_char + SEEK_CHARS - seen)
+                    if cut >= 0:
+                        if cut > 0:
+                            yield "train", chunk[:cut]
+                        state, chunk, seen = "val", chunk[cut:], seen + cut
                 if chunk:
-                    yield state, chunk
+                    yield ("train" if state == "seeking" else state), chunk
                     seen += len(chunk)
-            yield state, None
+            yield ("train" if state == "seeking" else state), None
+            if state == "seeking":
+                state = "val"  # the document that held the split point ended
 
 
 def _encode_into(tok: Tokenizer, writer: _ShardWriter, pending: list[tuple[str, str | None]]) -> None:
@@ -458,14 +468,13 @@ def _encode(
                 if progress is not None:
                     progress(done, scan.bytes)
         _encode_into(tok, writer, pending)
-        writer.commit()
+        writer.finish()
     except BaseException:
         writer.abort()
         raise
     if progress is not None:
         progress(scan.bytes, scan.bytes)
 
-    tok.save(out / TOKENIZER_FILE)
     report = TokenizeReport(
         tokenizer=tok.name,
         request=request,
@@ -483,10 +492,23 @@ def _encode(
     )
     meta = {"format": FORMAT, "version": VERSION, **asdict(report)}
     meta.pop("reused")
-    tmp = out / f".{META_FILE}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-    os.replace(tmp, out / META_FILE)
+    _publish(out, writer, tok, meta)
     return report
+
+
+def _publish(out: Path, writer: _ShardWriter, tok: Tokenizer, meta: dict) -> None:
+    """Move the new files into place. meta.json goes first (removed) and last (written), so a
+    crash in between leaves a directory that is plainly unfinished, never new shards under an
+    old description; a concurrent writer of the same cache entry writes the same files."""
+    tag = writer.tag
+    tok_tmp = tok.save(out / f".{TOKENIZER_FILE}.{tag}.tmp")
+    meta_tmp = out / f".{META_FILE}.{tag}.tmp"
+    meta_tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    (out / META_FILE).unlink(missing_ok=True)
+    for split in ("train", "val"):
+        os.replace(writer.tmp[split], out / f"{split}.bin")
+    os.replace(tok_tmp, out / TOKENIZER_FILE)
+    os.replace(meta_tmp, out / META_FILE)
 
 
 def _check_val_fraction(val_fraction: float) -> None:
