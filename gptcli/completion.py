@@ -1,5 +1,6 @@
 """Text in, text out, on top of generate.py's token-level decoding: prompts, stop strings,
-the end-of-text token, streaming text as it is generated, and top-k probabilities per step."""
+the end-of-text token, streaming text as it is generated, top-k probabilities per step,
+and beam search hypotheses as text."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gptcli.errors import UsageError
-from gptcli.generate import generate
+from gptcli.generate import beam_search, generate
 from gptcli.model import GPT
 from gptcli.tokenizer import Tokenizer
 
@@ -171,3 +172,67 @@ def complete(
             on_text(i, delta)
         results.append(Sampled(stream.text, stream.ids, stream.finish or "length", steps[i]))
     return results
+
+
+@dataclass
+class Beam:
+    """One beam search hypothesis as text: the continuation without its end token or stop text."""
+
+    text: str
+    ids: list[int]
+    logprob: float
+    score: float
+    finished: bool
+
+
+def end_token_ids(tokenizer: Tokenizer, eos: Sequence[str] = ()) -> list[int]:
+    """The end-of-text token and each --eos text, which must be exactly one token."""
+    ids = [tokenizer.eot_id] if tokenizer.eot_id is not None else []
+    for text in eos:
+        encoded = tokenizer.encode(text)
+        if len(encoded) != 1:
+            raise UsageError(f"--eos {text!r} is {len(encoded)} tokens, not one; use --stop {text!r} instead")
+        ids.append(encoded[0])
+    return ids
+
+
+def beam_complete(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: Prompt,
+    *,
+    beams: int,
+    max_new_tokens: int,
+    length_penalty: float = 1.0,
+    eos: Sequence[str] = (),
+    stops: Sequence[str] = (),
+    no_repeat_ngram: int = 0,
+) -> list[Beam]:
+    """Beam search from a text prompt: a hypothesis ends at the end-of-text token, an eos
+    token, or once its text contains a stop string."""
+    end_ids = end_token_ids(tokenizer, eos)
+    stops = [s for s in stops if s]
+
+    def is_end(ids: list[int]) -> bool:
+        text = tokenizer.decode(ids)
+        return any(s in text for s in stops)
+
+    hyps = beam_search(
+        model,
+        prompt.ids,
+        beams,
+        max_new_tokens,
+        length_penalty=length_penalty,
+        end_ids=end_ids,
+        is_end=is_end if stops else None,
+        no_repeat_ngram=no_repeat_ngram,
+        vocab_size=tokenizer.vocab_size,
+    )
+    out = []
+    for h in hyps:
+        body = h.ids[:-1] if h.finished and h.ids[-1] in end_ids else h.ids
+        text = tokenizer.decode(body)
+        for s in stops:
+            text = text.split(s, 1)[0]
+        out.append(Beam(text, h.ids, h.logprob, h.score, h.finished))
+    return out

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Ckpt, Device, Json, load_model
+from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg
 from gptcli.errors import UsageError
 
 
@@ -46,6 +47,7 @@ def beam(
         typer.Option("--eos", help="A token, given as its text, that ends a hypothesis (repeatable)."),
     ] = None,
     device: Device = "auto",
+    dtype: Dtype = "auto",
     json_out: Json = False,
 ) -> None:
     """Search for the likeliest continuations with beam search.
@@ -57,8 +59,7 @@ def beam(
     gptcli beam "The rabbit" --beams 4
     gptcli beam "The fox dug a" --beams 8 --n-best 3 --eos . --length-penalty 0.6
     """
-    from gptcli.completion import encode_prompt
-    from gptcli.generate import beam_search
+    from gptcli.completion import beam_complete, encode_prompt
 
     if beams < 1:
         raise UsageError(f"--beams must be >= 1, got {beams}")
@@ -72,7 +73,7 @@ def beam(
     if no_repeat_ngram < 0:
         raise UsageError(f"--no-repeat-ngram must be >= 0, got {no_repeat_ngram}")
 
-    loaded = load_model(None if ckpt is None else ckpt, device)
+    loaded = load_model(ckpt, device, dtype)
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     if max_new_tokens is None:
         max_new_tokens = min(40, block // 2)
@@ -80,45 +81,24 @@ def beam(
         raise UsageError(
             f"--max-new-tokens must be below the model's block_size {block}, got {max_new_tokens}"
         )
-    p = encode_prompt(tok, prompt, block - max_new_tokens)
+    p = encode_prompt(tok, text_arg(prompt, "the prompt"), block - max_new_tokens)
     if p.dropped:
         render.warning(
             f"the prompt plus {max_new_tokens} new tokens exceed the model's block_size {block}; "
             f"kept the prompt's last {len(p.ids)} tokens"
         )
-    end_ids = [tok.eot_id] if tok.eot_id is not None else []
-    for text in eos or []:
-        ids = tok.encode(text)
-        if len(ids) != 1:
-            raise UsageError(f"--eos {text!r} is {len(ids)} tokens, not one; use --stop {text!r} instead")
-        end_ids.append(ids[0])
-    stops = [s for s in stop or [] if s]
-
-    def is_end(ids: list[int]) -> bool:
-        text = tok.decode(ids)
-        return any(s in text for s in stops)
-
-    hyps = beam_search(
+    hyps = beam_complete(
         loaded.model,
-        p.ids,
-        beams,
-        max_new_tokens,
+        tok,
+        p,
+        beams=beams,
+        max_new_tokens=max_new_tokens,
         length_penalty=length_penalty,
-        end_ids=end_ids,
-        is_end=is_end if stops else None,
+        eos=eos or [],
+        stops=stop or [],
         no_repeat_ngram=no_repeat_ngram,
-        vocab_size=tok.vocab_size,
-    )[:n_best]
-
-    rows = []
-    for h in hyps:
-        body = h.ids[:-1] if h.finished and h.ids[-1] in end_ids else h.ids
-        text = tok.decode(body)
-        for s in stops:
-            text = text.split(s, 1)[0]
-        rows.append(
-            {"text": text, "ids": h.ids, "logprob": h.logprob, "score": h.score, "finished": h.finished}
-        )
+    )
+    rows = [asdict(h) for h in hyps[:n_best]]
     if json_out:
         render.print_json({"prompt": p.text, "prompt_ids": p.ids, "hypotheses": rows})
     else:
