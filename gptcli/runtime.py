@@ -131,6 +131,30 @@ def pick_precision(device: torch.device, requested: str = "auto") -> Precision:
     return Precision(requested, kind, reason)
 
 
+# decoding reads every weight once per token, so its speed is set by bytes of weights;
+# below this size the model fits in cache and bf16 only adds conversions
+BF16_DECODE_MIN_PARAMS = 50_000_000
+
+
+def pick_inference_dtype(device: torch.device, requested: str, n_params: int) -> tuple[torch.dtype, str]:
+    """The dtype to hold weights in for sampling and inspection, and why."""
+    if requested not in ("auto", *_DTYPES):
+        raise UsageError(f"unknown dtype {requested!r}; use auto, fp32, bf16 or fp16")
+    if requested != "auto":
+        if requested == "fp16" and device.type == "cpu":
+            raise UsageError("--dtype fp16 is for GPUs; on the CPU use bf16 or fp32")
+        if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise UsageError("--dtype bf16: this GPU does not support bf16; use --dtype fp16 or auto")
+        return _DTYPES[requested], f"{requested}: as requested"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16, "bf16 weights: this GPU supports bf16"
+        return torch.float16, "fp16 weights: this GPU has no bf16"
+    if device.type == "cpu" and cpu_bf16_feature() and n_params >= BF16_DECODE_MIN_PARAMS:
+        return torch.bfloat16, f"bf16 weights: a large model on a CPU with native bf16 ({cpu_bf16_feature()})"
+    return torch.float32, "fp32 weights"
+
+
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Ckpt, Device, Json, load_model
+from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg
 from gptcli.errors import UsageError
 
 
@@ -24,6 +24,7 @@ def classify(
         typer.Option("--file", "-f", help="Classify every record of a JSONL/CSV file; accuracy if labelled."),
     ] = None,
     device: Device = "auto",
+    dtype: Dtype = "auto",
     json_out: Json = False,
 ) -> None:
     """Classify text with a finetuned classifier.
@@ -39,7 +40,7 @@ def classify(
         raise UsageError("give a text to classify, or --file F.jsonl (one of the two)")
     if file is not None and text_b is not None:
         raise UsageError("--text-b goes with a text argument; in --file, pairs are text_a/text_b fields")
-    loaded = load_model(ckpt, device)
+    loaded = load_model(ckpt, device, dtype)
     meta = loaded.meta
     if meta.get("task") != "classify":
         raise UsageError(
@@ -50,9 +51,11 @@ def classify(
     if file is not None:
         records = read_records(file)
     elif text_b is not None:
-        records = [Record({"text_a": " ".join(text), "text_b": text_b}, "the command line")]
+        records = [
+            Record({"text_a": text_arg(" ".join(text)), "text_b": text_arg(text_b)}, "the command line")
+        ]
     else:
-        records = [Record({"text": " ".join(text)}, "the command line")]
+        records = [Record({"text": text_arg(" ".join(text))}, "the command line")]
     block = loaded.model.config.block_size
     examples = [
         Example(classify_sequences(r, loaded.tokenizer, block, meta["delimiter"], meta["both_orders"]), 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -22,16 +23,49 @@ Ckpt = Annotated[
     ),
 ]
 Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps")]
+Dtype = Annotated[str, typer.Option("--dtype", help="auto | fp32 | bf16 | fp16: the weights' type.")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 Seed = Annotated[
     int | None, typer.Option("--seed", help="Seed for reproducible random choices.", show_default=False)
 ]
 
 
-def load_model(ckpt: str | None, device: str = "auto") -> Loaded:
-    """Load --ckpt, or the newest run under ./runs (and say which), onto the device."""
+def is_path(arg: str) -> bool:
+    """Whether a command-line argument names an existing file or directory (a text that
+    happens to be empty, or too long for a file name, does not)."""
+    if not arg:
+        return False
+    try:
+        return Path(arg).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def text_arg(text: str, what: str = "the text") -> str:
+    """A text from the command line, refusing bytes that were not UTF-8 (Python keeps them
+    as lone surrogates)."""
+    bad = [i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF]
+    if bad:
+        byte = ord(text[bad[0]]) - 0xDC00
+        raise UsageError(
+            f"{what} is not valid UTF-8 (byte 0x{byte:02X} at character {bad[0]}); pass UTF-8 text"
+        )
+    return text
+
+
+SEED_MAX = 2**63 - 1
+
+
+def check_seed(seed: int | None) -> None:
+    if seed is not None and not 0 <= seed <= SEED_MAX:
+        raise UsageError(f"--seed must be between 0 and {SEED_MAX}, got {seed}")
+
+
+def load_model(ckpt: str | None, device: str = "auto", dtype: str = "auto") -> Loaded:
+    """Load --ckpt, or the newest run under ./runs (and say which), onto the device in the
+    dtype for inference; say where it runs and why."""
     from gptcli.checkpoint import load_checkpoint, newest_run
-    from gptcli.runtime import pick_device
+    from gptcli.runtime import pick_device, pick_inference_dtype
 
     if ckpt is None:
         run = newest_run()
@@ -42,5 +76,9 @@ def load_model(ckpt: str | None, device: str = "auto") -> Loaded:
             )
         render.info(f"using the newest run: {run}")
         ckpt = str(run)
-    dev, _ = pick_device(device)
-    return load_checkpoint(ckpt, dev)
+    dev, why_device = pick_device(device)
+    loaded = load_checkpoint(ckpt, dev)
+    dt, why_dtype = pick_inference_dtype(dev, dtype, loaded.model.num_params())
+    loaded.model.to(dt)
+    render.note(f"{why_device}; {why_dtype}")
+    return loaded

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import load_model
 from gptcli.cli.training import (
     MODEL,
     RUN,
@@ -181,10 +180,11 @@ def _base_config(loaded: Any, config_path: Path | None, flags: dict) -> RunConfi
 
 
 def _fresh(ckpt: str, settings: dict, config_path: Path | None, out: Path | None, flags: dict) -> Trainer:
+    from gptcli.checkpoint import load_checkpoint
     from gptcli.model import GPT
     from gptcli.runtime import seed_everything
 
-    loaded = load_model(ckpt, "cpu")
+    loaded = load_checkpoint(ckpt)
     base_block = loaded.model.config.block_size
     config = _base_config(loaded, config_path, flags)
     if config.model.block_size > base_block:
@@ -210,19 +210,11 @@ def _resume(out: Path | None, flags: dict, config_path: Path | None) -> Trainer:
         raise UsageError(
             f"{loaded.path.parent} is a pretraining run; resume it with gptcli pretrain --resume"
         )
-    settings = {
-        k: meta[k]
-        for k in (
-            "task",
-            "data",
-            "val_data",
-            "val_fraction",
-            "aux_lm_weight",
-            "delimiter",
-            "both_orders",
-            "base",
-        )
-    }
+    keys = ("task", "data", "val_data", "val_fraction", "aux_lm_weight", "delimiter", "both_orders", "base")
+    missing = [k for k in keys if k not in meta]
+    if missing:
+        raise UsageError(f"{loaded.path}/checkpoint.json lacks {', '.join(missing)}; it cannot be resumed")
+    settings = {k: meta[k] for k in keys}
     task, extra = _build_task(
         settings, loaded.tokenizer, config, seed=config.train.seed, labels=meta.get("labels")
     )

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gptcli.cli import figures, render
-from gptcli.cli.common import Ckpt, Device, Json, load_model
+from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg
 from gptcli.errors import UsageError
 
 SAVE_FORMATS = (".json", ".png", ".html")
@@ -47,6 +47,7 @@ def inspect_attn(
         ),
     ] = None,
     device: Device = "auto",
+    dtype: Dtype = "auto",
     json_out: Json = False,
 ) -> None:
     """Show what every attention head looks at, and what the model predicts next.
@@ -62,9 +63,12 @@ def inspect_attn(
         raise UsageError(f"--top-k must be >= 1, got {top_k}")
     if save is not None and save.suffix.lower() not in SAVE_FORMATS:
         raise UsageError(f"--save {save}: use a .json, .png or .html file name")
+    if save is not None and not save.parent.is_dir():
+        raise UsageError(f"--save {save}: the directory {save.parent} does not exist")
     if not prompt:
         raise UsageError("give a prompt to look at")
-    loaded = load_model(ckpt, device)
+    prompt = text_arg(prompt, "the prompt")
+    loaded = load_model(ckpt, device, dtype)
     tok, cfg = loaded.tokenizer, loaded.model.config
     layers = _pick(layer, cfg.n_layer, "layer", allow_mean=False)
     heads = _pick(head, cfg.n_head, "head", allow_mean=True)
@@ -76,25 +80,20 @@ def inspect_attn(
         )
 
     maps = capture(loaded.model, p.ids, vocab_size=tok.vocab_size)
-    raw = [tok.token_bytes(i).decode("utf-8", errors="replace") for i in p.ids]
     ids, probs = maps.top_k(top_k)
-    top = [
-        {"token": tok.token_bytes(i).decode("utf-8", errors="replace"), "id": i, "prob": pr}
-        for i, pr in zip(ids, probs, strict=True)
-    ]
-    document = {
-        "prompt": p.text,
-        "tokens": raw,
-        "ids": p.ids,
-        "attention": maps.attention.tolist(),
-        "top_k": top,
-    }
-
-    if save is not None:
-        _save(save, document, maps, layers, heads)
-    if json_out:
-        render.print_json(document)
-        return
+    if save is not None or json_out:
+        document = {
+            "prompt": p.text,
+            "tokens": [tok.piece(i) for i in p.ids],
+            "ids": p.ids,
+            "attention": maps.attention.tolist(),
+            "top_k": [{"token": tok.piece(i), "id": i, "prob": pr} for i, pr in zip(ids, probs, strict=True)],
+        }
+        if save is not None:
+            _save(save, document, maps, layers, heads)
+        if json_out:
+            render.print_json(document)
+            return
 
     pieces = [render.visible_piece(tok.token_bytes(i)) for i in p.ids]
     selected = maps.select(layers, heads)  # (L', H', T, T)

@@ -3,21 +3,27 @@ next-token probabilities at every step."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Ckpt, Device, Json, Seed, load_model
+from gptcli.cli.common import Ckpt, Device, Dtype, Json, Seed, check_seed, load_model, text_arg
 from gptcli.errors import UsageError
 
 
 def check_sampling(
-    temp: float, top_k: int | None, top_p: float | None, max_new_tokens: int, num_samples: int
+    temp: float,
+    top_k: int | None,
+    top_p: float | None,
+    max_new_tokens: int,
+    num_samples: int,
+    seed: int | None,
 ) -> None:
-    if temp < 0:
-        raise UsageError(f"--temp must be >= 0 (0 = greedy), got {temp}")
+    if not math.isfinite(temp) or temp < 0:
+        raise UsageError(f"--temp must be a number >= 0 (0 = greedy), got {temp}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise UsageError(f"--top-p must be in (0, 1], got {top_p}")
     if top_k is not None and top_k < 1:
@@ -26,19 +32,22 @@ def check_sampling(
         raise UsageError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if num_samples < 1:
         raise UsageError(f"--num-samples must be >= 1, got {num_samples}")
+    check_seed(seed)
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
     if prompt is not None and prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
     if prompt_file is None:
-        return prompt
+        return None if prompt is None else text_arg(prompt, "--prompt")
     try:
         return prompt_file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(f"--prompt-file {prompt_file}: no such file") from None
     except UnicodeDecodeError as e:
         raise UsageError(f"--prompt-file {prompt_file}: not UTF-8 text (byte offset {e.start})") from None
+    except OSError as e:
+        raise UsageError(f"--prompt-file {prompt_file}: {e.strerror or e}") from None
 
 
 def sample(
@@ -75,6 +84,7 @@ def sample(
     ] = 0,
     seed: Seed = None,
     device: Device = "auto",
+    dtype: Dtype = "auto",
     json_out: Json = False,
 ) -> None:
     """Generate text from a trained model.
@@ -85,11 +95,11 @@ def sample(
     """
     from gptcli.completion import complete, encode_prompt
 
-    check_sampling(temp, top_k, top_p, max_new_tokens, num_samples)
+    check_sampling(temp, top_k, top_p, max_new_tokens, num_samples, seed)
     if show_probs < 0:
         raise UsageError(f"--show-probs must be >= 0, got {show_probs}")
     text = read_prompt(prompt, prompt_file)
-    loaded = load_model(ckpt, device)
+    loaded = load_model(ckpt, device, dtype)
     tok = loaded.tokenizer
     p = encode_prompt(tok, text, loaded.model.config.block_size)
     if p.dropped:
@@ -145,15 +155,11 @@ def sample(
 
 def _top_k_json(tok, step) -> dict:
     return {
-        "chosen": {"id": step.chosen, "token": _piece(tok, step.chosen), "prob": step.chosen_prob},
+        "chosen": {"id": step.chosen, "token": tok.piece(step.chosen), "prob": step.chosen_prob},
         "candidates": [
-            {"id": i, "token": _piece(tok, i), "prob": pr} for i, pr in zip(step.ids, step.probs, strict=True)
+            {"id": i, "token": tok.piece(i), "prob": pr} for i, pr in zip(step.ids, step.probs, strict=True)
         ],
     }
-
-
-def _piece(tok, token_id: int) -> str:
-    return tok.token_bytes(token_id).decode("utf-8", errors="replace")
 
 
 def _show_steps(tok, prompt_ids: list[int], result) -> None:
