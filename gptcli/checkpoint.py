@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from gptcli import __version__
-from gptcli.config import ModelConfig
+from gptcli.config import Config, merge
 from gptcli.errors import UsageError
 from gptcli.model import GPT
 from gptcli.paths import RUNS_DIR
@@ -273,10 +273,9 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu")
         return Loaded(p, model, tokenizer, meta)
     ckpt = resolve_checkpoint(p)
     meta = read_meta(ckpt)
-    try:
-        config = ModelConfig(**meta["model"])
-    except TypeError as e:
-        raise UsageError(f"{ckpt / META_FILE} has a bad model config ({e})") from e
+    if not isinstance(meta.get("model"), dict):
+        raise UsageError(f"{ckpt / META_FILE} has no model config; the checkpoint is damaged")
+    config = merge(Config(), {"model": meta["model"]}, str(ckpt / META_FILE)).model
     config.validate()
     tokenizer = load_tokenizer(ckpt / TOKENIZER_FILE)
     if config.vocab_size is None or config.vocab_size < tokenizer.vocab_size:

@@ -85,7 +85,7 @@ class TrainConfig:
     warmup_iters: int = 100
     max_iters: int = 2000  # optimizer steps
     max_time: float | None = None  # wall-clock budget in seconds; the LR schedule fits it too
-    weight_decay: float = 0.1  # on matrices only; never on biases, gains, or position tables
+    weight_decay: float = 0.1  # on matrices and embeddings; never on biases or LayerNorm gains
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0  # max global gradient norm; 0 disables
@@ -112,6 +112,8 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UsageError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.seed <= 2**63 - 1:
+            raise UsageError(f"train.seed must be between 0 and 2**63 - 1, got {self.seed}")
         if self.max_time is not None and self.max_time <= 0:
             raise UsageError(f"train.max_time must be > 0 seconds, got {self.max_time}")
         if self.dtype not in ("auto", "fp32", "bf16", "fp16"):

@@ -51,7 +51,9 @@ def sample_next(
     q proportional to p^(1/temperature), restricted to top-k / top-p."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    logits = logits.float()
+    # subtract the max first: dividing by a tiny temperature then stays finite
+    logits = filter_logits((logits - logits.max(dim=-1, keepdim=True).values) / temperature, top_k, top_p)
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 

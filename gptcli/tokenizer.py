@@ -65,6 +65,10 @@ class Tokenizer(ABC):
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one token (a BPE token may hold part of a character)."""
 
+    def piece(self, token_id: int) -> str:
+        """The text of one token; bytes that are only part of a character become U+FFFD."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
     @abstractmethod
     def to_dict(self) -> dict:
         """Everything needed to rebuild this tokenizer, JSON-serialisable."""
@@ -110,7 +114,12 @@ class CharTokenizer(Tokenizer):
         return cls(sorted(seen))
 
     def encode_array(self, text: str) -> np.ndarray:
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        try:
+            codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        except UnicodeEncodeError as e:  # lone surrogates: bytes that were not UTF-8
+            raise UsageError(
+                f"the text holds {text[e.start]!r}, which is not a character; pass UTF-8 text"
+            ) from None
         inside = codes < len(self._lut)
         ids = np.full(len(codes), -1, dtype=np.int64)
         ids[inside] = self._lut[codes[inside]]
@@ -301,9 +310,12 @@ def tokenizer_from_dict(d: dict, source: str = "tokenizer") -> Tokenizer:
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Load a tokenizer.json (or a directory holding one, such as a run or data dir)."""
+    """Load a tokenizer.json, or the one of a data dir, checkpoint dir or run dir."""
     path = Path(path)
-    file = path / TOKENIZER_FILE if path.is_dir() else path
+    file = path
+    if path.is_dir():  # a data dir or checkpoint holds tokenizer.json; a run, in best/ or last/
+        candidates = [path / TOKENIZER_FILE, path / "best" / TOKENIZER_FILE, path / "last" / TOKENIZER_FILE]
+        file = next((c for c in candidates if c.is_file()), candidates[0])
     if not file.is_file():
         raise UsageError(f"no tokenizer at {path} (expected {TOKENIZER_FILE})")
     try:

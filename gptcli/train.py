@@ -95,6 +95,8 @@ class Reporter(Protocol):
     def on_eval(self, report: EvalReport) -> None: ...
     def on_checkpoint(self, name: str, path: Path, step: int) -> None: ...
     def on_end(self, summary: Summary) -> None: ...
+    def close(self) -> None:
+        """Called last, also when training fails: release the screen."""
 
 
 class NullReporter:
@@ -103,6 +105,7 @@ class NullReporter:
     def on_eval(self, report: EvalReport) -> None: ...
     def on_checkpoint(self, name: str, path: Path, step: int) -> None: ...
     def on_end(self, summary: Summary) -> None: ...
+    def close(self) -> None: ...
 
 
 # --- the pieces ----------------------------------------------------------------------------
@@ -340,6 +343,12 @@ class Trainer:
     # -- the loop
 
     def run(self, resume: bool = False) -> Summary:
+        try:
+            return self._run(resume)
+        finally:
+            self.reporter.close()
+
+    def _run(self, resume: bool) -> Summary:
         self._setup()
         if resume:
             self._restore()

@@ -124,6 +124,10 @@ def _fresh(corpus: list[Path], config_path: Path | None, out: Path | None, flags
 def _resume(out: Path | None, corpus: list[Path] | None, config_path: Path | None, flags: dict) -> Trainer:
     loaded, config = load_for_resume(out, flags, config_path)
     run_dir = loaded.path.parent
+    if "data_dir" not in loaded.meta:
+        raise UsageError(
+            f"{loaded.path}/checkpoint.json does not say where the run's data is; it cannot be resumed"
+        )
     data_dir = Path(loaded.meta["data_dir"])
     if corpus:
         data_dir, _ = prepare_text(
@@ -135,7 +139,7 @@ def _resume(out: Path | None, corpus: list[Path] | None, config_path: Path | Non
             f"gptcli pretrain CORPUS --resume --out {run_dir}"
         )
     tok, task = _load_task(data_dir, config)
-    if tok.name != loaded.tokenizer.name or tok.vocab_size != loaded.tokenizer.vocab_size:
+    if tok.to_dict() != loaded.tokenizer.to_dict():
         raise UsageError(
             f"the data is tokenized with {tok.name}, but the run was trained with {loaded.tokenizer.name}"
         )

@@ -40,6 +40,12 @@ def info(message: str) -> None:
     err.print(Text(message, style="dim"), soft_wrap=True)
 
 
+def note(message: str) -> None:
+    """A side remark for people at a terminal (where it runs, why); silent in pipes and logs."""
+    if err.is_terminal:
+        info(message)
+
+
 def write_json_file(path: Any, obj: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, ensure_ascii=False)
@@ -78,7 +84,7 @@ def token_table(
     table.add_column("id", justify="right", style="cyan")
     table.add_column("piece", style="bold")
     for pos, (i, p) in enumerate(zip(ids, pieces, strict=True)):
-        table.add_row(str(pos), str(i), visible_piece(p))
+        table.add_row(str(pos), str(i), Text(visible_piece(p)))
     out.print(table)
     ratio = f", {len(text) / len(ids):.2f} chars/token" if ids else ""
     out.print(
@@ -108,7 +114,7 @@ def byte_progress(description: str, total: int, show: bool = True) -> Iterator[C
 def tokenize_summary(report: Any, out_dir: str) -> None:
     """The counts of a tokenized corpus (a gptcli.data.TokenizeReport)."""
     table = Table(
-        title=f"{'reused' if report.reused else 'wrote'} {out_dir}",
+        title=Text(f"{'reused' if report.reused else 'wrote'} {out_dir}", style="italic"),
         title_justify="left",
         show_header=False,
         show_edge=False,
@@ -129,7 +135,7 @@ def tokenize_summary(report: Any, out_dir: str) -> None:
     if not report.reused:
         rows += [("time", f"{report.seconds:.2f} s"), ("speed", f"{report.mb_per_s:.1f} MB/s")]
     for k, v in rows:
-        table.add_row(k, v)
+        table.add_row(k, Text(v))
     out.print(table)
 
 
@@ -234,7 +240,9 @@ class TrainView:
 
     def on_end(self, summary: Any) -> None:
         self._redraw()
-        self.live.stop()
+
+    def close(self) -> None:
+        self.live.stop()  # idempotent; restores the cursor also when training failed
 
     def _redraw(self) -> None:
         from rich.console import Group
@@ -252,11 +260,14 @@ class TrainView:
             f"val [bold orange1]{_fmt(s.get('val'))}[/] (best {_fmt(s.get('best_val'))}{best_at})",
         )
         extras = "  ".join(f"{k} {v:.4f}" for k, v in s.get("val_extra", {}).items())
+        budget = (
+            f"time {_duration(s.get('elapsed', 0))} of {_duration(self.max_time)}" if self.max_time else ""
+        )
         numbers.add_row(
             f"{_fmt(s.get('tps'), ',.0f')} tok/s",
             f"MFU {mfu}",
             f"saved last @{s['saved_last']}" if "saved_last" in s else "",
-            extras,
+            extras or budget,
         )
         width = max(40, min(out.width, 110))
         parts: list[Any] = [self.header, self.progress, numbers]
@@ -304,6 +315,8 @@ class TrainLog:
 
     def on_end(self, summary: Any) -> None: ...
 
+    def close(self) -> None: ...
+
 
 def train_reporter(title: str) -> TrainView | TrainLog:
     """The live view in a terminal, plain lines otherwise."""
@@ -346,7 +359,7 @@ def train_summary(summary: Any, loss_png: str | None) -> None:
     if loss_png:
         rows.append(("loss curve", loss_png))
     for k, v in rows:
-        table.add_row(k, v)
+        table.add_row(k, Text(v))
     out.print(table)
 
 
@@ -458,7 +471,7 @@ def attention_heatmap(tokens: Sequence[str], weights: Any, title: str) -> None:
     table.add_column("query ↓  key →", justify="right", style="bold", no_wrap=True)
     for tok in tokens:
         label = tok[:6]
-        table.add_column("\n".join(label) if numbers else label[:1], justify="center", no_wrap=True,
+        table.add_column(Text("\n".join(label) if numbers else label[:1]), justify="center", no_wrap=True,
                          header_style="cyan", vertical="bottom")  # fmt: skip
     for q in range(T):
         row = [_cell(float(weights[q][k]), k > q, numbers) for k in range(T)]
@@ -516,10 +529,10 @@ def predictions_table(
         style = "" if true is None else ("green" if true == p["label"] else "red")
         table.add_row(
             str(i),
-            text,
+            Text(text),
             Text(str(p["label"]), style=style),
             f"{p['prob']:.3f}",
-            f"{'' if true is None else true}{mark}",
+            Text(f"{'' if true is None else true}{mark}"),
         )
     out.print(table)
     if accuracy is not None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gptcli.cli import render
+from gptcli.cli.common import is_path, text_arg
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ def resolve_tokenizer(arg: str, text: str | None = None) -> Tokenizer:
     A char tokenizer without a file takes its vocabulary from `text`."""
     from gptcli.tokenizer import CharTokenizer, build_tokenizer, load_tokenizer, parse_spec
 
-    if Path(arg).exists():
+    if is_path(arg):
         return load_tokenizer(arg)
     kind, _ = parse_spec(arg)
     if kind == "char" and text is not None:
@@ -68,13 +69,13 @@ def tokenize(
     if out is not None:
         _encode_corpus(inputs, out, tokenizer or "char", val_fraction, force, json_out)
         return
-    existing = [p for p in inputs if Path(p).exists()]
+    existing = [p for p in inputs if is_path(p)]
     if existing:
         raise UsageError(
             f"{existing[0]} is a file or directory: add --out DIR to encode it as a corpus "
             "(without --out, the arguments are tokenized as text)"
         )
-    text = " ".join(inputs)
+    text = text_arg(" ".join(inputs))
     tok = resolve_tokenizer(tokenizer or "gpt2", text)
     ids = tok.encode_prompt(text)
     pieces = [tok.token_bytes(i) for i in ids]
@@ -83,7 +84,7 @@ def tokenize(
             {
                 "tokenizer": tok.name,
                 "ids": ids,
-                "pieces": [p.decode("utf-8", errors="replace") for p in pieces],
+                "pieces": [tok.piece(i) for i in ids],
             }
         )
     else:
@@ -96,7 +97,7 @@ def _encode_corpus(
     from gptcli.data import collect_files, tokenize_corpus
 
     tok: str | Tokenizer = tokenizer
-    if Path(tokenizer).exists():
+    if is_path(tokenizer):
         tok = resolve_tokenizer(tokenizer)
     total = sum(f.stat().st_size for f in collect_files(inputs, exclude=out))
     with render.byte_progress("tokenizing", total, show=total > 4 << 20) as update:

@@ -154,9 +154,13 @@ def load_for_resume(out: Path | None, flags: dict[str, Any], config_path: Path |
         if out is None:
             raise UsageError("--resume: no run under ./runs to continue; pass --out RUN_DIR")
         render.info(f"resuming the newest run: {out}")
+    elif out.name in (LAST, "best") and out.parent.is_dir():
+        out = out.parent  # --out RUN/last means the run
     loaded = load_checkpoint(out / LAST if (out / LAST).exists() else out)
     if loaded.path.name not in (LAST, LAST + ".old") or loaded.path.parent != out:
         raise UsageError(f"--resume: {out} has no last/ checkpoint to continue from")
+    if not isinstance(loaded.meta.get("config"), dict):
+        raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")
     config = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")
     merge(config, flags, "the command line").validate()
     loaded.model.train()
