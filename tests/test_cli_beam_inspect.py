@@ -47,13 +47,21 @@ def test_one_beam_equals_greedy_sampling(trained):
 
 
 def test_beam_stops_at_stop_strings_and_eos_tokens(trained):
-    data = json.loads(
-        run("beam", "The", "--ckpt", trained, "-n", "12", "--stop", "x", "--eos", "e", "--json").output
-    )
+    from gptcli.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(trained / "best")
+    data = json.loads(run("beam", "The", "--ckpt", trained, "-n", "12", "--stop", "use", "--json").stdout)
+    ended = [h for h in data["hypotheses"] if h["finished"]]
+    assert ended  # the stop text is likely enough here for some hypotheses to end on it
+    for h in ended:
+        assert tok.decode(h["ids"]).endswith("use") and "use" not in h["text"]  # ended there; text cut before
     for h in data["hypotheses"]:
-        assert "x" not in h["text"]
+        assert h["finished"] or len(h["ids"]) == 12
+    data = json.loads(run("beam", "The", "--ckpt", trained, "-n", "12", "--eos", "e", "--json").stdout)
+    for h in data["hypotheses"]:
+        assert h["finished"] == (h["ids"][-1] == tok.encode("e")[0])
         if h["finished"]:
-            assert h["text"].endswith("e") is False  # the end token itself is not part of the text
+            assert h["text"] == tok.decode(h["ids"][:-1])  # the end token itself is not in the text
 
 
 @pytest.mark.parametrize(
@@ -145,6 +153,7 @@ def test_inspect_attn_html_renders_in_a_headless_browser(trained, tmp_path):
         (["--layer", "mean"], "--layer takes N or all"),
         (["--save", "out.txt"], "use a .json, .png or .html file name"),
         (["--top-k", "0"], "--top-k must be >= 1"),
+        (["--save", "/nonexistent/dir/attn.html"], "the directory /nonexistent/dir does not exist"),
     ],
 )
 def test_inspect_attn_bad_input(trained, args, message):

@@ -176,7 +176,9 @@ def test_help_does_not_import_torch():
         "    app(['--help'])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "for verb in ['tokenize']:\n"
+        "verbs = ['tokenize', 'pretrain', 'finetune', 'sample', 'beam', 'inspect-attn', 'classify']\n"
+        "verbs.append('export')\n"
+        "for verb in verbs:\n"
         "    try:\n"
         "        app([verb, '--help'])\n"
         "    except SystemExit:\n"
@@ -219,3 +221,68 @@ def test_bad_jsonl_names_the_line(tmp_path):
     src.write_text('{"text": "ok"}\n{not json\n', encoding="utf-8")
     assert_usage_error(run("tokenize", src, "--out", tmp_path / "o"), "bad.jsonl:2", "not valid JSON")
     assert not (tmp_path / "o").exists()
+
+
+def test_the_validation_split_starts_at_a_line_or_document_boundary(tmp_path):
+    texts = [f"Story {i} is one long line about a fox, with no newline inside it." for i in range(40)]
+    src = tmp_path / "stories.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    plain = make_corpus(tmp_path / "plain.txt", n_sentences=200)
+    for path, spec in [(src, "gpt2"), (plain, "char")]:
+        out = tmp_path / f"out-{spec}"
+        assert run("tokenize", path, "--out", out, "-t", spec, "--val-fraction", "0.25").exit_code == 0
+        tok = load_tokenizer(out)
+        val = tok.decode(load_split(out, "val").tolist())
+        train = tok.decode(load_split(out, "train").tolist())
+        if spec == "gpt2":
+            assert train.endswith("<|endoftext|>") and val.startswith("Story ")
+        else:
+            assert train.endswith("\n") and val.startswith("The ")
+        assert 0.15 < len(val) / (len(val) + len(train)) < 0.35
+
+
+def test_concurrent_tokenizations_of_the_same_cache_entry(tmp_path):
+    """Two processes filling the same cache entry at once both succeed, with the same files."""
+    corpus = make_corpus(tmp_path / "c.txt", n_sentences=20_000)
+    code = (
+        "import sys; from gptcli.data import cached_corpus; "
+        "d, r = cached_corpus([sys.argv[1]], 'char'); print(d, r.train_tokens)"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).parents[1]),
+        "GPTCLI_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(corpus)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1].decode()[-500:] for o in outs]
+    assert outs[0][0] == outs[1][0]
+    entry = Path(outs[0][0].decode().split()[0])
+    assert sorted(p.name for p in entry.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+
+
+def test_texts_that_look_odd_as_paths_are_still_text():
+    assert run("tokenize", "", "--json").exit_code == 0  # not the current directory
+    long = " ".join(["word"] * 100)  # longer than a file name may be
+    data = json.loads(run("tokenize", long, "--json").output)
+    assert len(data["ids"]) == 100
+    assert "0 tokens" in run("tokenize", "").output
+
+
+def test_bytes_that_are_not_utf8_in_an_argument():
+    # Python hands undecodable argv bytes over as lone surrogates: \xe9 -> \udce9
+    assert_usage_error(run("tokenize", "caf\udce9"), "not valid UTF-8 (byte 0xE9 at character 3)")
+    assert_usage_error(run("tokenize", "caf\udce9", "-t", "char"), "not valid UTF-8")
+
+
+def test_pieces_that_look_like_markup_are_shown_as_they_are(capsys):
+    from gptcli.cli import render
+
+    render.token_table("bpe:9", 9, "a [/] [bold]b", [1, 2, 3], [b"a", b" [/]", b" [bold]b"])
+    out = capsys.readouterr().out
+    assert "·[/]" in out and "·[bold]b" in out

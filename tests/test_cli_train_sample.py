@@ -138,7 +138,10 @@ def test_sample_uses_the_newest_run(trained, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--temp", "-1"], "--temp must be >= 0"),
+        (["--temp", "-1"], "--temp must be a number >= 0"),
+        (["--temp", "nan"], "--temp must be a number >= 0"),
+        (["--seed", "99999999999999999999"], "--seed must be between 0 and"),
+        (["--prompt-file", "/"], "--prompt-file /: Is a directory"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
         (["--top-k", "0"], "--top-k must be >= 1"),
