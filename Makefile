@@ -34,10 +34,14 @@ test: lint
 
 DEMO_RUN ?= runs/demo
 
-# trains once (about two minutes on a laptop CPU); later runs reuse runs/demo
+# trains once (about two minutes on a laptop CPU); a later run finishes an interrupted
+# training with --resume, or samples straight away when it is complete
 demo: $(STAMP)
-	test -f $(DEMO_RUN)/best/checkpoint.json || \
-	  $(BIN)/gptcli pretrain examples/demo --config examples/configs/demo.yaml --out $(DEMO_RUN)
+	if [ -f $(DEMO_RUN)/last/checkpoint.json ]; then \
+	  $(BIN)/gptcli pretrain --resume --out $(DEMO_RUN); \
+	else \
+	  rm -rf $(DEMO_RUN) && $(BIN)/gptcli pretrain examples/demo --config examples/configs/demo.yaml --out $(DEMO_RUN); \
+	fi
 	$(BIN)/gptcli sample --ckpt $(DEMO_RUN) --num-samples 3 --seed 1
 	$(BIN)/gptcli sample --ckpt $(DEMO_RUN) --prompt "The rabbit dug a" --show-probs 5 \
 	  --max-new-tokens 1 --temp 0
