@@ -154,12 +154,13 @@ def complete(
         generator=generator,
         vocab_size=tokenizer.vocab_size,
     ):
+        probs = step.probs if show_probs else None
         for i, token in enumerate(step.tokens.tolist()):
             stream = streams[i]
             if stream.done:
                 continue
-            if show_probs:
-                steps[i].append(top_k_of(step.probs[i], show_probs, token))
+            if probs is not None:
+                steps[i].append(top_k_of(probs[i], show_probs, token))
             delta = stream.push(token)
             if delta and on_text is not None:
                 on_text(i, delta)

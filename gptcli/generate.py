@@ -22,7 +22,12 @@ class Step:
     """One decoding step for a batch of B continuations."""
 
     tokens: torch.Tensor  # (B,) the chosen ids
-    probs: torch.Tensor  # (B, V) the model's next-token distribution (temperature 1)
+    logits: torch.Tensor  # (B, V) the model's next-token logits (fp32, padding at -inf)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """(B, V) the model's next-token distribution (temperature 1)."""
+        return F.softmax(self.logits, dim=-1)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
@@ -130,7 +135,7 @@ def generate(
         if padding is not None:
             logits = logits.masked_fill(padding, float("-inf"))
         tokens = sample_next(logits, temperature, top_k, top_p, generator)
-        yield Step(tokens, F.softmax(logits, dim=-1))
+        yield Step(tokens, logits)
         if i + 1 < max_new_tokens:
             logits = ctx.push(tokens)
 
