@@ -14,7 +14,9 @@ import hashlib
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,7 +38,6 @@ FORMAT = "gptcli-tokens"
 VERSION = 1
 READ_BYTES = 1 << 20  # bytes read per step while streaming a file
 CHUNK_CHARS = 1 << 18  # characters handed to the encoder per chunk
-BATCH_CHUNKS = 16  # chunks encoded together across threads
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -397,20 +398,34 @@ def _split_stream(
                 state = "val"  # the document that held the split point ended
 
 
-def _encode_into(tok: Tokenizer, writer: _ShardWriter, pending: list[tuple[str, str | None]]) -> None:
-    """Encode the pending chunks together (across threads) and write them in order."""
-    texts = [c for _, c in pending if c is not None]
-    if isinstance(tok, CharTokenizer):
-        encoded = iter([tok.encode_array(t) for t in texts])
-    else:
-        encoded = iter(tok.encode_batch(texts))
-    for split, chunk in pending:
-        if chunk is None:
+def _encode_stream(
+    tok: Tokenizer,
+    items: Iterator[tuple[str, str | None]],
+    writer: _ShardWriter,
+    on_written: Callable[[], None] | None = None,
+) -> None:
+    """Encode chunks on all cores (the tokenizers release the GIL) while the next ones are
+    read, and write the ids, and the end-of-text token at each document end, in order."""
+    threads = os.cpu_count() or 1
+    window: deque[tuple[str, Future | None]] = deque()
+
+    def write_oldest() -> None:
+        split, future = window.popleft()
+        if future is None:
             if tok.eot_id is not None:
                 writer.write(split, [tok.eot_id])
         else:
-            writer.write(split, next(encoded))
-    pending.clear()
+            writer.write(split, future.result())
+
+    with ThreadPoolExecutor(threads) as pool:
+        for split, chunk in items:
+            window.append((split, None if chunk is None else pool.submit(tok.encode_array, chunk)))
+            while len(window) > 4 * threads:
+                write_oldest()
+                if on_written is not None:
+                    on_written()
+        while window:
+            write_oldest()
 
 
 def _describe_request(tokenizer: str | Tokenizer) -> tuple[str, str]:
@@ -459,15 +474,9 @@ def _encode(
         done += n
 
     try:
-        pending: list[tuple[str, str | None]] = []
         split_char = scan.chars - int(scan.chars * val_fraction)
-        for item in _split_stream(files, split_char, tok.eot_id is None, on_bytes):
-            pending.append(item)
-            if len(pending) >= BATCH_CHUNKS:
-                _encode_into(tok, writer, pending)
-                if progress is not None:
-                    progress(done, scan.bytes)
-        _encode_into(tok, writer, pending)
+        items = _split_stream(files, split_char, tok.eot_id is None, on_bytes)
+        _encode_stream(tok, items, writer, None if progress is None else lambda: progress(done, scan.bytes))
         writer.finish()
     except BaseException:
         writer.abort()

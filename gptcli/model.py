@@ -88,6 +88,7 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.dropout = config.dropout
         self.layer_idx = layer_idx
+        self.explicit = False  # compute softmax(QK^T/sqrt(d)) @ V step by step (see GPT.set_attention)
 
     def forward(
         self,
@@ -105,7 +106,7 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nh, S, hs)
 
-        if attentions is None:
+        if attentions is None and not self.explicit:
             # fused kernel (flash / memory-efficient where available); mask=None means the
             # plain causal case with T == S, or a single new token that sees everything
             y = F.scaled_dot_product_attention(
@@ -124,11 +125,22 @@ class CausalSelfAttention(nn.Module):
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
             att = att.masked_fill(~mask, float("-inf"))
             att = F.softmax(att, dim=-1)
-            attentions.append(att)
+            if attentions is not None:
+                attentions.append(att)
             y = self.attn_dropout(att) @ v  # (B, nh, T, S) x (B, nh, S, hs) -> (B, nh, T, hs)
 
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's GELU, the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+
+    Under torch.compile it is written as x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)), the
+    same function (tanh(z) = 2 sigmoid(2z) - 1), which compiles to a faster kernel."""
+    if torch.compiler.is_compiling():
+        return x * torch.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
+    return F.gelu(x, approximate="tanh")
 
 
 class MLP(nn.Module):
@@ -137,12 +149,11 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(gelu(self.c_fc(x))))
 
 
 class Block(nn.Module):
@@ -210,6 +221,15 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def set_attention(self, kind: str) -> None:
+        """ "sdpa": F.scaled_dot_product_attention (flash kernels on GPUs, the default), or
+        "explicit": the same maths as separate matmuls and a softmax, which bf16 CPUs run
+        faster than their fused kernel."""
+        if kind not in ("sdpa", "explicit"):
+            raise ValueError(f"attention kind {kind!r}: use sdpa or explicit")
+        for block in self.transformer.h:
+            block.attn.explicit = kind == "explicit"
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; position embeddings excluded by default (token ones are tied)."""

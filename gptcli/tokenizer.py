@@ -57,6 +57,10 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_array(self, text: str) -> np.ndarray:
+        """Like encode, as a numpy array (the fast path for corpora)."""
+        return np.asarray(self.encode(text), dtype=np.int64)
+
     @abstractmethod
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ids; byte sequences that are not valid UTF-8 become U+FFFD."""
@@ -163,6 +167,10 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
         return self.enc.encode_ordinary_batch(list(texts), num_threads=num_threads or os.cpu_count() or 1)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        # special-token strings stay plain text, as in encode; tiktoken releases the GIL here
+        return self.enc.encode_to_numpy(text, disallowed_special=())
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.enc.decode(list(ids), errors="replace")

@@ -215,3 +215,19 @@ def test_block_size_is_enforced():
     model = GPT(ModelConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4))
     with pytest.raises(ValueError, match="block_size"):
         model(torch.zeros(1, 5, dtype=torch.long))
+
+
+def test_compiled_model_computes_the_same_function():
+    """Under torch.compile the GELU is written with a sigmoid (faster kernel): same logits."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(5)  # large activations, where the two GELU forms would differ if they could
+        x = torch.randint(0, 50, (2, 16))
+        eager = model(x)[0]
+        compiled = torch.compile(model)(x)[0]
+    torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-5)
+    model.set_attention("explicit")
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[0], eager, atol=1e-4, rtol=1e-5)
