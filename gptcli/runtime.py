@@ -218,3 +218,57 @@ def measured_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float
         tmp.write_text(json.dumps(known, indent=1))
         os.replace(tmp, path)
     return best
+
+
+# --- many processes: torchrun ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in a torchrun job (rank 0 of 1 when run on its own)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_from_env() -> Dist:
+    """The job layout torchrun puts in the environment (RANK, WORLD_SIZE, LOCAL_RANK)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    return Dist(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init_distributed(device: torch.device) -> Dist:
+    """Join the torchrun process group: NCCL between GPUs, gloo on CPUs. No-op when alone."""
+    dist = dist_from_env()
+    if not dist.enabled:
+        return dist
+    import torch.distributed as td
+
+    if not td.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        td.init_process_group(backend=backend)
+    return dist
+
+
+def rank_device(requested: str, dist: Dist) -> tuple[torch.device, str]:
+    """pick_device, with each process of a torchrun job on its own GPU (cuda:LOCAL_RANK)."""
+    device, why = pick_device(requested)
+    if dist.enabled and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", dist.local_rank)
+        why = f"CUDA: {torch.cuda.get_device_name(device)} (rank {dist.rank} of {dist.world})"
+    elif dist.enabled:
+        why += f" (rank {dist.rank} of {dist.world})"
+    return device, why

@@ -3,12 +3,15 @@
 AdamW (weight decay on matrices only, fused where the device supports it), linear warmup
 then cosine decay to min_lr, gradient accumulation and clipping, bf16/fp16 autocast,
 optional torch.compile, periodic evaluation, checkpoints (last with full training state,
-best by validation loss), metrics.jsonl, and exact resume. It reports through a Reporter
-and never prints.
+best by validation loss), metrics.jsonl, and exact resume. Under torchrun it runs
+distributed data parallel: every process draws the same global batch and trains on its own
+slice of it, gradients are all-reduced on the last micro-step only, and rank 0 alone
+reports and writes. It reports through a Reporter and never prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -24,9 +27,9 @@ import torch.nn as nn
 
 from gptcli.checkpoint import LAST, copy_checkpoint, load_train_state, save_checkpoint, write_text_atomic
 from gptcli.config import Config, TrainConfig
-from gptcli.errors import GptcliError
+from gptcli.errors import GptcliError, UsageError
 from gptcli.model import GPT
-from gptcli.runtime import Precision, peak_flops, pick_device, pick_precision
+from gptcli.runtime import Precision, dist_from_env, init_distributed, peak_flops, pick_precision, rank_device
 from gptcli.tasks import Batch, Task
 from gptcli.tokenizer import Tokenizer
 
@@ -195,6 +198,19 @@ class _StopSignals:
             signal.signal(sig, handler)
 
 
+class _TaskLoss(nn.Module):
+    """The model and the task's loss as one module, so that DistributedDataParallel sees
+    every forward pass (tasks may call more of the model than its forward)."""
+
+    def __init__(self, model: nn.Module, task: Task) -> None:
+        super().__init__()
+        self.model = model
+        self.task = task
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.task.loss(self.model, batch)
+
+
 # --- the loop ------------------------------------------------------------------------------
 
 
@@ -221,6 +237,9 @@ class Trainer:
         self.meta = meta or {}
         self.stop_reason: str | None = None
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
+        self.dist = dist_from_env()
+        if not self.dist.is_main:
+            self.reporter = NullReporter()  # rank 0 alone reports and writes
 
     def request_stop(self, reason: str = "interrupted") -> None:
         """Stop at the next step boundary, after writing a last/ checkpoint."""
@@ -229,16 +248,53 @@ class Trainer:
     # -- set-up
 
     def _setup(self) -> None:
-        cfg = self.cfg
-        self.device, self.device_reason = pick_device(cfg.device)
+        cfg, dist = self.cfg, self.dist
+        if cfg.grad_accum % dist.world:
+            raise UsageError(
+                f"--grad-accum {cfg.grad_accum} must be a multiple of the {dist.world} processes, "
+                "which share the accumulation steps"
+            )
+        self.device, self.device_reason = rank_device(cfg.device, dist)
+        init_distributed(self.device)
         self.precision: Precision = pick_precision(self.device, cfg.dtype)
         self.model.to(self.device)
+        if self.device.type == "cpu" and self.precision.name == "bf16":
+            self.model.set_attention("explicit")  # faster than the CPU's fused kernel in bf16
         self.optimizer = make_optimizer(self.model, cfg, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
+        # the same data stream on every rank (each takes its slice of the global batch), but
+        # its own dropout masks
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
-        torch.manual_seed(cfg.seed)  # dropout masks: independent of what ran before
+        torch.manual_seed(cfg.seed + dist.rank)
         self.state = TrainState()
         self.forward_model: nn.Module = torch.compile(self.model) if cfg.compile else self.model
+        self.train_module: nn.Module = _TaskLoss(self.forward_model, self.task)
+        if dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_module = DistributedDataParallel(self.train_module, device_ids=ids)
+
+    def _all_ranks(self, value: Any) -> list[Any]:
+        """value from every rank, in rank order (a list of one when alone)."""
+        if not self.dist.enabled:
+            return [value]
+        import torch.distributed as td
+
+        out: list[Any] = [None] * self.dist.world
+        td.all_gather_object(out, value)
+        return out
+
+    def _reduce(self, t: torch.Tensor, op: str = "avg") -> torch.Tensor:
+        if self.dist.enabled:
+            import torch.distributed as td
+
+            if op == "avg":
+                td.all_reduce(t, op=td.ReduceOp.SUM)
+                t /= self.dist.world
+            else:
+                td.all_reduce(t, op=td.ReduceOp.MAX)
+        return t
 
     def _restore(self) -> None:
         """Continue exactly where the last/ checkpoint left off."""
@@ -249,20 +305,34 @@ class Trainer:
         if saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         self.data_gen.set_state(saved["data_rng"])
-        torch.set_rng_state(saved["torch_rng"])
+        ranks = saved.get("world", 1)
+        if ranks != self.dist.world:
+            raise UsageError(
+                f"the run was trained by {ranks} process(es); resume it with the same number "
+                f"(now {self.dist.world}) to continue exactly"
+            )
+        torch.set_rng_state(saved["torch_rng"][self.dist.rank])
         if self.device.type == "cuda" and saved.get("cuda_rng"):
-            torch.cuda.set_rng_state_all(saved["cuda_rng"])
+            torch.cuda.set_rng_state(saved["cuda_rng"][self.dist.rank], self.device)
         self.state = TrainState(**saved["state"])
         self.metrics.truncate(self.state.step, keep_eval_at_step=self.state.last_eval_step == self.state.step)
 
     def _train_state(self) -> dict[str, Any]:
+        """Everything resume needs (collective under torchrun: every rank gives its RNG)."""
+        torch_rng = self._all_ranks(torch.get_rng_state())
+        cuda_rng = (
+            self._all_ranks(torch.cuda.get_rng_state(self.device).cpu())
+            if self.device.type == "cuda"
+            else None
+        )
         return {
             "state": asdict(self.state),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "data_rng": self.data_gen.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
+            "world": self.dist.world,
+            "torch_rng": torch_rng,
+            "cuda_rng": cuda_rng,
         }
 
     # -- checkpoints and evaluation
@@ -278,17 +348,13 @@ class Trainer:
             **self.meta,
         }
 
-    def _save_last(self, metrics: dict[str, dict[str, float]] | None) -> Path:
-        path = save_checkpoint(
-            self.run_dir,
-            LAST,
-            self.model,
-            self.tokenizer,
-            self._checkpoint_meta(metrics),
-            self._train_state(),
-        )
-        self.reporter.on_checkpoint(LAST, path, self.state.step)
-        return path
+    def _save_last(self, metrics: dict[str, dict[str, float]] | None) -> None:
+        state = self._train_state()  # on every rank
+        if self.dist.is_main:
+            path = save_checkpoint(
+                self.run_dir, LAST, self.model, self.tokenizer, self._checkpoint_meta(metrics), state
+            )
+            self.reporter.on_checkpoint(LAST, path, self.state.step)
 
     def _eval_batches(self, split: str) -> Iterator[Batch]:
         """eval_iters batches of examples spread evenly over the split (all of it when it is
@@ -320,14 +386,19 @@ class Trainer:
         if improved:
             self.state.best_val_loss = val
         self.state.last_eval_step = self.state.step
-        self.metrics.append(
-            {"kind": "eval", "step": self.state.step, "elapsed": round(elapsed, 3), **_flatten(metrics)}
-        )
+        if self.dist.is_main:
+            record = {
+                "kind": "eval",
+                "step": self.state.step,
+                "elapsed": round(elapsed, 3),
+                **_flatten(metrics),
+            }
+            self.metrics.append(record)
         self.reporter.on_eval(
             EvalReport(self.state.step, metrics, self.state.best_val_loss, improved, elapsed)
         )
         self._save_last(metrics)
-        if improved:
+        if improved and self.dist.is_main:
             path = copy_checkpoint(self.run_dir, LAST, "best")
             self.reporter.on_checkpoint("best", path, self.state.step)
         return metrics
@@ -347,14 +418,21 @@ class Trainer:
             return self._run(resume)
         finally:
             self.reporter.close()
+            if self.dist.enabled:
+                import torch.distributed as td
+
+                if td.is_initialized():
+                    td.destroy_process_group()
 
     def _run(self, resume: bool) -> Summary:
         self._setup()
         if resume:
             self._restore()
-        cfg, task, model = self.cfg, self.task, self.model
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.run_dir / CONFIG_FILE, self.config.to_yaml())
+        cfg, task, model, dist = self.cfg, self.task, self.model, self.dist
+        if dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.run_dir / CONFIG_FILE, self.config.to_yaml())
+        local_accum = cfg.grad_accum // dist.world  # each rank takes micro-steps rank, rank + world, ...
 
         T = getattr(task, "block_size", model.config.block_size)
         fixed_length = getattr(task, "fixed_length", False)
@@ -381,6 +459,12 @@ class Trainer:
                 elapsed = time.perf_counter() - t0
                 self.state.elapsed = elapsed
                 out_of_time = cfg.max_time is not None and elapsed >= cfg.max_time
+                if dist.enabled:  # every rank must stop at the same step
+                    flags = torch.tensor([out_of_time, self.stop_reason is not None], dtype=torch.float32)
+                    flags = self._reduce(flags.to(self.device), "max").cpu()
+                    out_of_time = bool(flags[0])
+                    if flags[1] and self.stop_reason is None:
+                        self.stop_reason = "interrupted"
                 done = self.state.step >= cfg.max_iters or out_of_time
                 if self.stop_reason is not None:
                     self._save_last(None)
@@ -402,12 +486,21 @@ class Trainer:
                 indices = torch.randint(n_train, (cfg.grad_accum, cfg.batch_size), generator=self.data_gen)
                 step_loss = torch.zeros((), device=self.device)
                 step_tokens = 0
-                for micro in range(cfg.grad_accum):
+                mine = range(dist.rank, cfg.grad_accum, dist.world)
+                for i, micro in enumerate(mine):
                     batch = task.batch("train", indices[micro], self.device)
-                    step_tokens += task.tokens(batch)
-                    with self.precision.autocast():
-                        loss = task.loss(self.forward_model, batch) / cfg.grad_accum
-                    self.scaler.scale(loss).backward()
+                    step_tokens += task.tokens(batch) * dist.world
+                    last_micro = i == len(mine) - 1
+                    # gradients are all-reduced once per step, on the last micro-step
+                    sync = (
+                        contextlib.nullcontext()
+                        if last_micro or not dist.enabled
+                        else self.train_module.no_sync()
+                    )
+                    with sync:
+                        with self.precision.autocast():
+                            loss = self.train_module(batch) / local_accum
+                        self.scaler.scale(loss).backward()
                     step_loss += loss.detach()
                 if cfg.grad_clip > 0:
                     self.scaler.unscale_(self.optimizer)
@@ -421,7 +514,7 @@ class Trainer:
 
                 report = StepReport(self.state.step, cfg.max_iters, time.perf_counter() - t0, lr)
                 if self.state.step % cfg.log_interval == 0 or self.state.step == 1:
-                    loss_value = step_loss.item()
+                    loss_value = self._reduce(step_loss).item()
                     if not math.isfinite(loss_value):
                         self._diverged(f"training loss is {loss_value}")
                     now = time.perf_counter()
@@ -430,18 +523,19 @@ class Trainer:
                     if peak:
                         report.mfu = flops_per_token * report.tokens_per_s / peak
                     window_t, window_tokens = now, 0
-                    self.metrics.append(
-                        {
-                            "kind": "train",
-                            "step": self.state.step,
-                            "loss": loss_value,
-                            "lr": lr,
-                            "tokens": self.state.tokens,
-                            "tokens_per_s": round(report.tokens_per_s, 1),
-                            "mfu": None if report.mfu is None else round(report.mfu, 4),
-                            "elapsed": round(report.elapsed, 3),
-                        }
-                    )
+                    if dist.is_main:
+                        self.metrics.append(
+                            {
+                                "kind": "train",
+                                "step": self.state.step,
+                                "loss": loss_value,
+                                "lr": lr,
+                                "tokens": self.state.tokens,
+                                "tokens_per_s": round(report.tokens_per_s, 1),
+                                "mfu": None if report.mfu is None else round(report.mfu, 4),
+                                "elapsed": round(report.elapsed, 3),
+                            }
+                        )
                 self.reporter.on_step(report)
 
         elapsed = time.perf_counter() - t0

@@ -14,11 +14,13 @@ from gptcli.cli.training import (
     RUN,
     Config,
     Resume,
+    broadcast_from_main,
     load_for_resume,
     new_run_dir,
     opt,
     prepare_text,
     run_trainer,
+    shared_setup,
     train_flags,
     training_options,
 )
@@ -192,8 +194,13 @@ def _fresh(ckpt: str, settings: dict, config_path: Path | None, out: Path | None
             f"--block-size {config.model.block_size} is larger than the checkpoint's {base_block}; "
             "its position embeddings stop there"
         )
-    run_dir = new_run_dir(out, f"{Path(settings['data'][0]).stem}-{settings['task']}")
-    task, extra = _build_task(settings, loaded.tokenizer, config, seed=config.train.seed)
+
+    def prepare() -> tuple[Path, Any, dict]:
+        run_dir = new_run_dir(out, f"{Path(settings['data'][0]).stem}-{settings['task']}")
+        return (run_dir, *_build_task(settings, loaded.tokenizer, config, seed=config.train.seed))
+
+    run_dir, task, extra = shared_setup(config.train.device, prepare)
+    run_dir = broadcast_from_main(run_dir)  # the same run dir for every process of a torchrun job
     seed_everything(config.train.seed)
     model = GPT(config.model)
     state = {k: v for k, v in loaded.model.state_dict().items() if not k.startswith("classifier.")}
@@ -215,8 +222,11 @@ def _resume(out: Path | None, flags: dict, config_path: Path | None) -> Trainer:
     if missing:
         raise UsageError(f"{loaded.path}/checkpoint.json lacks {', '.join(missing)}; it cannot be resumed")
     settings = {k: meta[k] for k in keys}
-    task, extra = _build_task(
-        settings, loaded.tokenizer, config, seed=config.train.seed, labels=meta.get("labels")
+    task, extra = shared_setup(
+        config.train.device,
+        lambda: _build_task(
+            settings, loaded.tokenizer, config, seed=config.train.seed, labels=meta.get("labels")
+        ),
     )
     return _trainer(loaded.model, loaded.tokenizer, task, config, loaded.path.parent, {**settings, **extra})
 

@@ -12,11 +12,13 @@ from gptcli.cli.training import (
     RUN,
     Config,
     Resume,
+    broadcast_from_main,
     load_for_resume,
     new_run_dir,
     opt,
     prepare_text,
     run_trainer,
+    shared_setup,
     train_flags,
     training_options,
 )
@@ -110,10 +112,16 @@ def _fresh(corpus: list[Path], config_path: Path | None, out: Path | None, flags
     explicit_tokenizer = "tokenizer" in flags.get("data", {}) or (
         config_path is not None and "tokenizer" in (read_yaml(config_path).get("data") or {})
     )
-    run_dir = new_run_dir(out, corpus[0].resolve().stem)
-    data_dir, report = prepare_text(
-        corpus, config.data.tokenizer, config.data.val_fraction, explicit_tokenizer
-    )
+
+    def prepare() -> tuple[Path, Path, Any]:
+        run_dir = new_run_dir(out, corpus[0].resolve().stem)
+        data_dir, report = prepare_text(
+            corpus, config.data.tokenizer, config.data.val_fraction, explicit_tokenizer
+        )
+        return run_dir, data_dir, report
+
+    run_dir, data_dir, report = shared_setup(config.train.device, prepare)
+    run_dir = broadcast_from_main(run_dir)  # the same run dir for every process of a torchrun job
     config.data.tokenizer = report.tokenizer
     tok, task = _load_task(data_dir, config)
     seed_everything(config.train.seed)
@@ -130,8 +138,9 @@ def _resume(out: Path | None, corpus: list[Path] | None, config_path: Path | Non
         )
     data_dir = Path(loaded.meta["data_dir"])
     if corpus:
-        data_dir, _ = prepare_text(
-            corpus, config.data.tokenizer, config.data.val_fraction, explicit_tokenizer=True
+        tokenizer, fraction = config.data.tokenizer, config.data.val_fraction
+        data_dir, _ = shared_setup(
+            config.train.device, lambda: prepare_text(corpus, tokenizer, fraction, explicit_tokenizer=True)
         )
     elif not data_dir.exists():
         raise UsageError(

@@ -8,6 +8,7 @@ Outside a terminal, output is plain text without colours or live widgets.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,7 +19,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 from rich.table import Table
 from rich.text import Text
 
-out = Console(highlight=False)
+# under torchrun only rank 0 talks (errors excepted); every process runs this same CLI
+_QUIET = os.environ.get("RANK", "0") != "0"
+out = Console(highlight=False, quiet=_QUIET)
 err = Console(stderr=True, highlight=False)
 
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
@@ -33,11 +36,13 @@ def error(message: str) -> None:
 
 
 def warning(message: str) -> None:
-    err.print(Text.assemble(("warning: ", "bold yellow"), message), soft_wrap=True)
+    if not _QUIET:
+        err.print(Text.assemble(("warning: ", "bold yellow"), message), soft_wrap=True)
 
 
 def info(message: str) -> None:
-    err.print(Text(message, style="dim"), soft_wrap=True)
+    if not _QUIET:
+        err.print(Text(message, style="dim"), soft_wrap=True)
 
 
 def note(message: str) -> None:
@@ -284,7 +289,8 @@ class TrainLog:
         self.title = title
 
     def _line(self, text: str) -> None:
-        print(text, flush=True)
+        out.print(text, markup=False, highlight=False, soft_wrap=True)
+        out.file.flush()
 
     def on_start(self, info: Any) -> None:
         self._line(f"{self.title} {info.run_dir}")

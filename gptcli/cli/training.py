@@ -94,7 +94,8 @@ def new_run_dir(out: Path | None, stem: str) -> Path:
 def run_trainer(trainer: Trainer, resume: bool, verb: str) -> None:
     """Train with the live view, print the summary and loss.png; exit 130 with a resume hint
     if interrupted."""
-    trainer.reporter = render.train_reporter(f"gptcli {verb} →")
+    if trainer.dist.is_main:
+        trainer.reporter = render.train_reporter(f"gptcli {verb} →")
     summary = trainer.run(resume=resume)
     png = trainer.run_dir / "loss.png"
     saved = figures.save_loss_png(trainer.run_dir / "metrics.jsonl", png)
@@ -165,3 +166,47 @@ def load_for_resume(out: Path | None, flags: dict[str, Any], config_path: Path |
     merge(config, flags, "the command line").validate()
     loaded.model.train()
     return loaded, config
+
+
+def shared_setup(device_request: str, prepare: Any) -> Any:
+    """Run prepare() once per job under torchrun and give every process its result.
+
+    Each node's first process runs it (so a cache it fills is local to the node), the
+    others wait; then every process runs it again, cheaply, to learn the result (a cache
+    hit); the run directory is then taken from rank 0. Alone, it just runs prepare()."""
+    from gptcli.runtime import dist_from_env, init_distributed, rank_device
+
+    dist = dist_from_env()
+    if not dist.enabled:
+        return prepare()
+    import torch.distributed as td
+
+    device, _ = rank_device(device_request, dist)
+    init_distributed(device)
+    failure: list[Any] = [None]
+    result = None
+    if dist.local_rank == 0:
+        try:
+            result = prepare()
+        except UsageError as e:
+            failure = [str(e)]
+    td.all_gather_object(failures := [None] * dist.world, failure[0])
+    problems = [f for f in failures if f]
+    if problems:
+        raise UsageError(problems[0])
+    if dist.local_rank != 0:
+        result = prepare()
+    return result
+
+
+def broadcast_from_main(value: Any) -> Any:
+    """rank 0's value on every process (value itself when alone)."""
+    from gptcli.runtime import dist_from_env
+
+    if not dist_from_env().enabled:
+        return value
+    import torch.distributed as td
+
+    box = [value]
+    td.broadcast_object_list(box, src=0)
+    return box[0]
