@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,70 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)  # published files are never modified, so sharing them is safe
     except OSError:
         shutil.copy2(src, dst)
+
+
+# --- one training per run directory -------------------------------------------------------
+
+
+LOCK_FILE = ".lock"
+
+
+class RunLock:
+    """run_dir/.lock names the process training into run_dir; a second one is refused, and
+    a lock left behind by a process that has died is taken over."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self.held = False
+
+    def _holder(self) -> dict[str, Any] | None:
+        try:
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+            return holder if isinstance(holder, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _alive(holder: dict[str, Any]) -> bool:
+        if holder.get("host") != socket.gethostname():
+            return True  # another machine's process: we cannot tell, so we assume it runs
+        try:
+            os.kill(int(holder.get("pid", -1)), 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, ValueError, OverflowError):
+            return True
+        return True
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and self._alive(holder):
+                    raise UsageError(
+                        f"{self.path.parent} is being trained by process {holder.get('pid')} on "
+                        f"{holder.get('host')} (since {holder.get('started')}); wait for it or stop it "
+                        f"(if it is gone, delete {self.path})"
+                    ) from None
+                self.path.unlink(missing_ok=True)  # a stale lock: its process has died
+                continue
+            started = time.strftime("%Y-%m-%d %H:%M:%S")
+            me = {"pid": os.getpid(), "host": socket.gethostname(), "started": started}
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(me, f)
+            self.held = True
+            return self
+        raise UsageError(f"could not lock {self.path.parent}; another process keeps taking it")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.held:
+            holder = self._holder()
+            if holder is not None and holder.get("pid") == os.getpid():
+                self.path.unlink(missing_ok=True)
+            self.held = False
 
 
 # --- saving --------------------------------------------------------------------------------

@@ -25,7 +25,14 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
-from gptcli.checkpoint import LAST, copy_checkpoint, load_train_state, save_checkpoint, write_text_atomic
+from gptcli.checkpoint import (
+    LAST,
+    RunLock,
+    copy_checkpoint,
+    load_train_state,
+    save_checkpoint,
+    write_text_atomic,
+)
 from gptcli.config import Config, TrainConfig
 from gptcli.errors import GptcliError, UsageError
 from gptcli.model import GPT
@@ -349,6 +356,9 @@ class Trainer:
         }
 
     def _save_last(self, metrics: dict[str, dict[str, float]] | None) -> None:
+        bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:  # never overwrite the last good checkpoint with a broken model
+            self._diverged(f"{bad[0]} holds NaN or inf")
         state = self._train_state()  # on every rank
         if self.dist.is_main:
             path = save_checkpoint(
@@ -414,8 +424,10 @@ class Trainer:
     # -- the loop
 
     def run(self, resume: bool = False) -> Summary:
+        lock = RunLock(self.run_dir) if self.dist.is_main else contextlib.nullcontext()
         try:
-            return self._run(resume)
+            with lock:
+                return self._run(resume)
         finally:
             self.reporter.close()
             if self.dist.enabled:
