@@ -72,13 +72,48 @@ class _Boundary(TyperGroup):
         except Exception as e:
             if _debug:
                 raise
-            render.error(f"{type(e).__name__}: {e} (run with --debug for the traceback)")
-            code = 1
+            oom = _out_of_memory(e, args)
+            if oom:
+                render.error(oom)
+                code = 2
+            else:
+                render.error(f"{type(e).__name__}: {e} (run with --debug for the traceback)")
+                code = 1
         else:
             code = rv if isinstance(rv, int) else 0
         if not standalone_mode:
             return code
         sys.exit(code)
+
+
+# the knobs that lower memory use, per verb
+_SMALLER_BATCH = "lower --batch-size (raise --grad-accum to keep the same batch) or --block-size"
+_MEMORY_KNOBS = {
+    "pretrain": f"{_SMALLER_BATCH}, or train a smaller model",
+    "finetune": _SMALLER_BATCH,
+    "sample": "lower --num-samples or --max-new-tokens, or use --dtype bf16",
+    "beam": "lower --beams or --max-new-tokens, or use --dtype bf16",
+    "inspect-attn": "use a shorter prompt or --dtype bf16",
+    "classify": "classify fewer texts at a time, or use --dtype bf16",
+}
+
+
+def _out_of_memory(e: BaseException, args: Any) -> str | None:
+    """A one-line message for running out of memory (on a GPU or the CPU), else None."""
+    torch = sys.modules.get("torch")
+    oom_type = getattr(torch, "OutOfMemoryError", ()) if torch is not None else ()
+    text = str(e)
+    if not (
+        isinstance(e, MemoryError)
+        or (oom_type and isinstance(e, oom_type))
+        or "out of memory" in text.lower()
+        or "can't allocate memory" in text
+    ):
+        return None
+    argv = list(args) if args is not None else sys.argv[1:]
+    verb = next((a for a in argv if a in _MEMORY_KNOBS), "")
+    where = "the GPU" if "CUDA" in text or "cuda" in text else "this machine"
+    return f"out of memory on {where}: {_MEMORY_KNOBS.get(verb, 'use a smaller model or batch')}"
 
 
 app = typer.Typer(

@@ -331,8 +331,9 @@ def train_reporter(title: str) -> TrainView | TrainLog:
 
 def train_summary(summary: Any, loss_png: str | None) -> None:
     """The table printed when training ends (a gptcli.train.Summary)."""
+    stopped = summary.stop_reason in ("interrupted", "terminated")
     table = Table(
-        title="training finished" if summary.stop_reason != "interrupted" else "training stopped",
+        title="training stopped" if stopped else "training finished",
         title_justify="left",
         show_header=False,
         show_edge=False,

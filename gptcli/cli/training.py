@@ -131,7 +131,7 @@ def prepare_text(
     with render.byte_progress("tokenizing", total, show=total > 4 << 20) as update:
         data_dir, report = cached_corpus(corpus, tokenizer, val_fraction, update)
     verb = "reusing the cached tokens of" if report.reused else "tokenized"
-    render.info(
+    render.note(
         f"{verb} {len(report.files)} file(s): {report.tokens:,} {report.tokenizer} tokens ({data_dir})"
     )
     return data_dir, report
