@@ -6,7 +6,7 @@ row reaches about half the machine's memory bandwidth; a product written as an e
 multiply and a reduction, compiled by TorchInductor, streams the weights at close to full
 bandwidth (bench/RESULTS.md). It is used for the Linear layers of a bf16 model on the CPU
 when one or two rows go through them (decoding); prefill, training and anything else keep
-the stock kernel. Without a working compiler it quietly falls back.
+the stock kernel. Without a working compiler everything quietly falls back to eager.
 """
 
 from __future__ import annotations
@@ -49,12 +49,33 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def use_fast_decode(model: nn.Module) -> bool:
-    """Route the model's Linear layers through the decoding kernel (bf16 on the CPU only).
-    Returns whether it applies."""
+    """Route the model's Linear layers through the decoding kernel, and compile each MLP
+    whole (its two products and the GELU in one call, rather than many small ones): bf16
+    on the CPU only. Returns whether it applies."""
+    from gptcli.model import MLP
+
     p = next(model.parameters())
     if p.dtype != torch.bfloat16 or p.device.type != "cpu":
         return False
     for module in model.modules():
         if isinstance(module, nn.Linear):
             module.forward = types.MethodType(_forward, module)
+    for module in model.modules():
+        if isinstance(module, MLP) and _state["ok"]:
+            module.forward = _compiled_or_plain(module.forward)
     return True
+
+
+def _compiled_or_plain(fn: Any) -> Any:
+    """fn compiled for any number of rows, falling back to fn itself if compiling fails."""
+    compiled = torch.compile(fn, dynamic=True)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _state["ok"]:
+            try:
+                return compiled(*args, **kwargs)
+            except Exception:
+                _state["ok"] = False
+        return fn(*args, **kwargs)
+
+    return call
