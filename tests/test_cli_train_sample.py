@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -37,10 +38,12 @@ def test_pretrain_writes_a_run_and_reports(tmp_path):
     meta = json.loads((run_dir / "last" / "checkpoint.json").read_text())
     assert meta["config"]["model"]["n_layer"] == 1 and meta["tokenizer"] == "char"
 
-    # the same corpus again: the cached tokens are reused
+    # the same corpus again: the cached tokens are reused, not written again
+    cache = Path(os.environ["GPTCLI_CACHE_DIR"]) / "tokens"
+    entries = {p: p.stat().st_mtime_ns for p in cache.glob("*/train.bin")}
     again = run("pretrain", corpus, "--out", tmp_path / "run2", *TINY, "--max-iters", "1")
     assert again.exit_code == 0, again.output
-    assert "reusing the cached tokens" in again.output
+    assert {p: p.stat().st_mtime_ns for p in cache.glob("*/train.bin")} == entries
 
     # --resume with a larger budget continues from step 30
     more = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "40")

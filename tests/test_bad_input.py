@@ -1,0 +1,169 @@
+"""Hostile and careless input, verb by verb: one line on stderr, exit 2, no traceback, and
+nothing that was on disk is changed or added."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gptcli.cli.app import app
+from tests.conftest import make_corpus
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory, trained) -> Path:
+    """A workspace of inputs, good and bad, built once."""
+    w = tmp_path_factory.mktemp("ws")
+    make_corpus(w / "corpus.txt")
+    (w / "empty.txt").write_text("")
+    (w / "tiny.txt").write_text("The fox.\n" * 3)
+    (w / "blob.bin").write_bytes(b"text\x00\x01\x02binary")
+    (w / "latin1.txt").write_bytes("naïve text".encode("latin-1"))
+    assert (
+        runner.invoke(app, ["tokenize", str(w / "corpus.txt"), "--out", str(w / "tok-char")]).exit_code == 0
+    )
+    (w / "unknown-key.yaml").write_text("model:\n  n_layers: 4\n")
+    (w / "wrong-type.yaml").write_text("train:\n  batch_size: twelve\n")
+    (w / "heads.yaml").write_text("model:\n  n_embd: 100\n  n_head: 6\n")
+    (w / "notes.txt").write_text("not a checkpoint")
+    (w / "emptydir").mkdir()
+
+    def variant(name: str, change: Callable[[Path], None]) -> None:
+        shutil.copytree(trained, w / name)
+        change(w / name / "best")
+
+    def truncate(d: Path) -> None:
+        f = d / "model.safetensors"
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+    def garbage_header(d: Path) -> None:
+        f = d / "model.safetensors"
+        f.write_bytes(b"\xff" * 8 + f.read_bytes()[8:])
+
+    def edit_meta(**changes) -> Callable[[Path], None]:
+        def change(d: Path) -> None:
+            meta = json.loads((d / "checkpoint.json").read_text())
+            for key, value in changes.items():
+                if key.startswith("model."):
+                    meta["model"][key[6:]] = value
+                else:
+                    meta[key] = value
+            (d / "checkpoint.json").write_text(json.dumps(meta))
+
+        return change
+
+    def bigger_vocab(d: Path) -> None:
+        tok = json.loads((d / "tokenizer.json").read_text())
+        tok["chars"] += [chr(0x4E00 + i) for i in range(40)]
+        (d / "tokenizer.json").write_text(json.dumps(tok))
+
+    variant("ckpt-truncated", truncate)
+    variant("ckpt-header", garbage_header)
+    variant("ckpt-shape", edit_meta(**{"model.n_embd": 64}))
+    variant("ckpt-newer", edit_meta(version=99))
+    variant("ckpt-vocab", bigger_vocab)
+    return w
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+CASES = [
+    # (id, arguments, what the one line must say)
+    ("corpus missing", ["pretrain", "missing.txt"], "missing.txt: no such file"),
+    ("corpus empty", ["pretrain", "empty.txt"], "the corpus is empty"),
+    ("corpus binary", ["pretrain", "blob.bin"], "NUL byte (binary data) at byte offset 4"),
+    ("corpus not UTF-8", ["tokenize", "latin1.txt", "--out", "o"], "invalid UTF-8 at byte offset 2"),
+    ("corpus too short", ["pretrain", "tiny.txt", "--block-size", "64"], "fewer than block_size + 1 = 65"),
+    ("tokenizer differs", ["pretrain", "tok-char", "-t", "gpt2"], "tokenized with char, not gpt2"),
+    ("yaml unknown key", ["pretrain", "corpus.txt", "-c", "unknown-key.yaml"], "did you mean 'n_layer'"),
+    ("yaml wrong type", ["pretrain", "corpus.txt", "-c", "wrong-type.yaml"], "train.batch_size must be an integer"),
+    ("yaml n_embd/n_head", ["pretrain", "corpus.txt", "-c", "heads.yaml"], "must be divisible by model.n_head (6)"),
+    ("negative lr", ["pretrain", "corpus.txt", "--lr", "-0.1"], "train.lr must be > 0"),
+    ("block larger than ckpt", ["finetune", "--ckpt", "{trained}", "corpus.txt", "--block-size", "32"],
+     "larger than the checkpoint's 16"),
+    ("prompt outside vocab", ["sample", "--ckpt", "{trained}", "-p", "Zebra ~ 東"], "'Z' '~' '東'"),
+    ("top-p zero", ["sample", "--ckpt", "{trained}", "--top-p", "0"], "--top-p must be in (0, 1]"),
+    ("top-p above one", ["sample", "--ckpt", "{trained}", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    ("temp negative", ["sample", "--ckpt", "{trained}", "--temp", "-0.5"], "--temp must be a number >= 0"),
+    ("beams zero", ["beam", "The", "--ckpt", "{trained}", "--beams", "0"], "--beams must be >= 1"),
+    ("ckpt missing", ["sample", "--ckpt", "nowhere"], "--ckpt nowhere: no such file or directory"),
+    ("ckpt not a run", ["sample", "--ckpt", "emptydir"], "is not a gptcli run or checkpoint"),
+    ("ckpt is a file", ["beam", "x", "--ckpt", "notes.txt"], "is not a gptcli run or checkpoint"),
+    ("ckpt truncated", ["sample", "--ckpt", "ckpt-truncated"], "model.safetensors is corrupted"),
+    ("ckpt bad header", ["inspect-attn", "The", "--ckpt", "ckpt-header"], "model.safetensors is corrupted"),
+    ("ckpt shape mismatch", ["sample", "--ckpt", "ckpt-shape"], "the weights do not match checkpoint.json"),
+    ("ckpt vocab mismatch", ["sample", "--ckpt", "ckpt-vocab"], "do not belong together"),
+    ("ckpt newer format", ["sample", "--ckpt", "ckpt-newer"], "written by a newer gptcli"),
+    ("unknown tokenizer", ["tokenize", "corpus.txt", "--out", "o", "-t", "sentencepiece"], "unknown tokenizer"),
+    ("export target", ["export", "{trained}", "out", "--to", "onnx"], "the only export format is hf"),
+    ("classify an LM", ["classify", "--ckpt", "{trained}", "some text"], "is not a classifier"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(ws, trained, monkeypatch, args, message):
+    monkeypatch.chdir(ws)
+    before = snapshot(ws)
+    result = runner.invoke(app, [a.format(trained=trained) for a in args])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    assert snapshot(ws) == before  # nothing changed, nothing added
+
+
+def test_a_prompt_longer_than_the_context_is_cut_with_a_warning(ws, trained, monkeypatch):
+    monkeypatch.chdir(ws)
+    result = runner.invoke(
+        app, ["sample", "--ckpt", str(trained), "-p", "The fox dug a den. " * 4, "-n", "2"]
+    )
+    assert result.exit_code == 0
+    assert (
+        "warning: the prompt is 76 tokens, more than the model's block_size 16; kept its last 16"
+        in result.output
+    )
+
+
+def test_running_out_of_memory_names_the_knob(ws, trained, monkeypatch):
+    import torch
+
+    from gptcli.train import Trainer
+
+    def oom(self, resume=False):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(Trainer, "run", oom)
+    monkeypatch.chdir(ws)
+    result = runner.invoke(app, ["pretrain", "corpus.txt", "--out", "oom-run"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: out of memory on the GPU: lower --batch-size (raise --grad-accum to keep the same batch) "
+        "or --block-size, or train a smaller model"
+    )
+
+
+def test_debug_shows_the_traceback(ws, monkeypatch):
+    import gptcli.cli.app as cli_app
+
+    monkeypatch.setattr(cli_app, "_debug", False)
+    monkeypatch.chdir(ws)
+    result = runner.invoke(app, ["--debug", "sample", "--ckpt", "nowhere"])
+    assert result.exit_code != 0
+    from gptcli.errors import UsageError
+
+    assert isinstance(result.exception, UsageError)  # raised through, for the traceback
