@@ -1,0 +1,598 @@
+"""gptcli against its peers, side by side in one run: a table of our figure, the peer's, and
+the ratio, appended with the machine's details to bench/RESULTS.md.
+
+    python bench/run.py                       # every case (about 15 minutes on 2 cores)
+    python bench/run.py --quick               # shorter runs, no equal-time training case
+    python bench/run.py --only decode,beam    # some cases
+    python bench/run.py --nanogpt ~/src/nanoGPT --corpus tinyshakespeare.txt
+
+The in-repo peer is Hugging Face transformers (a dev dependency). nanoGPT is not part of
+this project: give --nanogpt DIR (a checkout of it) to also run its model and loop for the
+training cases; its code is imported from there, never copied here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib.util
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gptcli.config import ModelConfig, load_config  # noqa: E402
+from gptcli.generate import beam_search, generate  # noqa: E402
+from gptcli.hf import hf_to_gptcli_state_dict  # noqa: E402
+from gptcli.kernels import use_fast_decode  # noqa: E402
+from gptcli.model import GPT  # noqa: E402
+from gptcli.runtime import cpu_name, measured_peak_flops  # noqa: E402
+
+
+@dataclass
+class Result:
+    case: str
+    ours: float
+    peer: float | None
+    unit: str
+    peer_name: str
+    target: str
+    passed: bool | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        return None if not self.peer else self.ours / self.peer
+
+
+def quiet_transformers():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def median_of(fn, repeats: int) -> float:
+    return statistics.median(fn() for _ in range(repeats))
+
+
+def memory_bandwidth() -> float:
+    """Bytes/s read by the best of several sums over a 1 GiB tensor (all threads)."""
+    x = torch.ones(1 << 28, dtype=torch.float32)
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t0))
+    return best
+
+
+def gpt2_pair(seed: int = 0):
+    """A random GPT-2 124M in Hugging Face and the same weights in gptcli (fp32)."""
+    transformers = quiet_transformers()
+    torch.manual_seed(seed)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+    ours = GPT(ModelConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768))
+    ours.load_state_dict(hf_to_gptcli_state_dict(hf.state_dict()), strict=False)
+    return hf, ours.eval()
+
+
+def to_bf16(model: GPT) -> GPT:
+    copy = GPT(model.config)
+    copy.load_state_dict(model.state_dict())
+    copy.eval().to(torch.bfloat16)
+    use_fast_decode(copy)
+    return copy
+
+
+# --- training speed -------------------------------------------------------------------------
+
+
+def train_tokens_per_s(step, batch_tokens: int, steps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps * batch_tokens / (time.perf_counter() - t0)
+
+
+class _Rates:
+    """A Reporter that keeps the tokens/s of every step after the first few."""
+
+    def __init__(self, skip: int) -> None:
+        self.skip, self.rates = skip, []
+
+    def on_step(self, r) -> None:
+        if r.step > self.skip and r.tokens_per_s:
+            self.rates.append(r.tokens_per_s)
+
+    def __getattr__(self, name):  # on_start, on_eval, on_checkpoint, on_end, close
+        return lambda *a, **k: None
+
+
+def ours_trainer_run(
+    cfg: ModelConfig, batch: int, steps: int, compile_: bool, work: Path
+) -> tuple[float, GPT]:
+    """Tokens/s of gptcli's own training loop (the Trainer: data sampling, autocast,
+    clipping, fused AdamW), on random tokens."""
+    from gptcli.config import flag_overrides
+    from gptcli.tasks import LMTask
+    from gptcli.tokenizer import CharTokenizer
+    from gptcli.train import Trainer
+
+    warm = 3
+    config = load_config(
+        None,
+        flag_overrides(
+            n_layer=cfg.n_layer,
+            n_head=cfg.n_head,
+            n_embd=cfg.n_embd,
+            block_size=cfg.block_size,
+            bias=cfg.bias,
+            batch_size=batch,
+            max_iters=warm + steps,
+            eval_interval=10_000,
+            eval_iters=1,
+            log_interval=1,
+            device="cpu",
+            dtype="auto",
+            compile=compile_,
+            warmup_iters=0,
+        ),
+    )
+    config.model.vocab_size = cfg.vocab_size
+    data = np.random.default_rng(0).integers(0, cfg.vocab_size, 200_000).astype(np.uint16)
+    tok = CharTokenizer([chr(ord("!") + i) for i in range(cfg.vocab_size)])
+    torch.manual_seed(0)
+    model = GPT(config.model)
+    rates = _Rates(skip=warm)
+    run_dir = Path(tempfile.mkdtemp(dir=work))
+    Trainer(model, tok, LMTask(data, data[:10_000], cfg.block_size), config, run_dir, rates).run()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return statistics.median(rates.rates), model
+
+
+def nanogpt_module(path: Path):
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def nanogpt_train_step(nanogpt: Path, cfg: ModelConfig, batch: int):
+    """nanoGPT's model and loop on the CPU (fp32, as its train.py runs there)."""
+    mod = nanogpt_module(nanogpt)
+    torch.manual_seed(0)
+    with contextlib.redirect_stdout(open(os.devnull, "w")):
+        model = mod.GPT(
+            mod.GPTConfig(
+                block_size=cfg.block_size,
+                vocab_size=cfg.vocab_size,
+                n_layer=cfg.n_layer,
+                n_head=cfg.n_head,
+                n_embd=cfg.n_embd,
+                dropout=0.0,
+                bias=False,
+            )
+        )
+        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size))
+    y = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size))
+
+    def step() -> None:
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def hf_train_step(cfg: ModelConfig, batch: int):
+    transformers = quiet_transformers()
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=cfg.vocab_size,
+            n_positions=cfg.block_size,
+            n_layer=cfg.n_layer,
+            n_head=cfg.n_head,
+            n_embd=cfg.n_embd,
+            resid_pdrop=0,
+            embd_pdrop=0,
+            attn_pdrop=0,
+        )
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size))
+
+    def step() -> None:
+        loss = model(x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def case_train_speed(args) -> list[Result]:
+    cfg = ModelConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, bias=False)
+    batch, steps = 16, (4 if args.quick else 10)
+    tokens = batch * cfg.block_size
+    peers = {"HF GPT2LMHeadModel (fp32)": hf_train_step(cfg, batch)}
+    if args.nanogpt:
+        peers = {"nanoGPT (fp32)": nanogpt_train_step(args.nanogpt, cfg, batch), **peers}
+    work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
+    # alternate the runs so that load on this shared machine hits all of them alike
+    ours_runs: list[float] = []
+    peer_runs: dict[str, list[float]] = {k: [] for k in peers}
+    for _ in range(args.repeats):
+        rate, model = ours_trainer_run(cfg, batch, steps, compile_=True, work=work)
+        ours_runs.append(rate)
+        for k, s in peers.items():
+            peer_runs[k].append(train_tokens_per_s(s, tokens, steps))
+    shutil.rmtree(work, ignore_errors=True)
+    ours = statistics.median(ours_runs)
+    peak = measured_peak_flops(torch.device("cpu"), torch.bfloat16)
+    mfu = model.flops_per_token(cfg.block_size) * ours / peak
+    out = []
+    for i, (k, runs) in enumerate(peer_runs.items()):
+        peer = statistics.median(runs)
+        main = i == 0 and k.startswith("nanoGPT")
+        notes = [
+            "gptcli's Trainer with --compile and dtype auto (bf16 autocast), bias off as in nanoGPT; "
+            f"MFU {100 * mfu:.1f}% of the measured bf16 matmul peak ({peak / 1e9:.0f} GFLOP/s)"
+        ]
+        out.append(
+            Result(
+                "train 6L/6H/384, block 256, batch 16, char",
+                ours,
+                peer,
+                "tokens/s",
+                k,
+                ">= 2.0x nanoGPT, MFU >= 60%" if main else "(reference)",
+                (ours / peer >= 2.0 and mfu >= 0.6) if main else None,
+                notes if i == 0 else [],
+            )
+        )
+    return out
+
+
+# --- val loss at equal wall time ------------------------------------------------------------
+
+
+def case_equal_time(args) -> list[Result]:
+    """nanoGPT's CPU shakespeare_char run, then gptcli's with the same config given the
+    same wall time; both scored on the whole val split of the same text."""
+    if not args.nanogpt or not args.corpus:
+        return [
+            Result(
+                "val loss at equal wall time",
+                float("nan"),
+                None,
+                "",
+                "nanoGPT",
+                "lower",
+                None,
+                ["skipped: needs --nanogpt DIR and --corpus tinyshakespeare.txt"],
+            )
+        ]
+    from bench.val_loss import full_val_loss, nanogpt_model
+    from gptcli.checkpoint import load_checkpoint
+    from gptcli.data import load_split, tokenize_corpus
+
+    work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
+    data = args.nanogpt / "data" / "shakespeare_char"
+    shutil.copy(args.corpus, data / "input.txt")
+    subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+    cmd = [
+        sys.executable,
+        "train.py",
+        "config/train_shakespeare_char.py",
+        "--device=cpu",
+        "--compile=False",
+        "--eval_iters=20",
+        "--log_interval=1",
+        "--block_size=64",
+        "--batch_size=12",
+        "--n_layer=4",
+        "--n_head=4",
+        "--n_embd=128",
+        "--max_iters=2000",
+        "--lr_decay_iters=2000",
+        "--dropout=0.0",
+        f"--out_dir={work / 'nanogpt'}",
+    ]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=args.nanogpt, check=True, capture_output=True)
+    wall = time.perf_counter() - t0
+    tok_dir = work / "tokens"
+    tokenize_corpus([args.corpus], tok_dir, "char")
+    val = load_split(tok_dir, "val")
+    theirs = full_val_loss(nanogpt_model(work / "nanogpt" / "ckpt.pt"), val)
+    run = work / "ours"
+    cmd = [
+        sys.executable,
+        "-m",
+        "gptcli",
+        "pretrain",
+        str(tok_dir),
+        "-c",
+        str(ROOT / "examples" / "configs" / "shakespeare-char-cpu.yaml"),
+        "--out",
+        str(run),
+        "--max-time",
+        f"{wall:.1f}",
+        "--max-iters",
+        "100000",
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    loaded = load_checkpoint(run / "last")
+    ours = full_val_loss(loaded.model, val)
+    steps = loaded.meta["step"]
+    return [
+        Result(
+            "val loss, shakespeare-char-cpu.yaml, equal wall time",
+            ours,
+            theirs,
+            "val loss",
+            "nanoGPT (2000 iters)",
+            "lower",
+            ours < theirs,
+            [f"wall time {wall:.0f} s each; gptcli ran {steps} steps in it; whole val split scored"],
+        )
+    ]
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+def case_decode(args) -> list[Result]:
+    hf, ours32 = gpt2_pair()
+    ours = to_bf16(ours32)
+    n = 50 if args.quick else 200
+    prompt = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(1))
+
+    def run_hf() -> float:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            hf.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=50256,
+            )
+        return n / (time.perf_counter() - t0)
+
+    def run_ours() -> float:
+        t0 = time.perf_counter()
+        for _ in generate(ours, prompt[0].tolist(), n, temperature=0.0):
+            pass
+        return n / (time.perf_counter() - t0)
+
+    run_ours()  # compile the decoding kernel once (it is cached on disk after)
+    ours_runs, hf_runs = [], []
+    for _ in range(args.repeats):
+        ours_runs.append(run_ours())
+        hf_runs.append(run_hf())
+    ours_tps, hf_tps = statistics.median(ours_runs), statistics.median(hf_runs)
+    bw = memory_bandwidth()
+    weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
+    limit = bw / weight_bytes
+    return [
+        Result(
+            "greedy decode, GPT-2 124M, 16-token prompt",
+            ours_tps,
+            hf_tps,
+            "tokens/s",
+            "HF generate (fp32)",
+            ">= 2.5x, >= 60% of bandwidth limit",
+            ours_tps / hf_tps >= 2.5 and ours_tps / limit >= 0.6,
+            [
+                f"{n} new tokens; bf16 weights; {100 * ours_tps / limit:.0f}% of the bandwidth limit "
+                f"({bw / 1e9:.1f} GB/s / {weight_bytes / 1e6:.0f} MB of weights = {limit:.0f} tokens/s)"
+            ],
+        )
+    ]
+
+
+def case_beam(args) -> list[Result]:
+    hf, ours32 = gpt2_pair()
+    ours = to_bf16(ours32)
+    n = 30 if args.quick else 100
+    prompt = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(2))
+
+    def run_hf() -> tuple[float, list[int]]:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                num_beams=4,
+                max_new_tokens=n,
+                early_stopping=True,
+                do_sample=False,
+                pad_token_id=50256,
+                eos_token_id=50256,
+            )
+        ids = out[0, 16:].tolist()
+        return n / (time.perf_counter() - t0), ids[: ids.index(50256) + 1] if 50256 in ids else ids
+
+    def run_ours() -> tuple[float, list[int]]:
+        t0 = time.perf_counter()
+        hyps = beam_search(ours, prompt[0].tolist(), 4, n, end_ids=[50256])
+        return n / (time.perf_counter() - t0), hyps[0].ids
+
+    ours_runs, hf_runs = [], []
+    for _ in range(args.repeats):
+        ours_runs.append(run_ours())
+        hf_runs.append(run_hf())
+    same = ours_runs[0][1] == hf_runs[0][1]
+    ours_tps = statistics.median(r[0] for r in ours_runs)
+    hf_tps = statistics.median(r[0] for r in hf_runs)
+    return [
+        Result(
+            "beam search B=4, GPT-2 124M",
+            ours_tps,
+            hf_tps,
+            "tokens/s",
+            "HF generate(num_beams=4) (fp32)",
+            ">= 1.5x, same best hypothesis",
+            ours_tps / hf_tps >= 1.5 and same,
+            [
+                f"{n} new tokens; bf16 weights; best hypothesis "
+                f"{'identical to' if same else 'DIFFERENT from'} HF's"
+            ],
+        )
+    ]
+
+
+# --- tokenizing -----------------------------------------------------------------------------
+
+
+def case_bpe(args) -> list[Result]:
+    from gptcli.data import tokenize_corpus
+    from gptcli.tokenizer import gpt2_tokenizer
+
+    work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
+    seed = (args.corpus.read_text(encoding="utf-8") if args.corpus else None) or _generated_text()
+    size = (10 if args.quick else 50) * 1_000_000
+    text = (seed * (size // len(seed.encode()) + 1))[:size]
+    src = work / "corpus.txt"
+    src.write_text(text, encoding="utf-8")
+    n = len(text.encode())
+    enc = gpt2_tokenizer().enc
+
+    def peer() -> float:
+        t0 = time.perf_counter()
+        enc.encode_ordinary(text)
+        return n / 1e6 / (time.perf_counter() - t0)
+
+    def ours() -> float:
+        out = work / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        tokenize_corpus([src], out, "gpt2")  # read, check, encode, write train/val shards
+        return n / 1e6 / (time.perf_counter() - t0)
+
+    ours_runs, peer_runs = [], []
+    for _ in range(args.repeats):
+        ours_runs.append(ours())
+        peer_runs.append(peer())
+    shutil.rmtree(work, ignore_errors=True)
+    o, p = statistics.median(ours_runs), statistics.median(peer_runs)
+    return [
+        Result(
+            f"GPT-2 BPE encoding, {size // 1_000_000} MB corpus",
+            o,
+            p,
+            "MB/s",
+            "tiktoken encode_ordinary, 1 thread",
+            ">= 1.7x",
+            o / p >= 1.7,
+            ["ours: `gptcli tokenize --out` end to end (hash, split, encode, write shards)"],
+        )
+    ]
+
+
+def _generated_text() -> str:
+    sys.path.insert(0, str(ROOT / "examples"))
+    import random
+
+    from make_demo_corpus import story
+
+    rng = random.Random(0)
+    return "\n".join(story(rng) for _ in range(20000)) + "\n"
+
+
+# --- start-up -------------------------------------------------------------------------------
+
+
+def case_help(args) -> list[Result]:
+    exe = shutil.which("gptcli") or str(Path(sys.executable).parent / "gptcli")
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        subprocess.run([exe, "--help"], check=True, capture_output=True)
+        return time.perf_counter() - t0
+
+    once()
+    t = median_of(once, 7)
+    return [Result("`gptcli --help` wall time", t, None, "s", "", "<= 0.3 s", t <= 0.3)]
+
+
+CASES = {
+    "train": case_train_speed,
+    "equal-time": case_equal_time,
+    "decode": case_decode,
+    "beam": case_beam,
+    "bpe": case_bpe,
+    "help": case_help,
+}
+
+
+def machine() -> str:
+    return (
+        f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"python {platform.python_version()}, device cpu, {torch.get_num_threads()} threads"
+    )
+
+
+def table(results: list[Result]) -> str:
+    rows = ["| case | gptcli | peer | ratio | target | met |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        peer = "" if r.peer is None else f"{r.peer:,.3g} {r.unit} ({r.peer_name})"
+        ratio = "" if r.ratio is None else f"{r.ratio:.2f}x"
+        met = {True: "yes", False: "**no**", None: ""}[r.passed]
+        rows.append(f"| {r.case} | {r.ours:,.3g} {r.unit} | {peer} | {ratio} | {r.target} | {met} |")
+    notes = [f"- {r.case}: {n}" for r in results for n in r.notes]
+    return "\n".join([*rows, "", *notes])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="shorter runs; skip the equal-time training case"
+    )
+    parser.add_argument("--only", help="comma-separated cases: " + ", ".join(CASES))
+    parser.add_argument("--repeats", type=int, default=3, help="alternating repetitions per case")
+    parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout to run beside (never copied here)")
+    parser.add_argument("--corpus", type=Path, help="tinyshakespeare.txt, for the equal-time and BPE cases")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS.md")
+    args = parser.parse_args()
+    names = (
+        args.only.split(",") if args.only else [c for c in CASES if not (args.quick and c == "equal-time")]
+    )
+    results: list[Result] = []
+    for name in names:
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        results += CASES[name](args)
+        gc.collect()
+    report = table(results)
+    print(report)
+    if not args.no_write:
+        cmd = "python bench/run.py " + " ".join(sys.argv[1:])
+        stamp = time.strftime("%Y-%m-%d %H:%M")
+        with open(ROOT / "bench" / "RESULTS.md", "a", encoding="utf-8") as f:
+            f.write(f"\n## bench/run.py, {stamp}\n\n`{cmd}`\n\n{machine()}\n\n{report}\n")
+
+
+if __name__ == "__main__":
+    main()
