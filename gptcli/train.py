@@ -305,7 +305,8 @@ class Trainer:
 
     def _restore(self) -> None:
         """Continue exactly where the last/ checkpoint left off."""
-        saved = load_train_state(self.run_dir / LAST)
+        last = self.run_dir / LAST
+        saved = load_train_state(last if last.exists() else self.run_dir / f"{LAST}.old")
         optim = saved["optimizer"]
         optim["state"] = {int(k): v for k, v in optim["state"].items()}
         self.optimizer.load_state_dict(optim)

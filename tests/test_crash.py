@@ -175,3 +175,13 @@ def test_an_interrupted_publish_is_recovered_from_the_old_copy(tmp_path, trained
     assert not (run_dir / LAST).exists() and (run_dir / "last.old").exists()
     assert resolve_checkpoint(run_dir).name in ("best", "last.old")
     assert load_checkpoint(run_dir / "last.old").meta["step"] == load_checkpoint(trained / LAST).meta["step"]
+
+
+def test_resume_after_a_crash_between_the_renames(work):
+    first = run(["pretrain", "c.txt", "--out", "run", *TINY, "--max-iters", "10"], work)
+    assert first.returncode == 0, first.stderr
+    os.rename(work / "run" / "last", work / "run" / "last.old")  # the state such a crash leaves
+    again = run(["pretrain", "--resume", "--out", "run", "--max-iters", "15"], work)
+    assert again.returncode == 0, again.stderr
+    assert train_steps(work / "run") == list(range(1, 16))
+    assert load_checkpoint(work / "run" / LAST).meta["step"] == 15

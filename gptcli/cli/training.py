@@ -157,9 +157,11 @@ def load_for_resume(out: Path | None, flags: dict[str, Any], config_path: Path |
         render.info(f"resuming the newest run: {out}")
     elif out.name in (LAST, "best") and out.parent.is_dir():
         out = out.parent  # --out RUN/last means the run
-    loaded = load_checkpoint(out / LAST if (out / LAST).exists() else out)
-    if loaded.path.name not in (LAST, LAST + ".old") or loaded.path.parent != out:
+    # last/, or last.old/ when a crash came between the two renames of a checkpoint write
+    found = [d for d in (out / LAST, out / f"{LAST}.old") if (d / "checkpoint.json").is_file()]
+    if not found:
         raise UsageError(f"--resume: {out} has no last/ checkpoint to continue from")
+    loaded = load_checkpoint(found[0])
     if not isinstance(loaded.meta.get("config"), dict):
         raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")
     config = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")
