@@ -168,6 +168,27 @@ def _iter_lines(pieces: Iterator[str]) -> Iterator[str]:
         yield buf
 
 
+def iter_jsonl(
+    path: Path, shape: str, on_bytes: Callable[[int], None] | None = None
+) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file; `shape` describes a
+    valid line for the error message."""
+    for lineno, line in enumerate(_iter_lines(iter_file_text(path, on_bytes)), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise UsageError(
+                f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be {shape}"
+            ) from None
+        if not isinstance(obj, dict):
+            raise UsageError(
+                f"{path}:{lineno}: {type(obj).__name__}, not an object; each line must be {shape}"
+            )
+        yield lineno, obj
+
+
 def iter_documents(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iterator[Iterator[str]]:
     """The documents of one file, each a stream of text pieces (consume them in order).
 
@@ -175,15 +196,10 @@ def iter_documents(path: Path, on_bytes: Callable[[int], None] | None = None) ->
     if path.suffix.lower() != ".jsonl":
         yield iter_file_text(path, on_bytes)
         return
-    for lineno, line in enumerate(_iter_lines(iter_file_text(path, on_bytes)), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise UsageError(f'{path}:{lineno}: not valid JSON; each line must be {{"text": "..."}}') from e
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-            raise UsageError(f'{path}:{lineno}: no "text" string; each line must be {{"text": "..."}}')
+    shape = '{"text": "..."}'
+    for lineno, obj in iter_jsonl(path, shape, on_bytes):
+        if not isinstance(obj.get("text"), str):
+            raise UsageError(f'{path}:{lineno}: no "text" string; each line must be {shape}')
         yield iter([obj["text"]])
 
 
@@ -606,33 +622,27 @@ class Record:
 def read_records(path: str | os.PathLike) -> list[Record]:
     """Rows of a JSONL file (one JSON object per line) or a CSV file with a header row."""
     import csv
+    import io
 
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
-    text = "".join(iter_file_text(path))
     records: list[Record] = []
     if path.suffix.lower() == ".csv":
-        rows = list(csv.reader(text.splitlines()))
-        if not rows:
-            raise UsageError(f"{path}: empty file; it needs a header row and at least one record")
-        header = [h.strip() for h in rows[0]]
-        for lineno, row in enumerate(rows[1:], 2):
+        reader = csv.reader(io.StringIO("".join(iter_file_text(path)), newline=""))
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise UsageError(f"{path}: empty file; it needs a header row and at least one record") from None
+        for row in reader:
+            lineno = reader.line_num  # the last line of the row: quoted cells may span lines
             if not any(cell.strip() for cell in row):
                 continue
             if len(row) != len(header):
                 raise UsageError(f"{path}:{lineno}: {len(row)} columns, but the header has {len(header)}")
             records.append(Record(dict(zip(header, row, strict=True)), f"{path}:{lineno}"))
     else:
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise UsageError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise UsageError(f"{path}:{lineno}: a JSON object is needed, got {type(obj).__name__}")
+        for lineno, obj in iter_jsonl(path, "one JSON object"):
             records.append(Record(obj, f"{path}:{lineno}"))
     if not records:
         raise UsageError(f"{path}: no records in the file")

@@ -57,7 +57,22 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-class LMTask:
+class NextTokenTask:
+    """Tasks whose batch is tokens "x" with next-token targets "y" (IGNORE_INDEX where no loss)."""
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        _, loss = model(batch["x"], batch["y"])
+        return loss
+
+    def tokens(self, batch: Batch) -> int:
+        return batch["x"].numel()
+
+    def evaluate(self, model: nn.Module, split: str, batches: Iterable[Batch]) -> dict[str, float]:
+        losses = [self.loss(model, b).item() for b in batches]
+        return {"loss": float(np.mean(losses))}
+
+
+class LMTask(NextTokenTask):
     """Next-token prediction: example i is the window tokens[i : i + block_size + 1]."""
 
     fixed_length = True  # every batch is batch_size x block_size tokens
@@ -80,17 +95,6 @@ class LMTask:
         rows = np.stack([np.asarray(data[i : i + T + 1], dtype=np.int64) for i in indices.tolist()])
         xy = torch.from_numpy(rows)  # (B, T + 1)
         return {"x": to_device(xy[:, :-1], device), "y": to_device(xy[:, 1:], device)}
-
-    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        _, loss = model(batch["x"], batch["y"])
-        return loss
-
-    def tokens(self, batch: Batch) -> int:
-        return batch["x"].numel()
-
-    def evaluate(self, model: nn.Module, split: str, batches: Iterable[Batch]) -> dict[str, float]:
-        losses = [self.loss(model, b).item() for b in batches]
-        return {"loss": float(np.mean(losses))}
 
 
 # --- finetuning: GPT-1's supervised tasks, and instruction tuning --------------------------
@@ -254,7 +258,7 @@ class SupervisedTask:
         return torch.cat(out)
 
 
-class SFTTask:
+class SFTTask(NextTokenTask):
     """Instruction tuning: prompt + completion + end-of-text, with the loss on the
     completion (and end) tokens only."""
 
@@ -272,16 +276,6 @@ class SFTTask:
         for i, (ids, n_prompt) in enumerate(rows):
             y[i, : len(ids) - 1] = sft_targets(ids, n_prompt)
         return {"x": to_device(x, device), "y": to_device(y, device)}
-
-    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        _, loss = model(batch["x"], batch["y"])
-        return loss
-
-    def tokens(self, batch: Batch) -> int:
-        return batch["x"].numel()
-
-    def evaluate(self, model: nn.Module, split: str, batches: Iterable[Batch]) -> dict[str, float]:
-        return {"loss": float(np.mean([self.loss(model, b).item() for b in batches]))}
 
 
 def sft_targets(ids: Sequence[int], n_prompt: int) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from gptcli.checkpoint import load_checkpoint
 from gptcli.cli.app import app
 from gptcli.data import Record, read_records
+from gptcli.errors import UsageError
 from gptcli.model import IGNORE_INDEX
 from gptcli.tasks import SFTTask, SupervisedTask, classify_examples, sft_examples, sft_targets
 from gptcli.tokenizer import CharTokenizer
@@ -293,3 +294,24 @@ def test_csv_pairs_with_both_orders(pretrained, tmp_path):
         pretrained, data, tmp_path / "pairs", "--task", "classify", "--both-orders", "--max-iters", "5"
     )
     assert meta["both_orders"] is True and meta["labels"] == ["other", "same"]
+
+
+def test_read_records_multiline_csv_and_jsonl_line_separators(tmp_path):
+    csv_file = tmp_path / "rows.csv"
+    csv_file.write_text('text,label\n"two\nlines",a\n\nplain,b\n"x,y",c,extra\n')
+    with pytest.raises(UsageError, match=r"rows.csv:6: 3 columns, but the header has 2"):
+        read_records(csv_file)
+    csv_file.write_text('text,label\n"two\nlines",a\n\nplain,b\n')
+    records = read_records(csv_file)
+    assert [r.fields for r in records] == [
+        {"text": "two\nlines", "label": "a"},
+        {"text": "plain", "label": "b"},
+    ]
+    assert [r.source.rsplit(":", 1)[1] for r in records] == ["3", "5"]
+
+    jsonl = tmp_path / "rows.jsonl"  # U+2028 is a line separator to str.splitlines, not to JSONL
+    jsonl.write_text(json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\r\n\n[1]\n", encoding="utf-8")
+    with pytest.raises(UsageError, match=r"rows.jsonl:3: list, not an object"):
+        read_records(jsonl)
+    jsonl.write_text(json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\r\n", encoding="utf-8")
+    assert [r.fields for r in read_records(jsonl)] == [{"text": "a\u2028b"}]
