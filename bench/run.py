@@ -1,7 +1,7 @@
 """gptcli against its peers, side by side in one run: a table of our figure, the peer's, and
 the ratio, appended with the machine's details to bench/RESULTS.md.
 
-    python bench/run.py                       # every case (about 15 minutes on 2 cores)
+    python bench/run.py                       # every case (about 20 minutes on 2 cores)
     python bench/run.py --quick               # shorter runs, no equal-time training case
     python bench/run.py --only decode,beam    # some cases
     python bench/run.py --nanogpt ~/src/nanoGPT --corpus tinyshakespeare.txt
@@ -362,36 +362,38 @@ def case_equal_time(args) -> list[Result]:
 # --- decoding -------------------------------------------------------------------------------
 
 
+def hf_greedy(hf, prompt: torch.Tensor, n: int) -> float:
+    """Tokens/s of HF generate, greedy, exactly n new tokens."""
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=50256,
+        )
+    return n / (time.perf_counter() - t0)
+
+
+def ours_greedy(model: GPT, prompt: torch.Tensor, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in generate(model, prompt[0].tolist(), n, temperature=0.0):
+        pass
+    return n / (time.perf_counter() - t0)
+
+
 def case_decode(args) -> list[Result]:
     hf, ours32 = gpt2_pair()
     ours = to_bf16(ours32)
     n = 50 if args.quick else 200
     prompt = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(1))
-
-    def run_hf() -> float:
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            hf.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                pad_token_id=50256,
-            )
-        return n / (time.perf_counter() - t0)
-
-    def run_ours() -> float:
-        t0 = time.perf_counter()
-        for _ in generate(ours, prompt[0].tolist(), n, temperature=0.0):
-            pass
-        return n / (time.perf_counter() - t0)
-
-    run_ours()  # compile the decoding kernel once (it is cached on disk after)
+    ours_greedy(ours, prompt, n)  # compile the decoding kernels once (they are cached on disk after)
     ours_runs, hf_runs = [], []
     for _ in range(args.repeats):
-        ours_runs.append(run_ours())
-        hf_runs.append(run_hf())
+        ours_runs.append(ours_greedy(ours, prompt, n))
+        hf_runs.append(hf_greedy(hf, prompt, n))
     ours_tps, hf_tps = statistics.median(ours_runs), statistics.median(hf_runs)
     bw = memory_bandwidth()
     weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
@@ -410,6 +412,50 @@ def case_decode(args) -> list[Result]:
                 f"({bw / 1e9:.1f} GB/s / {weight_bytes / 1e6:.0f} MB of weights = {limit:.0f} tokens/s)"
             ],
         )
+    ]
+
+
+def case_decode_long(args) -> list[Result]:
+    """A long generation, where attending over the growing context starts to cost as much
+    as reading the weights: gptcli, HF, and gptcli with the stock (fused) attention."""
+    from gptcli.model import CausalSelfAttention
+
+    hf, ours32 = gpt2_pair()
+    ours = to_bf16(ours32)
+    stock = to_bf16(ours32)
+    for m in stock.modules():
+        if isinstance(m, CausalSelfAttention):
+            del m.attend  # back to the model's own attention (F.scaled_dot_product_attention)
+    n = 300 if args.quick else 1000
+    prompt = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(1))
+    ours_greedy(ours, prompt, n)
+    runs: dict[str, list[float]] = {"ours": [], "hf": [], "stock": []}
+    for _ in range(max(1, args.repeats // 2)):
+        runs["ours"].append(ours_greedy(ours, prompt, n))
+        runs["stock"].append(ours_greedy(stock, prompt, n))
+        runs["hf"].append(hf_greedy(hf, prompt, n))
+    ours_tps, hf_tps, stock_tps = (statistics.median(runs[k]) for k in ("ours", "hf", "stock"))
+    case = f"greedy decode, GPT-2 124M, {n} new tokens"
+    return [
+        Result(
+            case,
+            ours_tps,
+            hf_tps,
+            "tokens/s",
+            "HF generate (fp32)",
+            "(reference)",
+            None,
+            ["bf16 weights; second row: the same model with fused attention, not the single-query kernel"],
+        ),
+        Result(
+            case,
+            ours_tps,
+            stock_tps,
+            "tokens/s",
+            "gptcli with F.scaled_dot_product_attention",
+            "(reference)",
+            None,
+        ),
     ]
 
 
@@ -542,6 +588,7 @@ CASES = {
     "train": case_train_speed,
     "equal-time": case_equal_time,
     "decode": case_decode,
+    "decode-long": case_decode_long,
     "beam": case_beam,
     "bpe": case_bpe,
     "help": case_help,

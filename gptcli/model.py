@@ -106,31 +106,41 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nh, S, hs)
 
+        y = self.attend(q, k, v, mask, attentions)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_dropout(self.c_proj(y))
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        attentions: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """softmax(q k^T / sqrt(hs)) v for q (B, nh, T, hs) and k, v (B, nh, S, hs), with
+        mask (broadcastable to (B, nh, T, S), True = may attend) or None (causal)."""
+        T, S, hs = q.size(2), k.size(2), q.size(3)
         if attentions is None and not self.explicit:
             # fused kernel (flash / memory-efficient where available); mask=None means the
             # plain causal case with T == S, or a single new token that sees everything
-            y = F.scaled_dot_product_attention(
+            return F.scaled_dot_product_attention(
                 q,
                 k,
                 v,
                 attn_mask=mask,
                 dropout_p=self.dropout if self.training else 0.0,
                 is_causal=mask is None and T > 1,
-            )  # (B, nh, T, hs)
-        else:
-            # the same computation written out, so the weights can be handed back
-            S = k.size(2)
-            if mask is None:
-                mask = causal_mask(T, S, x.device)
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
-            att = att.masked_fill(~mask, float("-inf"))
-            att = F.softmax(att, dim=-1)
-            if attentions is not None:
-                attentions.append(att)
-            y = self.attn_dropout(att) @ v  # (B, nh, T, S) x (B, nh, S, hs) -> (B, nh, T, hs)
-
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
-        return self.resid_dropout(self.c_proj(y))
+            )
+        # the same computation written out, so the weights can be handed back
+        if mask is None:
+            mask = causal_mask(T, S, q.device)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
+        att = att.masked_fill(~mask, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        if attentions is not None:
+            attentions.append(att)
+        return self.attn_dropout(att) @ v  # (B, nh, T, S) x (B, nh, S, hs) -> (B, nh, T, hs)
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
