@@ -87,3 +87,21 @@ def test_padded_batch_decoding_with_the_kernels_matches_the_stock_model():
             logits.append(model(new, kv_cache=cache)[0].float())  # one query per row: the kernel
     torch.testing.assert_close(logits[1], logits[0], atol=0.05, rtol=0.05)
     assert kernels._state["ok"]
+
+
+def test_the_cli_decodes_bf16_models_through_the_kernels(trained):
+    from gptcli.cli.common import load_model
+    from gptcli.tokenizer import load_tokenizer
+
+    def patched(model: GPT) -> bool:
+        return getattr(model.lm_head.forward, "__func__", None) is kernels._forward
+
+    assert not patched(load_model(str(trained), "cpu", "fp32").model)
+    fast = load_model(str(trained), "cpu", "bf16").model
+    assert patched(fast) and fast.lm_head.weight.dtype == torch.bfloat16
+    stock = load_model(str(trained), "cpu", "fp32").model.to(torch.bfloat16)
+    prompt = load_tokenizer(str(trained)).encode("The fox")
+    with torch.no_grad():
+        got = [int(s.tokens[0]) for s in generate(fast, prompt, 10, temperature=0.0)]
+        want = [int(s.tokens[0]) for s in generate(stock, prompt, 10, temperature=0.0)]
+    assert got == want and kernels._state["ok"]

@@ -65,6 +65,7 @@ def load_model(ckpt: str | None, device: str = "auto", dtype: str = "auto") -> L
     """Load --ckpt, or the newest run under ./runs (and say which), onto the device in the
     dtype for inference; say where it runs and why."""
     from gptcli.checkpoint import load_checkpoint, newest_run
+    from gptcli.kernels import use_fast_decode
     from gptcli.runtime import pick_device, pick_inference_dtype
 
     if ckpt is None:
@@ -80,5 +81,7 @@ def load_model(ckpt: str | None, device: str = "auto", dtype: str = "auto") -> L
     loaded = load_checkpoint(ckpt, dev)
     dt, why_dtype = pick_inference_dtype(dev, dtype, loaded.model.num_params())
     loaded.model.to(dt)
+    if use_fast_decode(loaded.model):
+        why_dtype += " (compiled decoding kernels)"
     render.note(f"{why_device}; {why_dtype}")
     return loaded
