@@ -73,3 +73,24 @@ def test_resume_needs_the_same_number_of_processes(runs):
     alone = gptcli(["pretrain", "--resume", "--out", "ddp", "--max-iters", "30"], runs)
     assert alone.returncode == 2
     assert "trained by 2 process(es); resume it with the same number (now 1)" in alone.stderr
+
+
+def test_other_ranks_leave_the_run_directory_alone(tmp_path, monkeypatch):
+    """Ranks other than 0 finish training without writing loss.png (or anything else)."""
+    from types import SimpleNamespace
+
+    from gptcli.cli import figures, training
+
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 1.0}\n')
+    calls = []
+    monkeypatch.setattr(figures, "save_loss_png", lambda *a: calls.append(a) or True)
+    summary = SimpleNamespace(stop_reason="max_iters", steps=1)
+    monkeypatch.setattr(training.render, "train_summary", lambda s, png: calls.append(("summary", png)))
+    for rank in (1, 0):
+        trainer = SimpleNamespace(
+            dist=SimpleNamespace(is_main=rank == 0), run_dir=tmp_path, meta={}, run=lambda resume: summary
+        )
+        training.run_trainer(trainer, resume=False, verb="pretrain")
+    assert calls[0] == ("summary", None)  # rank 1: no figure
+    assert calls[1][1] == tmp_path / "loss.png" and calls[2] == ("summary", str(tmp_path / "loss.png"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]

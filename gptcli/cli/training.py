@@ -98,7 +98,8 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str) -> None:
         trainer.reporter = render.train_reporter(f"gptcli {verb} →")
     summary = trainer.run(resume=resume)
     png = trainer.run_dir / "loss.png"
-    saved = figures.save_loss_png(trainer.run_dir / "metrics.jsonl", png)
+    # only the main process writes to the run directory
+    saved = trainer.dist.is_main and figures.save_loss_png(trainer.run_dir / "metrics.jsonl", png)
     render.train_summary(summary, str(png) if saved else None)
     if summary.stop_reason in ("interrupted", "terminated"):
         render.warning(
