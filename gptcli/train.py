@@ -17,8 +17,8 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -121,16 +121,23 @@ class NullReporter:
 # --- the pieces ----------------------------------------------------------------------------
 
 
-def lr_at(step: int, cfg: TrainConfig, elapsed: float = 0.0) -> float:
+def lr_at(
+    step: int, cfg: TrainConfig, elapsed: float = 0.0, decay_from: Sequence[float] | None = None
+) -> float:
     """Linear warmup over warmup_iters, then cosine decay to min_lr at max_iters, or at
-    max_time if that budget runs out first."""
-    if step < cfg.warmup_iters:
+    max_time if that budget runs out first.
+
+    decay_from (step, lr, elapsed): where the cosine starts, instead of (warmup_iters, lr, 0).
+    A resumed run given a new max_iters or max_time decays from its current rate to min_lr
+    at the new end, rather than jumping back up the old curve."""
+    if step < cfg.warmup_iters and decay_from is None:
         return cfg.lr * (step + 1) / (cfg.warmup_iters + 1)
-    progress = (step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters)
+    s0, lr0, e0 = decay_from if decay_from is not None else (cfg.warmup_iters, cfg.lr, 0.0)
+    progress = (step - s0) / max(1, cfg.max_iters - s0)
     if cfg.max_time:
-        progress = max(progress, elapsed / cfg.max_time)
+        progress = max(progress, (elapsed - e0) / max(1e-9, cfg.max_time - e0))
     coeff = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return cfg.min_lr + coeff * (cfg.lr - cfg.min_lr)
+    return cfg.min_lr + coeff * (lr0 - cfg.min_lr)
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -179,6 +186,8 @@ class TrainState:
     elapsed: float = 0.0
     best_val_loss: float | None = None
     last_eval_step: int = -1
+    schedule: list | None = None  # [max_iters, max_time] the LR schedule was planned for
+    decay_from: list[float] | None = None  # see lr_at; set when a resume changed the schedule
 
 
 class _StopSignals:
@@ -325,6 +334,16 @@ class Trainer:
         self.state = TrainState(**saved["state"])
         self.metrics.truncate(self.state.step, keep_eval_at_step=self.state.last_eval_step == self.state.step)
 
+    def _refit_schedule(self) -> None:
+        """Record the schedule's end; a resume that moves it decays on from the current LR."""
+        cfg, state = self.cfg, self.state
+        planned = [cfg.max_iters, cfg.max_time]
+        if state.schedule is not None and state.schedule != planned and state.step >= cfg.warmup_iters:
+            before = replace(cfg, max_iters=state.schedule[0], max_time=state.schedule[1])
+            lr = lr_at(state.step, before, state.elapsed, state.decay_from)
+            state.decay_from = [state.step, lr, state.elapsed]
+        state.schedule = planned
+
     def _train_state(self) -> dict[str, Any]:
         """Everything resume needs (collective under torchrun: every rank gives its RNG)."""
         torch_rng = self._all_ranks(torch.get_rng_state())
@@ -441,6 +460,7 @@ class Trainer:
         self._setup()
         if resume:
             self._restore()
+        self._refit_schedule()
         cfg, task, model, dist = self.cfg, self.task, self.model, self.dist
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -493,7 +513,7 @@ class Trainer:
                     )
                     break
 
-                lr = lr_at(self.state.step, cfg, elapsed)
+                lr = lr_at(self.state.step, cfg, elapsed, self.state.decay_from)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 indices = torch.randint(n_train, (cfg.grad_accum, cfg.batch_size), generator=self.data_gen)

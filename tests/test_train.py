@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -62,6 +63,17 @@ def test_lr_schedule_at_known_steps():
     timed = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=0, max_iters=10_000, max_time=60.0)
     assert lr_at(10, timed, elapsed=30.0) == pytest.approx((1e-3 + 1e-4) / 2)
     assert lr_at(10, timed, elapsed=60.0) == pytest.approx(1e-4)
+
+
+def test_lr_decays_on_from_where_a_changed_schedule_takes_over():
+    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=60)
+    now = lr_at(40, TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=40))
+    assert now == pytest.approx(1e-4)  # the first plan ended here
+    rates = [lr_at(step, cfg, decay_from=(40, now, 0.0)) for step in range(40, 61)]
+    assert rates[0] == pytest.approx(now) and rates[-1] == pytest.approx(1e-4)
+    assert all(a >= b for a, b in itertools.pairwise(rates))  # never back up the curve
+    half = lr_at(35, cfg, decay_from=(10, 5e-4, 0.0))
+    assert half == pytest.approx((5e-4 + 1e-4) / 2)  # half way from step 10 (at 5e-4) to step 60
 
 
 def test_weight_decay_only_on_matrices():
@@ -166,6 +178,23 @@ def test_metrics_have_no_duplicates_after_resume(data_dir, tmp_path):
     steps = [r["step"] for r in records if r["kind"] == "train"]
     assert steps == list(range(1, 31))
     assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 10, 20, 30]
+
+
+def test_resuming_with_more_steps_continues_the_decay(data_dir, tmp_path):
+    run = tmp_path / "run"
+    first = build_trainer(data_dir, run, tiny_config(max_iters=30, eval_interval=10, log_interval=1))
+    first.run()
+    for more in (50, 70):  # twice: the second resume decays on from the first one's plan
+        longer = tiny_config(max_iters=more, eval_interval=10, log_interval=1)
+        Trainer(
+            load_checkpoint(run / "last").model.train(), first.tokenizer, first.task, longer, run,
+            NullReporter(), {"task": "lm"},
+        ).run(resume=True)  # fmt: skip
+    lrs = [r["lr"] for r in train_records(run) if r["kind"] == "train"]
+    assert len(lrs) == 70
+    after_warmup = lrs[5:]
+    assert all(a >= b for a, b in itertools.pairwise(after_warmup))
+    assert lrs[29] == pytest.approx(3e-4, rel=0.05) and lrs[-1] == pytest.approx(3e-4, rel=0.05)
 
 
 def test_max_time_stops_the_run(data_dir, tmp_path):
