@@ -38,7 +38,7 @@ DEMO_RUN ?= runs/demo
 # training with --resume, or samples straight away when it is complete
 demo: $(STAMP)
 	if [ -f $(DEMO_RUN)/last/checkpoint.json ]; then \
-	  $(BIN)/gptcli pretrain --resume --out $(DEMO_RUN); \
+	  $(BIN)/gptcli pretrain examples/demo --resume --out $(DEMO_RUN); \
 	else \
 	  rm -rf $(DEMO_RUN) && $(BIN)/gptcli pretrain examples/demo --config examples/configs/demo.yaml --out $(DEMO_RUN); \
 	fi

@@ -190,6 +190,11 @@ class TrainState:
     decay_from: list[float] | None = None  # see lr_at; set when a resume changed the schedule
 
 
+def _per_rank(rng: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
+    """RNG states by rank (early single-process checkpoints saved one state, not a list)."""
+    return [rng] if isinstance(rng, torch.Tensor) else rng
+
+
 class _StopSignals:
     """SIGINT/SIGTERM ask the loop to stop at the next step boundary (a second one kills)."""
 
@@ -328,9 +333,9 @@ class Trainer:
                 f"the run was trained by {ranks} process(es); resume it with the same number "
                 f"(now {self.dist.world}) to continue exactly"
             )
-        torch.set_rng_state(saved["torch_rng"][self.dist.rank])
-        if self.device.type == "cuda" and saved.get("cuda_rng"):
-            torch.cuda.set_rng_state(saved["cuda_rng"][self.dist.rank], self.device)
+        torch.set_rng_state(_per_rank(saved["torch_rng"])[self.dist.rank])
+        if self.device.type == "cuda" and saved.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(_per_rank(saved["cuda_rng"])[self.dist.rank], self.device)
         self.state = TrainState(**saved["state"])
         self.metrics.truncate(self.state.step, keep_eval_at_step=self.state.last_eval_step == self.state.step)
 

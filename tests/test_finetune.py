@@ -209,6 +209,12 @@ def test_finetune_resumes(pretrained, order_data, tmp_path):
         "--eval-interval",
         "10",
     )
+    before = (tmp_path / "r" / "last" / "model.safetensors").read_bytes()
+    for extra in (["--task", "sft"], [order_data], ["--ckpt", pretrained], ["--both-orders"]):
+        refused = run("finetune", "--resume", "--out", tmp_path / "r", *extra)
+        assert refused.exit_code == 2
+        assert "a resumed run keeps its starting model, task and data" in refused.output
+    assert (tmp_path / "r" / "last" / "model.safetensors").read_bytes() == before
     result = run("finetune", "--resume", "--out", tmp_path / "r", "--max-iters", "30")
     assert result.exit_code == 0, result.output
     assert "resumed at 20" in result.output and "step 30/30" in result.output

@@ -57,31 +57,31 @@ def finetune(
         ),
     ] = None,
     task: Annotated[
-        str, opt("--task", help="lm | classify | choice | sft (default: lm).", panel=TASK)
-    ] = "lm",
+        str | None, opt("--task", help="lm | classify | choice | sft (default: lm).", panel=TASK)
+    ] = None,
     val_data: Annotated[
         Path | None,
         opt("--val-data", help="Validation records (default: hold out --val-fraction).", panel=TASK),
     ] = None,
     val_fraction: Annotated[
-        float, opt("--val-fraction", help="Share held out for validation (default: 0.1).", panel=TASK)
-    ] = 0.1,
+        float | None, opt("--val-fraction", help="Share held out for validation (default: 0.1).", panel=TASK)
+    ] = None,
     aux_lm_weight: Annotated[
-        float,
+        float | None,
         opt(
             "--aux-lm-weight",
             help="lambda in L2 + lambda * L1, the auxiliary LM loss (default: 0.5).",
             panel=TASK,
         ),
-    ] = 0.5,
+    ] = None,
     delimiter: Annotated[
-        str,
+        str | None,
         opt(
             "--delimiter",
             help="Text between a pair's parts, or context and choice (default: newline).",
             panel=TASK,
         ),
-    ] = "\n",
+    ] = None,
     both_orders: Annotated[
         bool,
         opt("--both-orders", help="Pairs: score both orders and add them (GPT-1's similarity).", panel=TASK),
@@ -127,8 +127,23 @@ def finetune(
 
     flags = flag_overrides(dropout=dropout, block_size=block_size, **train_flags(locals()))
     if resume:
+        given = {
+            "DATA": data, "--ckpt": ckpt, "--task": task, "--val-data": val_data,
+            "--val-fraction": val_fraction, "--aux-lm-weight": aux_lm_weight,
+            "--delimiter": delimiter, "--both-orders": both_orders or None,
+        }  # fmt: skip
+        fixed = [name for name, value in given.items() if value is not None]
+        if fixed:
+            raise UsageError(
+                f"{', '.join(fixed)}: a resumed run keeps its starting model, task and data; "
+                "drop them, or start a new run to change them"
+            )
         trainer = _resume(out, flags, config)
     else:
+        task = task or "lm"
+        val_fraction = 0.1 if val_fraction is None else val_fraction
+        aux_lm_weight = 0.5 if aux_lm_weight is None else aux_lm_weight
+        delimiter = "\n" if delimiter is None else delimiter
         if task not in TASKS:
             raise UsageError(f"--task {task!r}: use one of {', '.join(TASKS)}")
         if ckpt is None:
