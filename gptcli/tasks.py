@@ -332,19 +332,28 @@ def classify_examples(
                 "classification needs at least two classes"
             )
         labels = sorted(seen, key=str)
-    index = {json.dumps(label): i for i, label in enumerate(labels)}
+    index = label_index(labels)
     examples = []
     for r in records:
-        key = json.dumps(r.fields.get("label"))
-        if key not in index:
-            raise UsageError(
-                f"{r.source}: label {r.fields.get('label')!r} is not one of the training labels "
-                f"({', '.join(map(str, labels))})"
-            )
-        examples.append(
-            Example(classify_sequences(r, tokenizer, block_size, delimiter, both_orders), index[key])
-        )
+        label = record_label(r, index, labels)  # before the text, whose encoding may fail too
+        examples.append(Example(classify_sequences(r, tokenizer, block_size, delimiter, both_orders), label))
     return examples, labels
+
+
+def label_index(labels: Sequence) -> dict[str, int]:
+    """Position of each label, keyed by its JSON form (so 1 and "1" stay apart)."""
+    return {json.dumps(label): i for i, label in enumerate(labels)}
+
+
+def record_label(record: Record, index: dict[str, int], labels: Sequence) -> int:
+    """The index of a record's "label" among the run's labels."""
+    value = record.fields.get("label")
+    if json.dumps(value) not in index:
+        raise UsageError(
+            f"{record.source}: label {value!r} is not one of the training labels "
+            f"({', '.join(map(str, labels))})"
+        )
+    return index[json.dumps(value)]
 
 
 def classify_sequences(
@@ -369,16 +378,34 @@ def choice_examples(
     """Examples from {"context", "choices": [...], "label": i} records, one sequence per choice."""
     examples = []
     for r in records:
-        context, choices, label = _text(r, "context"), r.fields.get("choices"), r.fields.get("label")
-        if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
-            raise UsageError(f"{r.source}: 'choices' must be a list of at least two strings")
-        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(choices):
-            raise UsageError(
-                f"{r.source}: 'label' must be the index of the right choice (0 to {len(choices) - 1})"
-            )
-        seqs = [encode_parts(tokenizer, [context, c], delimiter, block_size, r.source) for c in choices]
-        examples.append(Example(seqs, label))
+        label = choice_label(r)  # before the text, whose encoding may fail too
+        examples.append(Example(choice_sequences(r, tokenizer, block_size, delimiter), label))
     return examples
+
+
+def record_choices(record: Record) -> list[str]:
+    choices = record.fields.get("choices")
+    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
+        raise UsageError(f"{record.source}: 'choices' must be a list of at least two strings")
+    return choices
+
+
+def choice_sequences(
+    record: Record, tokenizer: Tokenizer, block_size: int, delimiter: str
+) -> list[list[int]]:
+    """The model inputs of one multiple-choice record: context, delimiter, choice (for each)."""
+    context = _text(record, "context")
+    return [
+        encode_parts(tokenizer, [context, c], delimiter, block_size, record.source)
+        for c in record_choices(record)
+    ]
+
+
+def choice_label(record: Record) -> int:
+    label, n = record.fields.get("label"), len(record_choices(record))
+    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < n:
+        raise UsageError(f"{record.source}: 'label' must be the index of the right choice (0 to {n - 1})")
+    return label
 
 
 def sft_examples(records: list[Record], tokenizer: Tokenizer, block_size: int) -> list[tuple[list[int], int]]:
@@ -398,3 +425,54 @@ def sft_examples(records: list[Record], tokenizer: Tokenizer, block_size: int) -
         ids = (p + c)[:room]
         out.append((ids, len(p)))
     return out
+
+
+# --- using a finetuned classifier ----------------------------------------------------------
+
+
+@dataclass
+class Prediction:
+    """A classify or choice model's answer for one record."""
+
+    options: list  # the run's labels, or the record's choices
+    probs: list[float]  # one per option
+    true: int | None  # the index of the right option, where the record gives it
+
+    @property
+    def best(self) -> int:
+        return max(range(len(self.probs)), key=self.probs.__getitem__)
+
+
+def predict_records(
+    model: nn.Module, tokenizer: Tokenizer, meta: dict, records: list[Record], device: torch.device
+) -> list[Prediction]:
+    """Score records with a run finetuned by --task classify or choice; meta is its checkpoint.json."""
+    kind, block = meta.get("task"), model.config.block_size
+    if kind == "classify":
+        labels, index = meta["labels"], label_index(meta["labels"])
+        seqs = [
+            classify_sequences(r, tokenizer, block, meta["delimiter"], meta["both_orders"]) for r in records
+        ]
+        options = [labels] * len(records)
+        trues = [record_label(r, index, labels) if "label" in r.fields else None for r in records]
+    elif kind == "choice":
+        seqs = [choice_sequences(r, tokenizer, block, meta["delimiter"]) for r in records]
+        options = [record_choices(r) for r in records]
+        trues = [choice_label(r) if "label" in r.fields else None for r in records]
+    else:
+        raise UsageError(
+            f"the model is not a classifier (its task is {kind or 'lm'}); make one with "
+            "gptcli finetune --task classify (or choice)"
+        )
+    examples = [Example(s, 0) for s in seqs]
+    probs = SupervisedTask(kind, {}, 0.0, block).predict(model, examples, device)
+    return [
+        Prediction(opts, probs[i, : len(opts)].tolist(), true)
+        for i, (opts, true) in enumerate(zip(options, trues, strict=True))
+    ]
+
+
+def accuracy(predictions: Sequence[Prediction]) -> float | None:
+    """Share of the labelled predictions that are right (None when no record has a label)."""
+    labelled = [p for p in predictions if p.true is not None]
+    return sum(p.best == p.true for p in labelled) / len(labelled) if labelled else None

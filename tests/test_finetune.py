@@ -11,12 +11,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gptcli.checkpoint import load_checkpoint
 from gptcli.cli.app import app
 from gptcli.data import Record, read_records
 from gptcli.errors import UsageError
 from gptcli.model import IGNORE_INDEX
-from gptcli.tasks import SFTTask, SupervisedTask, classify_examples, sft_examples, sft_targets
+from gptcli.tasks import SFTTask, predict_records, sft_examples, sft_targets
 from gptcli.tokenizer import CharTokenizer
 from tests.test_cli_tokenize import assert_usage_error
 
@@ -100,21 +99,34 @@ def test_classification_that_needs_word_order_reaches_95_percent(pretrained, ord
     assert "val accuracy" in output
 
 
-def test_the_classifier_reloads_and_predicts_the_same(pretrained, order_data, tmp_path):
-    finetune(pretrained, order_data, tmp_path / "cls", "--task", "classify", "--max-iters", "60")
-    loaded = load_checkpoint(tmp_path / "cls")
-    records = read_records(order_data)[:20]
-    block = loaded.model.config.block_size
-    examples, _ = classify_examples(records, loaded.tokenizer, block, loaded.meta["labels"], "\n", False)
-    probs = SupervisedTask("classify", {}, 0.0, block).predict(loaded.model, examples, torch.device("cpu"))
+def test_the_classifier_reloads_and_predicts_the_same(pretrained, order_data, tmp_path, monkeypatch):
+    """The model in memory at the end of training and `gptcli classify` on its saved
+    checkpoint give the same probabilities."""
+    from gptcli.cli import finetune as finetune_cli
+    from gptcli.config import flag_overrides
 
-    out = run("classify", "--ckpt", tmp_path / "cls", "--file", order_data, "--json")
+    monkeypatch.chdir(tmp_path)
+    settings = {
+        "task": "classify", "data": [str(order_data)], "val_data": None, "val_fraction": 0.1,
+        "aux_lm_weight": 0.5, "delimiter": "\n", "both_orders": False, "base": str(pretrained),
+    }  # fmt: skip
+    flags = flag_overrides(
+        max_iters=60, lr=2e-3, batch_size=16, warmup_iters=10, eval_iters=4, device="cpu", dtype="fp32"
+    )
+    trainer = finetune_cli._fresh(str(pretrained), settings, None, tmp_path / "cls", flags)
+    trainer.run()
+    records = read_records(order_data)[:20]
+    in_memory = predict_records(
+        trainer.model.eval(), trainer.tokenizer, {**settings, **trainer.meta}, records, torch.device("cpu")
+    )
+
+    out = run("classify", "--ckpt", tmp_path / "cls" / "last", "--file", order_data, "--json")
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
-    for p, row in zip(probs, data["predictions"][:20], strict=True):
-        assert row["probs"] == pytest.approx(
-            dict(zip(loaded.meta["labels"], p.tolist(), strict=True)), abs=1e-6
-        )
+    labels = trainer.meta["labels"]
+    for p, row in zip(in_memory, data["predictions"][:20], strict=True):
+        assert row["probs"] == pytest.approx(dict(zip(labels, p.probs, strict=True)), abs=1e-6)
+        assert row["label"] == labels[p.best] and row["true"] == labels[p.true]
     assert data["accuracy"] is not None and 0 <= data["accuracy"] <= 1
     single = run("classify", "--ckpt", tmp_path / "cls", "the dog fed the cat")
     assert single.exit_code == 0 and "label" in single.output and "◀" in single.output
@@ -139,6 +151,19 @@ def test_multiple_choice_trains(pretrained, tmp_path):
     evals = [e for e in evals if e["kind"] == "eval"]
     assert evals[0]["val_accuracy"] < 0.6 and evals[-1]["val_accuracy"] >= 0.8
     assert meta["model"]["n_classes"] == 1  # one score per choice, softmax over an example's choices
+
+    # the choice model in use: one question from the command line, and a labelled file
+    x, s = sentence(random.Random(9))
+    choices = [x, *(n for n in NOUNS if n != x)][:3]
+    args = [a for c in choices for a in ("--choice", c)]
+    one = run("classify", "--ckpt", tmp_path / "mc", f"{s}. who", *args, "--json")
+    assert one.exit_code == 0, one.output
+    answer = json.loads(one.stdout)["predictions"][0]
+    assert answer["choice"] in choices and len(answer["probs"]) == 3
+    assert sum(answer["probs"]) == pytest.approx(1.0, abs=1e-5)
+    scored = run("classify", "--ckpt", tmp_path / "mc", "--file", data, "--json")
+    assert json.loads(scored.stdout)["accuracy"] >= 0.8
+    assert "--choice" in run("classify", "--ckpt", tmp_path / "mc", "who").output  # choices are needed
 
 
 def test_sft_loss_ignores_the_prompt():

@@ -519,29 +519,23 @@ def token_labels(tokens: Sequence[str]) -> None:
 
 
 def predictions_table(
-    records: Sequence[Any], predictions: Sequence[dict[str, Any]], accuracy: float | None
+    rows: Sequence[tuple[str, str, float, str | None]], accuracy: float | None, column: str = "label"
 ) -> None:
-    """Predicted labels for records (gptcli.data.Record), with the true ones where known."""
+    """(input text, predicted label or choice, its probability, the true one or None) per
+    record, and the accuracy over the labelled ones."""
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("#", justify="right", style="dim")
     table.add_column("text", ratio=1, overflow="ellipsis", no_wrap=True)
-    table.add_column("predicted")
+    table.add_column(f"predicted {column}")
     table.add_column("prob", justify="right")
     table.add_column("true")
-    for i, (r, p) in enumerate(zip(records, predictions, strict=True), 1):
-        f = r.fields
-        text = f.get("text") or f"{f.get('text_a', '')} | {f.get('text_b', '')}"
-        true = p.get("true")
-        mark = "" if true is None else (" ✓" if true == p["label"] else " ✗")
-        style = "" if true is None else ("green" if true == p["label"] else "red")
+    for i, (text, predicted, prob, true) in enumerate(rows, 1):
+        mark = "" if true is None else (" ✓" if true == predicted else " ✗")
+        style = "" if true is None else ("green" if true == predicted else "red")
         table.add_row(
-            str(i),
-            Text(text),
-            Text(str(p["label"]), style=style),
-            f"{p['prob']:.3f}",
-            Text(f"{'' if true is None else true}{mark}"),
+            str(i), Text(text), Text(predicted, style=style), f"{prob:.3f}", Text(f"{true or ''}{mark}")
         )
     out.print(table)
     if accuracy is not None:
-        labelled = sum("true" in p for p in predictions)
+        labelled = sum(true is not None for *_, true in rows)
         out.print(f"accuracy {accuracy:.4f} ({round(accuracy * labelled)}/{labelled})")

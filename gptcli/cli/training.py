@@ -107,7 +107,7 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str) -> None:
             f"Continue with: gptcli {verb} --resume --out {trainer.run_dir}"
         )
         raise typer.Exit(130)
-    next_verb = "classify" if trainer.meta.get("task") == "classify" else "sample"
+    next_verb = "classify" if trainer.meta.get("task") in ("classify", "choice") else "sample"
     render.info(f"next: gptcli {next_verb} --ckpt {trainer.run_dir}")
 
 
