@@ -42,21 +42,27 @@ def encode_prompt(tokenizer: Tokenizer, text: str | None, block_size: int) -> Pr
 
 @dataclass
 class TopK:
-    """The model's most likely next tokens at one step, and the one that was chosen."""
+    """The model's most likely next tokens at one step, and the one that was chosen; with
+    q, also the probabilities sampling drew from (after temperature, top-k, top-p)."""
 
     ids: list[int]
     probs: list[float]
     chosen: int
     chosen_prob: float
     chosen_rank: int  # 1-based rank of the chosen token in the full distribution
+    q: list[float] | None = None
+    chosen_q: float | None = None
 
 
-def top_k_of(probs: torch.Tensor, k: int, chosen: int) -> TopK:
-    """TopK from one next-token distribution probs (V,)."""
+def top_k_of(probs: torch.Tensor, k: int, chosen: int, q: torch.Tensor | None = None) -> TopK:
+    """TopK from one next-token distribution probs (V,), ranked by it; q (V,) alongside."""
     values, ids = torch.topk(probs, min(k, probs.numel()))
     chosen_prob = float(probs[chosen])
     rank = int((probs > chosen_prob).sum()) + 1
-    return TopK(ids.tolist(), values.tolist(), chosen, chosen_prob, rank)
+    top = TopK(ids.tolist(), values.tolist(), chosen, chosen_prob, rank)
+    if q is not None:
+        top.q, top.chosen_q = q[ids].tolist(), float(q[chosen])
+    return top
 
 
 class TextStream:
@@ -155,12 +161,13 @@ def complete(
         vocab_size=tokenizer.vocab_size,
     ):
         probs = step.probs if show_probs else None
+        q = step.sampling_probs if show_probs and step.reshaped else None
         for i, token in enumerate(step.tokens.tolist()):
             stream = streams[i]
             if stream.done:
                 continue
             if probs is not None:
-                steps[i].append(top_k_of(probs[i], show_probs, token))
+                steps[i].append(top_k_of(probs[i], show_probs, token, None if q is None else q[i]))
             delta = stream.push(token)
             if delta and on_text is not None:
                 on_text(i, delta)

@@ -23,11 +23,27 @@ class Step:
 
     tokens: torch.Tensor  # (B,) the chosen ids
     logits: torch.Tensor  # (B, V) the model's next-token logits (fp32, padding at -inf)
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
 
     @property
     def probs(self) -> torch.Tensor:
-        """(B, V) the model's next-token distribution (temperature 1)."""
+        """(B, V) p, the model's next-token distribution (temperature 1)."""
         return F.softmax(self.logits, dim=-1)
+
+    @property
+    def sampling_probs(self) -> torch.Tensor:
+        """(B, V) q, the distribution the tokens were drawn from (see sampling_distribution)."""
+        return sampling_distribution(self.logits, self.temperature, self.top_k, self.top_p)
+
+    @property
+    def reshaped(self) -> bool:
+        """Whether sampling drew from a q other than p (a temperature other than 1, or
+        top-k / top-p); greedy decoding (temperature 0) just takes p's argmax."""
+        if self.temperature == 0:
+            return False
+        return self.temperature != 1.0 or self.top_k is not None or (self.top_p or 1.0) < 1.0
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
@@ -45,6 +61,19 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
+def sampling_distribution(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
+    """q (B, V): proportional to p^(1/temperature), restricted to top-k / top-p and
+    renormalised; all mass on the argmax at temperature 0 (greedy)."""
+    logits = logits.float()
+    if temperature == 0:
+        return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
+    # subtract the max first: dividing by a tiny temperature then stays finite
+    logits = filter_logits((logits - logits.max(dim=-1, keepdim=True).values) / temperature, top_k, top_p)
+    return logits.softmax(-1)
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -52,14 +81,12 @@ def sample_next(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Next token ids (B,) from logits (B, V): argmax at temperature 0, else a draw from
-    q proportional to p^(1/temperature), restricted to top-k / top-p."""
+    """Next token ids (B,) from logits (B, V): argmax at temperature 0, else a draw from q
+    (sampling_distribution)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float()
-    # subtract the max first: dividing by a tiny temperature then stays finite
-    logits = filter_logits((logits - logits.max(dim=-1, keepdim=True).values) / temperature, top_k, top_p)
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+    q = sampling_distribution(logits, temperature, top_k, top_p)
+    return torch.multinomial(q, 1, generator=generator).squeeze(-1)
 
 
 class _Context:
@@ -122,6 +149,10 @@ def generate(
     """
     if not prompt:
         raise ValueError("generate needs at least one prompt token")
+    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError(
+            f"need temperature >= 0, top_k >= 1, 0 < top_p <= 1; got {temperature}, {top_k}, {top_p}"
+        )
     device = next(model.parameters()).device
     ctx = _Context(model, torch.tensor([list(prompt)], device=device), use_cache, _cache_dtype(model))
     logits = ctx.first()
@@ -135,7 +166,7 @@ def generate(
         if padding is not None:
             logits = logits.masked_fill(padding, float("-inf"))
         tokens = sample_next(logits, temperature, top_k, top_p, generator)
-        yield Step(tokens, logits)
+        yield Step(tokens, logits, temperature, top_k, top_p)
         if i + 1 < max_new_tokens:
             logits = ctx.push(tokens)
 

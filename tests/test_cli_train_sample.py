@@ -124,6 +124,24 @@ def test_sample_show_probs_marks_the_chosen_token(trained):
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
 
 
+def test_show_probs_gives_the_distribution_sampling_draws_from(trained):
+    """With --temp and --top-k, q (what a token is drawn from) is shown beside the model's
+    p: q ∝ p^(1/T) over the top-k, zero outside it."""
+    args = ["sample", "--ckpt", trained, "-p", "The", "-n", "4", "--show-probs", "5", "--seed", "3"]
+    data = json.loads(run(*args, "--temp", "0.5", "--top-k", "3", "--json").output)
+    for step in data["samples"][0]["top_k"]:
+        cands = step["candidates"]
+        p = [c["prob"] for c in cands]
+        want = [x ** (1 / 0.5) for x in p[:3]]
+        assert [c["q"] for c in cands[:3]] == pytest.approx([w / sum(want) for w in want], abs=1e-4)
+        assert [c["q"] for c in cands[3:]] == [0.0, 0.0]
+        assert step["chosen"]["q"] > 0  # the drawn token was possible under q
+    table = run(*args, "--temp", "0.5", "--top-k", "3").output
+    assert "p: model, q: drawn from (T=0.5, top-k 3)" in table
+    plain = json.loads(run(*args, "--json").output)  # temperature 1, no filter: q is p
+    assert all("q" not in c for s in plain["samples"][0]["top_k"] for c in s["candidates"])
+
+
 def test_sample_uses_the_newest_run(trained, tmp_path):
     cwd = os.getcwd()
     try:

@@ -170,3 +170,10 @@ def test_top_k_of_reports_the_rank_of_the_chosen_token():
     probs = torch.tensor([0.1, 0.5, 0.3, 0.1])
     t = top_k_of(probs, 2, chosen=2)
     assert t.ids == [1, 2] and t.chosen_rank == 2 and t.chosen_prob == pytest.approx(0.3)
+
+
+def test_generate_refuses_impossible_sampling_settings():
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
+    for kwargs in ({"temperature": -1.0}, {"top_k": 0}, {"top_p": 0.0}, {"top_p": 1.5}):
+        with pytest.raises(ValueError, match="need temperature >= 0"):
+            next(generate(model, [1, 2], 3, **kwargs))

@@ -393,27 +393,34 @@ def _bar(prob: float, width: int = 24) -> str:
 
 def probs_table(
     context: str,
-    rows: Sequence[tuple[int, str, float, bool]],
+    rows: Sequence[tuple[Any, ...]],
     title: str | None = None,
     column: str = "token",
+    sampling: str | None = None,
 ) -> None:
     """The most likely next tokens (or labels) after context: (rank, name, probability,
-    chosen) rows, with bars; the chosen one is marked."""
+    chosen) rows, with bars; the chosen one is marked. With `sampling` (how sampling
+    reshaped the distribution, e.g. "T=0.7, top-k 3"), rows carry a fifth value, q, the
+    probability the token was drawn with, shown beside the model's p."""
     table = Table(
         title=title or Text.assemble(("…" if len(context) > 48 else "", "dim"), (context[-48:], "dim"), " →"),
         title_justify="left",
+        caption=f"p: model, q: drawn from ({sampling})" if sampling else None,
+        caption_justify="left",
         show_edge=False,
         pad_edge=False,
     )
     table.add_column("#", justify="right", style="dim")
     table.add_column(column)
-    table.add_column("prob", justify="right")
+    table.add_column("p" if sampling else "prob", justify="right")
+    if sampling:
+        table.add_column("q", justify="right")
     table.add_column("", style="green")
-    for rank, piece, prob, chosen in rows:
-        style = "bold green" if chosen else ""
-        table.add_row(
-            str(rank), Text(piece, style=style), f"{prob:.4f}", _bar(prob) + (" ◀" if chosen else "")
-        )
+    for rank, piece, prob, chosen, *q in rows:
+        cells = [str(rank), Text(piece, style="bold green" if chosen else ""), f"{prob:.4f}"]
+        if sampling:
+            cells.append(f"{q[0]:.4f}")
+        table.add_row(*cells, _bar(prob) + (" ◀" if chosen else ""))
     out.print(table)
 
 

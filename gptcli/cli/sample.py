@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gptcli.cli import render
 from gptcli.cli.common import Ckpt, Device, Dtype, Json, Seed, check_seed, load_model, text_arg
 from gptcli.errors import UsageError
+
+if TYPE_CHECKING:
+    from gptcli.completion import Sampled, TopK
+    from gptcli.tokenizer import Tokenizer
 
 
 def check_sampling(
@@ -147,32 +151,45 @@ def sample(
     if streaming:
         render.stream_text("\n")
         return
+    how = _sampling_note(temp, top_k, top_p)
     for i, r in enumerate(results):
         render.sample_text(p.text, r.text, index=i + 1 if num_samples > 1 else None)
         if show_probs:
-            _show_steps(tok, p.ids, r)
+            _show_steps(tok, p.ids, r, how)
 
 
-def _top_k_json(tok, step) -> dict:
+def _sampling_note(temp: float, top_k: int | None, top_p: float | None) -> str:
+    """How sampling reshapes p into q, e.g. "T=0.7, top-k 3" ("" when it does not)."""
+    parts = [f"T={temp:g}"] if temp != 1.0 else []
+    parts += [f"top-k {top_k}"] if top_k is not None else []
+    parts += [f"top-p {top_p:g}"] if top_p is not None and top_p < 1.0 else []
+    return ", ".join(parts)
+
+
+def _top_k_json(tok: Tokenizer, step: TopK) -> dict[str, Any]:
+    """One step of --show-probs for --json: p, and q where sampling reshaped it."""
+
+    def entry(i: int, p: float, q: float | None) -> dict[str, Any]:
+        return {"id": i, "token": tok.piece(i), "prob": p, **({"q": q} if q is not None else {})}
+
+    qs = step.q if step.q is not None else [None] * len(step.ids)
     return {
-        "chosen": {"id": step.chosen, "token": tok.piece(step.chosen), "prob": step.chosen_prob},
-        "candidates": [
-            {"id": i, "token": tok.piece(i), "prob": pr} for i, pr in zip(step.ids, step.probs, strict=True)
-        ],
+        "chosen": entry(step.chosen, step.chosen_prob, step.chosen_q),
+        "candidates": [entry(i, p, q) for i, p, q in zip(step.ids, step.probs, qs, strict=True)],
     }
 
 
-def _show_steps(tok, prompt_ids: list[int], result) -> None:
+def _show_steps(tok: Tokenizer, prompt_ids: list[int], result: Sampled, how: str) -> None:
     """One probability table per generated token: the lecture's 'The rabbit dug a -> hole 0.45'."""
     context = list(prompt_ids)
     for step in result.steps:
+        qs = step.q if step.q is not None else [None] * len(step.ids)
         rows = [
-            (rank, render.visible_piece(tok.token_bytes(i)), pr, i == step.chosen)
-            for rank, (i, pr) in enumerate(zip(step.ids, step.probs, strict=True), 1)
+            (rank, render.visible_piece(tok.token_bytes(i)), p, i == step.chosen, q)
+            for rank, (i, p, q) in enumerate(zip(step.ids, step.probs, qs, strict=True), 1)
         ]
         if step.chosen not in step.ids:
-            rows.append(
-                (step.chosen_rank, render.visible_piece(tok.token_bytes(step.chosen)), step.chosen_prob, True)
-            )
-        render.probs_table(tok.decode(context), rows)
+            piece = render.visible_piece(tok.token_bytes(step.chosen))
+            rows.append((step.chosen_rank, piece, step.chosen_prob, True, step.chosen_q))
+        render.probs_table(tok.decode(context), rows, sampling=how if step.q is not None else None)
         context.append(step.chosen)
