@@ -90,6 +90,17 @@ def publish_dir(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def save_tensors(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
+    """safetensors' save_file, with the permissions of any other new file (it makes them
+    private to the owner, which breaks runs on shared storage)."""
+    save_file(tensors, path, metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)  # published files are never modified, so sharing them is safe
@@ -207,7 +218,7 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_file(model_state(model), tmp / MODEL_FILE, metadata={"format": "pt"})
+    save_tensors(model_state(model), tmp / MODEL_FILE, metadata={"format": "pt"})
     full_meta = {
         "format": FORMAT,
         "version": VERSION,
@@ -222,7 +233,7 @@ def save_checkpoint(
     if train_state is not None:
         tensors: dict[str, torch.Tensor] = {}
         skeleton = split_tensors(train_state, tensors)
-        save_file(tensors, tmp / STATE_TENSORS)
+        save_tensors(tensors, tmp / STATE_TENSORS)
         (tmp / STATE_JSON).write_text(json.dumps(skeleton), encoding="utf-8")
     publish_dir(tmp, final)
     return final

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from gptcli.checkpoint import save_tensors
 from gptcli.config import ModelConfig
 from gptcli.errors import UsageError
 from gptcli.model import GPT
@@ -146,6 +147,7 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
         "scale_attn_weights": cfg.get("scale_attn_weights", True),
         "scale_attn_by_inverse_layer_idx": not cfg.get("scale_attn_by_inverse_layer_idx", False),
         "reorder_and_upcast_attn": not cfg.get("reorder_and_upcast_attn", False),
+        "tie_word_embeddings": cfg.get("tie_word_embeddings", True),  # one matrix embeds and unembeds
     }
     bad = [k for k, ok in checks.items() if not ok]
     if bad:
@@ -247,7 +249,7 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
     }
     out.mkdir(parents=True, exist_ok=True)
     state = gptcli_to_hf_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
-    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    save_tensors(state, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     written = ["config.json", "model.safetensors"]
     if tokenizer.name == "gpt2":

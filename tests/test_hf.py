@@ -109,6 +109,11 @@ def test_unsupported_variants_and_broken_weights_are_refused(hf_gpt2, tmp_path):
     with pytest.raises(UsageError, match="unsupported GPT-2 variant"):
         load_checkpoint(tmp_path / "m")
     cfg["scale_attn_by_inverse_layer_idx"] = False
+    cfg["tie_word_embeddings"] = False  # a separate output matrix: ours is tied to the embedding
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UsageError, match="tie_word_embeddings=False"):
+        load_checkpoint(tmp_path / "m")
+    cfg["tie_word_embeddings"] = True
     cfg["n_layer"] = 3  # the weights have 2
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UsageError, match=r"lack transformer\.h\.2"):

@@ -212,3 +212,14 @@ def test_corpus_shorter_than_a_block_is_refused():
 
     with pytest.raises(UsageError, match="train split has 30 tokens, fewer than block_size"):
         LMTask(np.arange(30, dtype=np.uint16), np.arange(100, dtype=np.uint16), 64)
+
+
+def test_checkpoint_files_get_the_usual_permissions(data_dir, tmp_path):
+    """Weights are as readable as the other files (for runs on shared storage)."""
+    build_trainer(data_dir, tmp_path / "run", tiny_config(max_iters=2, eval_interval=2)).run()
+    probe = tmp_path / "probe"
+    probe.write_text("")
+    usual = probe.stat().st_mode & 0o777
+    for name in ("last", "best"):
+        modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "run" / name).iterdir()}
+        assert modes and set(modes.values()) == {usual}, modes
