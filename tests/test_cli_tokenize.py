@@ -190,6 +190,7 @@ def test_help_does_not_import_torch():
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stdout
     assert "tokenize" in proc.stdout
+    assert "--json" in proc.stdout and "<bool>" not in proc.stdout  # flags take no value
 
 
 def test_python_dash_m_and_version():

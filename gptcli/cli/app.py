@@ -14,8 +14,8 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from typer._click.exceptions import ClickException, NoArgsIsHelpError
-from typer.core import TyperGroup
+from typer._click.exceptions import ClickException, NoArgsIsHelpError  # typer 0.29's own click
+from typer.core import TyperGroup, TyperOption
 
 from gptcli import __version__
 from gptcli.cli import render
@@ -30,6 +30,16 @@ from gptcli.cli.tokenize import tokenize
 from gptcli.errors import GptcliError
 
 _debug = os.environ.get("GPTCLI_DEBUG", "") not in ("", "0")
+
+_option_type = TyperOption.display_type_rich
+
+
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
+    """No "<bool>" after --json, --force, --help...: a flag takes no value."""
+    return None if self.is_flag else _option_type(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 
 class _Boundary(TyperGroup):
