@@ -47,12 +47,21 @@ def test_text_json():
         "tokenizer": "gpt2",
         "ids": [464, 22746, 18735, 257],
         "pieces": ["The", " rabbit", " dug", " a"],
+        "bytes": ["546865", "20726162626974", "20647567", "2061"],
     }
+    # a character split over tokens: each token's exact bytes, which join to its UTF-8
+    fox = json.loads(run("tokenize", "a 🦊", "--json").output)
+    assert "".join(fox["bytes"]) == " ".join(["a", "🦊"]).encode().hex() and len(fox["bytes"]) == 4
 
 
 def test_text_with_char_tokenizer_uses_the_texts_characters():
     data = json.loads(run("tokenize", "abba", "-t", "char", "--json").output)
-    assert data == {"tokenizer": "char", "ids": [0, 1, 1, 0], "pieces": ["a", "b", "b", "a"]}
+    assert data == {
+        "tokenizer": "char",
+        "ids": [0, 1, 1, 0],
+        "pieces": ["a", "b", "b", "a"],
+        "bytes": ["61", "62", "62", "61"],
+    }
 
 
 def _docs(tmp_path: Path) -> tuple[Path, list[str]]:

@@ -85,6 +85,7 @@ def tokenize(
                 "tokenizer": tok.name,
                 "ids": ids,
                 "pieces": [tok.piece(i) for i in ids],
+                "bytes": [b.hex() for b in pieces],  # exact, also for pieces of a character
             }
         )
     else:
