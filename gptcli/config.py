@@ -21,6 +21,26 @@ import yaml
 
 from gptcli.errors import UsageError
 
+# config keys that have a command-line flag of the same name (--block-size for block_size)
+_FLAGGED = {
+    "model": {"block_size", "n_layer", "n_head", "n_embd", "dropout"},
+    "data": {"val_fraction"},
+    "train": {
+        "batch_size", "grad_accum", "lr", "min_lr", "warmup_iters", "max_iters", "max_time",
+        "weight_decay", "grad_clip", "eval_interval", "eval_iters", "log_interval", "device",
+        "dtype", "seed",
+    },
+}  # fmt: skip
+
+
+SEED_MAX = 2**63 - 1  # torch.manual_seed takes up to this
+
+
+def key_name(section: str, name: str) -> str:
+    """How an error names a setting: its YAML key, and its flag where there is one."""
+    flag = f" (--{name.replace('_', '-')})" if name in _FLAGGED.get(section, ()) else ""
+    return f"{section}.{name}{flag}"
+
 
 @dataclass
 class ModelConfig:
@@ -40,19 +60,23 @@ class ModelConfig:
 
     def validate(self) -> None:
         if self.n_classes < 0:
-            raise UsageError(f"model.n_classes must be >= 0, got {self.n_classes}")
+            raise UsageError(f"{key_name('model', 'n_classes')} must be >= 0, got {self.n_classes}")
         for name in ("block_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
-                raise UsageError(f"model.{name} must be a positive integer, got {getattr(self, name)}")
+                raise UsageError(
+                    f"{key_name('model', name)} must be a positive integer, got {getattr(self, name)}"
+                )
         if self.vocab_size is not None and self.vocab_size < 1:
-            raise UsageError(f"model.vocab_size must be a positive integer, got {self.vocab_size}")
+            raise UsageError(
+                f"{key_name('model', 'vocab_size')} must be a positive integer, got {self.vocab_size}"
+            )
         if self.n_embd % self.n_head:
             raise UsageError(
                 f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
                 f"try n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}"
             )
         if not 0.0 <= self.dropout < 1.0:
-            raise UsageError(f"model.dropout must be in [0, 1), got {self.dropout}")
+            raise UsageError(f"{key_name('model', 'dropout')} must be in [0, 1), got {self.dropout}")
 
     @property
     def head_dim(self) -> int:
@@ -71,7 +95,7 @@ class DataConfig:
 
         parse_spec(self.tokenizer)
         if not 0.0 < self.val_fraction < 1.0:
-            raise UsageError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
+            raise UsageError(f"{key_name('data', 'val_fraction')} must be in (0, 1), got {self.val_fraction}")
 
 
 @dataclass
@@ -100,26 +124,37 @@ class TrainConfig:
     def validate(self) -> None:
         for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval"):
             if getattr(self, name) < 1:
-                raise UsageError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
+                raise UsageError(
+                    f"{key_name('train', name)} must be a positive integer, got {getattr(self, name)}"
+                )
         if self.warmup_iters < 0:
-            raise UsageError(f"train.warmup_iters must be >= 0, got {self.warmup_iters}")
+            raise UsageError(f"{key_name('train', 'warmup_iters')} must be >= 0, got {self.warmup_iters}")
         for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
-                raise UsageError(f"train.{name} must be {'> 0' if name == 'lr' else '>= 0'}, got {value}")
+                raise UsageError(
+                    f"{key_name('train', name)} must be {'> 0' if name == 'lr' else '>= 0'}, got {value}"
+                )
         if self.min_lr > self.lr:
-            raise UsageError(f"train.min_lr ({self.min_lr}) must not exceed train.lr ({self.lr})")
+            raise UsageError(
+                f"{key_name('train', 'min_lr')} = {self.min_lr} must not exceed "
+                f"{key_name('train', 'lr')} = {self.lr}"
+            )
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise UsageError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0 <= self.seed <= 2**63 - 1:
-            raise UsageError(f"train.seed must be between 0 and 2**63 - 1, got {self.seed}")
+                raise UsageError(f"{key_name('train', name)} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise UsageError(f"{key_name('train', 'seed')} must be between 0 and {SEED_MAX}, got {self.seed}")
         if self.max_time is not None and self.max_time <= 0:
-            raise UsageError(f"train.max_time must be > 0 seconds, got {self.max_time}")
+            raise UsageError(f"{key_name('train', 'max_time')} must be > 0 seconds, got {self.max_time}")
         if self.dtype not in ("auto", "fp32", "bf16", "fp16"):
-            raise UsageError(f"train.dtype must be auto, fp32, bf16 or fp16, got {self.dtype!r}")
+            raise UsageError(
+                f"{key_name('train', 'dtype')} must be auto, fp32, bf16 or fp16, got {self.dtype!r}"
+            )
         if self.device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
-            raise UsageError(f"train.device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+            raise UsageError(
+                f"{key_name('train', 'device')} must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}"
+            )
 
 
 @dataclass

@@ -79,6 +79,11 @@ class LMTask(NextTokenTask):
 
     def __init__(self, train: np.ndarray, val: np.ndarray, block_size: int) -> None:
         for split, data in (("train", train), ("val", val)):
+            if len(data) == 0 and split == "val":
+                raise UsageError(
+                    "the val split is empty (tokenized with --val-fraction 0?); tokenize again "
+                    "with a --val-fraction above 0"
+                )
             if len(data) < block_size + 1:
                 raise UsageError(
                     f"the {split} split has {len(data)} tokens, fewer than block_size + 1 = "

@@ -92,7 +92,7 @@ CASES = [
     ("yaml unknown key", ["pretrain", "corpus.txt", "-c", "unknown-key.yaml"], "did you mean 'n_layer'"),
     ("yaml wrong type", ["pretrain", "corpus.txt", "-c", "wrong-type.yaml"], "train.batch_size must be an integer"),
     ("yaml n_embd/n_head", ["pretrain", "corpus.txt", "-c", "heads.yaml"], "must be divisible by model.n_head (6)"),
-    ("negative lr", ["pretrain", "corpus.txt", "--lr", "-0.1"], "train.lr must be > 0"),
+    ("negative lr", ["pretrain", "corpus.txt", "--lr", "-0.1"], "train.lr (--lr) must be > 0"),
     ("block larger than ckpt", ["finetune", "--ckpt", "{trained}", "corpus.txt", "--block-size", "32"],
      "larger than the checkpoint's 16"),
     ("prompt outside vocab", ["sample", "--ckpt", "{trained}", "-p", "Zebra ~ 東"], "'Z' '~' '東'"),

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gptcli.cli import render
+from gptcli.config import SEED_MAX
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ def text_arg(text: str, what: str = "the text") -> str:
     return text
 
 
-SEED_MAX = 2**63 - 1
 
 
 def check_seed(seed: int | None) -> None:
