@@ -95,8 +95,9 @@ class Summary:
     tokens: int
     stop_reason: str  # max_iters | max_time | interrupted
     best_val_loss: float | None
-    last_eval: dict[str, dict[str, float]] = field(default_factory=dict)
+    last_eval: dict[str, dict[str, float]] = field(default_factory=dict)  # this session's latest
     tokens_per_s: float | None = None
+    last_eval_step: int | None = None  # the step of last_eval
 
 
 class Reporter(Protocol):
@@ -589,6 +590,7 @@ class Trainer:
             best_val_loss=self.state.best_val_loss,
             last_eval=last_metrics,
             tokens_per_s=run_tokens / session if run_tokens else None,
+            last_eval_step=self.state.last_eval_step if last_metrics else None,
         )
         self.reporter.on_end(summary)
         return summary

@@ -54,8 +54,6 @@ def text_arg(text: str, what: str = "the text") -> str:
     return text
 
 
-
-
 def check_seed(seed: int | None) -> None:
     if seed is not None and not 0 <= seed <= SEED_MAX:
         raise UsageError(f"--seed must be between 0 and {SEED_MAX}, got {seed}")

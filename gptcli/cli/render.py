@@ -359,8 +359,10 @@ def train_summary(summary: Any, loss_png: str | None) -> None:
         ("tokens", f"{summary.tokens:,}"),
         ("tokens/s", _fmt(summary.tokens_per_s, ",.0f")),
         ("best val loss", _fmt(summary.best_val_loss)),
-        ("final train / val", f"{_fmt(train.get('loss'))} / {_fmt(val.get('loss'))}"),
     ]
+    if summary.last_eval:
+        last = "final" if summary.last_eval_step == summary.steps else f"step {summary.last_eval_step:,}"
+        rows.append((f"{last} train / val", f"{_fmt(train.get('loss'))} / {_fmt(val.get('loss'))}"))
     rows += [(f"val {k}", f"{v:.4f}") for k, v in val.items() if k != "loss"]
     rows += [("checkpoints", f"{summary.run_dir}/best, {summary.run_dir}/last")]
     if loss_png:
