@@ -52,7 +52,7 @@ def test_beam_stops_at_stop_strings_and_eos_tokens(trained):
     tok = load_tokenizer(trained / "best")
     data = json.loads(run("beam", "The", "--ckpt", trained, "-n", "12", "--stop", "use", "--json").stdout)
     ended = [h for h in data["hypotheses"] if h["finished"]]
-    assert ended  # the stop text is likely enough here for some hypotheses to end on it
+    assert ended  # every corpus line says "because" early; training is seeded, so this is fixed
     for h in ended:
         assert tok.decode(h["ids"]).endswith("use") and "use" not in h["text"]  # ended there; text cut before
     for h in data["hypotheses"]:

@@ -133,15 +133,17 @@ class StopAt(NullReporter):
             self.trainer.request_stop()
 
 
-def test_resume_is_exact(data_dir, tmp_path):
-    """N steps straight == N/2 steps, stop, resume, N/2 steps: same losses, same weights."""
-    config = tiny_config(max_iters=40, eval_interval=10, log_interval=1, dropout=0.1)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_resume_is_exact(data_dir, tmp_path, dtype):
+    """N steps straight == N/2 steps, stop, resume, N/2 steps: same losses, same weights
+    (also with bf16 autocast, the default on CPUs with native bf16)."""
+    config = tiny_config(max_iters=40, eval_interval=10, log_interval=1, dropout=0.1, dtype=dtype)
     straight = build_trainer(data_dir, tmp_path / "straight", config)
     straight.run()
 
     stopper = StopAt(23)  # between evaluations, so the stop itself writes the checkpoint
     first = build_trainer(
-        data_dir, tmp_path / "split", tiny_config(max_iters=40, eval_interval=10, log_interval=1)
+        data_dir, tmp_path / "split", tiny_config(max_iters=40, eval_interval=10, log_interval=1, dtype=dtype)
     )
     stopper.trainer = first
     first.reporter = stopper
