@@ -8,14 +8,18 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 from gptcli.errors import UsageError
 from gptcli.paths import cache_dir
+
+T = TypeVar("T")
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -272,3 +276,43 @@ def rank_device(requested: str, dist: Dist) -> tuple[torch.device, str]:
     elif dist.enabled:
         why += f" (rank {dist.rank} of {dist.world})"
     return device, why
+
+
+def shared_setup(device_request: str, prepare: Callable[[], T]) -> T:
+    """Run prepare() once per job under torchrun and give every process its result.
+
+    Each node's first process runs it (so a cache it fills is local to the node), the
+    others wait; then every process runs it again, cheaply, to learn the result (a cache
+    hit); the run directory is then taken from rank 0. Alone, it just runs prepare()."""
+    dist = dist_from_env()
+    if not dist.enabled:
+        return prepare()
+    import torch.distributed as td
+
+    device, _ = rank_device(device_request, dist)
+    init_distributed(device)
+    failure: list[str | None] = [None]
+    result = None
+    if dist.local_rank == 0:
+        try:
+            result = prepare()
+        except UsageError as e:
+            failure = [str(e)]
+    td.all_gather_object(failures := [None] * dist.world, failure[0])
+    problems = [f for f in failures if f]
+    if problems:
+        raise UsageError(problems[0])
+    if dist.local_rank != 0:
+        result = prepare()
+    return result
+
+
+def broadcast_from_main(value: Any) -> Any:
+    """rank 0's value on every process (value itself when alone)."""
+    if not dist_from_env().enabled:
+        return value
+    import torch.distributed as td
+
+    box = [value]
+    td.broadcast_object_list(box, src=0)
+    return box[0]

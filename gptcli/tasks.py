@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.data import Record
+from gptcli.data import Record, read_records
 from gptcli.errors import UsageError
 from gptcli.model import IGNORE_INDEX
 from gptcli.tokenizer import Tokenizer
@@ -430,6 +430,42 @@ def sft_examples(records: list[Record], tokenizer: Tokenizer, block_size: int) -
         ids = (p + c)[:room]
         out.append((ids, len(p)))
     return out
+
+
+def supervised_task(
+    settings: dict, tokenizer: Tokenizer, block_size: int, seed: int, labels: list | None = None
+) -> tuple[SupervisedTask | SFTTask, int, dict]:
+    """A classify, choice or sft finetuning task from a run's settings (task, data, val_data,
+    val_fraction, aux_lm_weight, delimiter, both_orders): the task, the number of outputs of
+    its head (0 for none), and what the checkpoint must remember (the labels). labels: the
+    label set of a run being resumed (else taken from the data)."""
+    kind = settings["task"]
+    records = read_records(settings["data"][0])
+    val_records = read_records(settings["val_data"]) if settings["val_data"] else None
+    if val_records is None:
+        train_idx, val_idx = holdout(len(records), settings["val_fraction"], seed, settings["data"][0])
+    else:
+        train_idx, val_idx = list(range(len(records))), []
+
+    def split(convert: Callable[[list[Record]], list]) -> dict[str, list]:
+        """Convert every record in file order (so errors name the first bad line), then split."""
+        examples = convert(records)
+        val = convert(val_records) if val_records is not None else [examples[i] for i in val_idx]
+        return {"train": [examples[i] for i in train_idx], "val": val}
+
+    delimiter, weight = settings["delimiter"], settings["aux_lm_weight"]
+    if kind == "sft":
+        return SFTTask(split(lambda rs: sft_examples(rs, tokenizer, block_size)), block_size), 0, {}
+    if kind == "choice":
+        splits = split(lambda rs: choice_examples(rs, tokenizer, block_size, delimiter))
+        return SupervisedTask("choice", splits, weight, block_size), 1, {}
+    if kind != "classify":
+        raise UsageError(f"--task {kind!r}: use one of lm, classify, choice, sft")
+    both = settings["both_orders"]
+    if labels is None:
+        _, labels = classify_examples(records, tokenizer, block_size, None, delimiter, both)
+    splits = split(lambda rs: classify_examples(rs, tokenizer, block_size, labels, delimiter, both)[0])
+    return SupervisedTask("classify", splits, weight, block_size), len(labels), {"labels": labels}
 
 
 # --- using a finetuned classifier ----------------------------------------------------------

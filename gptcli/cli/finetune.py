@@ -14,13 +14,11 @@ from gptcli.cli.training import (
     RUN,
     Config,
     Resume,
-    broadcast_from_main,
     load_for_resume,
     new_run_dir,
     opt,
     prepare_text,
     run_trainer,
-    shared_setup,
     train_flags,
     training_options,
 )
@@ -199,7 +197,7 @@ def _base_config(loaded: Any, config_path: Path | None, flags: dict) -> RunConfi
 def _fresh(ckpt: str, settings: dict, config_path: Path | None, out: Path | None, flags: dict) -> Trainer:
     from gptcli.checkpoint import load_checkpoint
     from gptcli.model import GPT
-    from gptcli.runtime import seed_everything
+    from gptcli.runtime import broadcast_from_main, seed_everything, shared_setup
 
     loaded = load_checkpoint(ckpt)
     base_block = loaded.model.config.block_size
@@ -226,6 +224,8 @@ def _fresh(ckpt: str, settings: dict, config_path: Path | None, out: Path | None
 
 
 def _resume(out: Path | None, flags: dict, config_path: Path | None) -> Trainer:
+    from gptcli.runtime import shared_setup
+
     loaded, config = load_for_resume(out, flags, config_path)
     meta = loaded.meta
     if "base" not in meta:
@@ -249,59 +249,24 @@ def _resume(out: Path | None, flags: dict, config_path: Path | None) -> Trainer:
 def _build_task(
     settings: dict, tok: Any, config: RunConfig, seed: int, labels: list | None = None
 ) -> tuple[Any, dict]:
-    """The task and what the checkpoint must remember about it (labels, data dir)."""
-    from gptcli.data import load_split, read_records
-    from gptcli.tasks import (
-        LMTask,
-        SFTTask,
-        SupervisedTask,
-        choice_examples,
-        classify_examples,
-        holdout,
-        sft_examples,
-    )
+    """The task, and what the checkpoint must remember about it (labels, data dir); sets
+    config.model.n_classes for the head the task needs."""
+    from gptcli.data import load_split
+    from gptcli.tasks import LMTask, supervised_task
 
-    kind, block = settings["task"], config.model.block_size
-    if kind == "lm":
+    block = config.model.block_size
+    if settings["task"] == "lm":
+        config.model.n_classes = 0
         data_dir, _ = prepare_text([Path(p) for p in settings["data"]], tok, settings["val_fraction"])
-        return LMTask(load_split(data_dir, "train"), load_split(data_dir, "val"), block), {
-            "data_dir": str(data_dir)
-        }
-    records = read_records(settings["data"][0])
-    val_records = read_records(settings["val_data"]) if settings["val_data"] else None
-    if val_records is None:
-        train_idx, val_idx = holdout(len(records), settings["val_fraction"], seed, settings["data"][0])
-    else:
-        train_idx, val_idx = list(range(len(records))), []
-
-    def split(convert):
-        """Convert every record in file order (so errors name the first bad line), then split."""
-        examples = convert(records)
-        val = convert(val_records) if val_records is not None else [examples[i] for i in val_idx]
-        return {"train": [examples[i] for i in train_idx], "val": val}
-
-    if kind == "sft":
-        return SFTTask(split(lambda rs: sft_examples(rs, tok, block)), block), {}
-    if kind == "choice":
-        config.model.n_classes = 1
-        splits = split(lambda rs: choice_examples(rs, tok, block, settings["delimiter"]))
-        return SupervisedTask("choice", splits, settings["aux_lm_weight"], block), {}
-    if labels is None:
-        _, labels = classify_examples(
-            records, tok, block, None, settings["delimiter"], settings["both_orders"]
+        task = LMTask(load_split(data_dir, "train"), load_split(data_dir, "val"), block)
+        return task, {"data_dir": str(data_dir)}
+    task, config.model.n_classes, extra = supervised_task(settings, tok, block, seed, labels)
+    if settings["task"] == "classify":
+        render.info(
+            f"classify: {task.num_examples('train')} training and {task.num_examples('val')} "
+            f"validation examples, labels {extra['labels']}"
         )
-    splits = split(
-        lambda rs: classify_examples(rs, tok, block, labels, settings["delimiter"], settings["both_orders"])[
-            0
-        ]
-    )
-    config.model.n_classes = len(labels)
-    task = SupervisedTask("classify", splits, settings["aux_lm_weight"], block)
-    render.info(
-        f"classify: {len(splits['train'])} training and {len(splits['val'])} validation examples, "
-        f"labels {labels}"
-    )
-    return task, {"labels": labels}
+    return task, extra
 
 
 def _trainer(model, tok, task, config, run_dir, meta) -> Trainer:

@@ -12,13 +12,11 @@ from gptcli.cli.training import (
     RUN,
     Config,
     Resume,
-    broadcast_from_main,
     load_for_resume,
     new_run_dir,
     opt,
     prepare_text,
     run_trainer,
-    shared_setup,
     train_flags,
     training_options,
 )
@@ -106,7 +104,7 @@ def pretrain(
 def _fresh(corpus: list[Path], config_path: Path | None, out: Path | None, flags: dict) -> Trainer:
     from gptcli.config import load_config, read_yaml
     from gptcli.model import GPT
-    from gptcli.runtime import seed_everything
+    from gptcli.runtime import broadcast_from_main, seed_everything, shared_setup
 
     config = load_config(config_path, flags)
     explicit_tokenizer = "tokenizer" in flags.get("data", {}) or (
@@ -130,6 +128,8 @@ def _fresh(corpus: list[Path], config_path: Path | None, out: Path | None, flags
 
 
 def _resume(out: Path | None, corpus: list[Path] | None, config_path: Path | None, flags: dict) -> Trainer:
+    from gptcli.runtime import shared_setup
+
     loaded, config = load_for_resume(out, flags, config_path)
     run_dir = loaded.path.parent
     if "data_dir" not in loaded.meta:
