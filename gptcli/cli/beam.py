@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg
+from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg, warn_if_cut
 from gptcli.errors import UsageError
 
 
@@ -82,11 +82,7 @@ def beam(
             f"--max-new-tokens must be below the model's block_size {block}, got {max_new_tokens}"
         )
     p = encode_prompt(tok, text_arg(prompt, "the prompt"), block - max_new_tokens)
-    if p.dropped:
-        render.warning(
-            f"the prompt plus {max_new_tokens} new tokens exceed the model's block_size {block}; "
-            f"kept the prompt's last {len(p.ids)} tokens"
-        )
+    warn_if_cut(p, f"the model's block_size {block} less the {max_new_tokens} new tokens")
     hyps = beam_complete(
         loaded.model,
         tok,

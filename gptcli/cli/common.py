@@ -13,6 +13,7 @@ from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
     from gptcli.checkpoint import Loaded
+    from gptcli.completion import Prompt
 
 Ckpt = Annotated[
     str | None,
@@ -83,3 +84,12 @@ def load_model(ckpt: str | None, device: str = "auto", dtype: str = "auto") -> L
         why_dtype += " (compiled decoding kernels)"
     render.note(f"{why_device}; {why_dtype}")
     return loaded
+
+
+def warn_if_cut(prompt: Prompt, room: str) -> None:
+    """Say so when encode_prompt cut the prompt from the left; room names the limit."""
+    if prompt.dropped:
+        render.warning(
+            f"the prompt is {len(prompt.ids) + prompt.dropped} tokens, more than {room}; "
+            f"kept its last {len(prompt.ids)}"
+        )

@@ -27,6 +27,9 @@ from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
     from gptcli.config import Config as RunConfig
+    from gptcli.model import GPT
+    from gptcli.tasks import Task
+    from gptcli.tokenizer import Tokenizer
     from gptcli.train import Trainer
 
 TASKS = ("lm", "classify", "choice", "sft")
@@ -269,7 +272,7 @@ def _build_task(
     return task, extra
 
 
-def _trainer(model, tok, task, config, run_dir, meta) -> Trainer:
+def _trainer(model: GPT, tok: Tokenizer, task: Task, config: RunConfig, run_dir: Path, meta: dict) -> Trainer:
     from gptcli.train import Trainer
 
     return Trainer(model, tok, task, config, run_dir, meta=meta)

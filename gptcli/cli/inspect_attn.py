@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gptcli.cli import figures, render
-from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg
+from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg, warn_if_cut
 from gptcli.errors import UsageError
 
 SAVE_FORMATS = (".json", ".png", ".html")
@@ -73,11 +73,7 @@ def inspect_attn(
     layers = _pick(layer, cfg.n_layer, "layer", allow_mean=False)
     heads = _pick(head, cfg.n_head, "head", allow_mean=True)
     p = encode_prompt(tok, prompt, cfg.block_size)
-    if p.dropped:
-        render.warning(
-            f"the prompt is longer than the model's block_size {cfg.block_size}; "
-            f"kept its last {len(p.ids)} tokens"
-        )
+    warn_if_cut(p, f"the model's block_size {cfg.block_size}")
 
     maps = capture(loaded.model, p.ids, vocab_size=tok.vocab_size)
     ids, probs = maps.top_k(top_k)

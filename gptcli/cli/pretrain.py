@@ -24,6 +24,10 @@ from gptcli.config import TrainConfig
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
+    from gptcli.config import Config as RunConfig
+    from gptcli.model import GPT
+    from gptcli.tasks import Task
+    from gptcli.tokenizer import Tokenizer
     from gptcli.train import Trainer
 
 T = training_options(TrainConfig())
@@ -172,7 +176,15 @@ def _load_task(data_dir: Path, config: Any) -> tuple[Any, Any]:
     return tok, task
 
 
-def _trainer(model, tok, task, config, run_dir, data_dir, sources) -> Trainer:
+def _trainer(
+    model: GPT,
+    tok: Tokenizer,
+    task: Task,
+    config: RunConfig,
+    run_dir: Path,
+    data_dir: Path,
+    sources: list[str],
+) -> Trainer:
     from gptcli.train import Trainer
 
     meta = {"task": "lm", "data_dir": str(data_dir), "sources": list(sources)}

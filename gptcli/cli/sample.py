@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Ckpt, Device, Dtype, Json, Seed, check_seed, load_model, text_arg
+from gptcli.cli.common import Ckpt, Device, Dtype, Json, Seed, check_seed, load_model, text_arg, warn_if_cut
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -106,11 +106,7 @@ def sample(
     loaded = load_model(ckpt, device, dtype)
     tok = loaded.tokenizer
     p = encode_prompt(tok, text, loaded.model.config.block_size)
-    if p.dropped:
-        render.warning(
-            f"the prompt is {len(p.ids) + p.dropped} tokens, more than the model's block_size "
-            f"{loaded.model.config.block_size}; kept its last {len(p.ids)}"
-        )
+    warn_if_cut(p, f"the model's block_size {loaded.model.config.block_size}")
     live = (render.out.is_terminal if stream is None else stream) and not json_out
     streaming = live and num_samples == 1 and not show_probs
     if streaming:
