@@ -54,9 +54,6 @@ class Tokenizer(ABC):
         """Like encode, but a literal `<|endoftext|>` becomes the end-of-text token."""
         return self.encode(text)
 
-    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
     def encode_array(self, text: str) -> np.ndarray:
         """Like encode, as a numpy array (the fast path for corpora)."""
         return np.asarray(self.encode(text), dtype=np.int64)
@@ -164,9 +161,6 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode_prompt(self, text: str) -> list[int]:
         return self.enc.encode(text, allowed_special={ENDOFTEXT}, disallowed_special=())
-
-    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
-        return self.enc.encode_ordinary_batch(list(texts), num_threads=num_threads or os.cpu_count() or 1)
 
     def encode_array(self, text: str) -> np.ndarray:
         # special-token strings stay plain text, as in encode; tiktoken releases the GIL here
