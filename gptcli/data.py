@@ -35,7 +35,7 @@ from gptcli.tokenizer import (
 
 META_FILE = "meta.json"
 FORMAT = "gptcli-tokens"
-VERSION = 1
+VERSION = 2  # 2: a corpus that is one long last document still gets a val split
 READ_BYTES = 1 << 20  # bytes read per step while streaming a file
 CHUNK_CHARS = 1 << 18  # characters handed to the encoder per chunk
 
@@ -329,6 +329,7 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
             meta.get("source_sha256") == scan.sha256
             and meta.get("request") == request
             and meta.get("val_fraction") == val_fraction
+            and meta.get("version") == VERSION
             and (out / "train.bin").is_file()
             and (out / "val.bin").is_file()
         )
@@ -339,8 +340,10 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
                 what = "of other text"
             elif meta.get("request") != request:
                 what = f"with tokenizer {meta.get('request')}, not {request}"
-            else:
+            elif meta.get("val_fraction") != val_fraction:
                 what = f"with --val-fraction {meta.get('val_fraction')}, not {val_fraction}"
+            else:
+                what = f"in data format version {meta.get('version')}, not {VERSION}"
             raise UsageError(
                 f"{out} already holds a different tokenization ({what}); "
                 "choose another --out or pass --force to replace it"
@@ -383,23 +386,32 @@ SEEK_CHARS = 4 * CHUNK_CHARS  # how far past the split point to look for a line 
 
 
 def _split_stream(
-    files: list[Path], split_char: int, newline_sep: bool, on_bytes: Callable[[int], None] | None
+    files: list[Path],
+    split_char: int,
+    newline_sep: bool,
+    on_bytes: Callable[[int], None] | None,
+    n_docs: int,
 ) -> Iterator[tuple[str, str | None]]:
     """Yield (split, chunk) over the corpus, and (split, None) where a document ends.
 
     Text before split_char goes to train, the rest to val. The cut moves forward to the next
-    line boundary (a safe split point) or document end, whichever comes first; only a line
-    longer than SEEK_CHARS is cut where it stands."""
-    seen = 0
+    line boundary (a safe split point) or document end, whichever comes first; a line
+    longer than SEEK_CHARS is cut where it stands, and so is the last of the n_docs
+    documents when the chunk holding the split point has no line boundary after it (else
+    a corpus of one long line would leave val empty)."""
+    seen, docs = 0, 0
     state = "train" if split_char > 0 else "val"  # train -> seeking -> val
     for path in files:
         for doc in iter_documents(path, on_bytes):
+            docs += 1
             for chunk in iter_chunks(_newline_terminated(doc) if newline_sep else doc):
                 if state == "train" and seen + len(chunk) > split_char:
                     state = "seeking"
                 if state == "seeking":
                     start = max(0, split_char - seen)
                     cut = _first_safe_split(chunk, start)
+                    if cut < 0 and docs == n_docs:
+                        cut = start
                     if cut < 0 and seen + len(chunk) - split_char > SEEK_CHARS:
                         cut = max(start, split_char + SEEK_CHARS - seen)
                     if cut >= 0:
@@ -491,7 +503,7 @@ def _encode(
 
     try:
         split_char = scan.chars - int(scan.chars * val_fraction)
-        items = _split_stream(files, split_char, tok.eot_id is None, on_bytes)
+        items = _split_stream(files, split_char, tok.eot_id is None, on_bytes, scan.documents)
         _encode_stream(tok, items, writer, None if progress is None else lambda: progress(done, scan.bytes))
         writer.finish()
     except BaseException:

@@ -81,8 +81,8 @@ class LMTask(NextTokenTask):
         for split, data in (("train", train), ("val", val)):
             if len(data) == 0 and split == "val":
                 raise UsageError(
-                    "the val split is empty (tokenized with --val-fraction 0?); tokenize again "
-                    "with a --val-fraction above 0"
+                    "the val split is empty (too little text, or tokenized with --val-fraction 0); "
+                    "use more text or a --val-fraction above 0"
                 )
             if len(data) < block_size + 1:
                 raise UsageError(

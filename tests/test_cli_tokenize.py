@@ -96,6 +96,18 @@ def test_corpus_shards_decode_to_the_input(tmp_path, spec):
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
 
 
+def test_a_corpus_of_one_long_line_still_gets_a_val_split(tmp_path):
+    """With no line boundary after the split point, the last document is cut there."""
+    text = "the cat sat on the mat and the dog ran far away " * 200  # one line, no newline
+    (tmp_path / "one.txt").write_text(text)
+    result = run("tokenize", tmp_path / "one.txt", "--out", tmp_path / "out", "-t", "char", "--json")
+    assert result.exit_code == 0, result.output
+    train, val = load_split(tmp_path / "out", "train"), load_split(tmp_path / "out", "val")
+    assert len(val) == round(0.1 * len(text)) and len(train) + len(val) == len(text) + 1  # + "\n"
+    tok = load_tokenizer(tmp_path / "out")
+    assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == text + "\n"
+
+
 def test_large_vocabularies_use_uint32(tmp_path):
     # 70,000 distinct characters: more ids than uint16 holds
     text = "".join(chr(0x10000 + i) for i in range(70_000)) + "\n"
