@@ -54,9 +54,14 @@ def test_pretrain_writes_a_run_and_reports(tmp_path):
 def test_pretrain_on_a_tokenized_dir(tmp_path):
     corpus = make_corpus(tmp_path / "c.txt")
     assert run("tokenize", corpus, "--out", tmp_path / "tok", "-t", "gpt2").exit_code == 0
-    result = run("pretrain", tmp_path / "tok", "--out", tmp_path / "run", *TINY, "--max-iters", "2")
+    result = run("pretrain", tmp_path / "tok", "--out", tmp_path / "run", *TINY, "--max-iters", "2", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "run" / "last" / "checkpoint.json").read_text())["tokenizer"] == "gpt2"
+    summary = json.loads(result.stdout)  # --json: only the summary on stdout, progress on stderr
+    assert summary["steps"] == 2 and summary["stop_reason"] == "max_iters"
+    assert summary["checkpoints"]["best"] == str(tmp_path / "run" / "best")
+    assert summary["last_eval_step"] == 2 and summary["best_val_loss"] == summary["last_eval"]["val"]["loss"]
+    assert "step 1/2 | loss" in result.stderr and "eval step 2:" in result.stderr
     assert_usage_error(
         run("pretrain", tmp_path / "tok", "--out", tmp_path / "r2", "-t", "char", *TINY),
         "tokenized with gpt2, not char",

@@ -71,9 +71,11 @@ def test_hub_names_come_from_the_local_cache(hf_gpt2, tmp_path, monkeypatch):
 
 def test_export_round_trips_through_transformers(trained, tmp_path):
     out = tmp_path / "hf"
-    result = run("export", trained, "--to", "hf", out)
+    result = run("export", trained, "--to", "hf", out, "--json")
     assert result.exit_code == 0, result.output
     assert {"config.json", "model.safetensors", "gptcli_tokenizer.json"} <= {p.name for p in out.iterdir()}
+    report = json.loads(result.stdout)
+    assert report["out"] == str(out) and sorted(report["files"]) == sorted(p.name for p in out.iterdir())
     ours = load_checkpoint(trained)
     theirs = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     ids = ours.tokenizer.encode("The fox dug a")

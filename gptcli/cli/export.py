@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from gptcli.cli import render
+from gptcli.cli.common import Json
 from gptcli.errors import UsageError
 
 
@@ -20,6 +21,7 @@ def export(
     force: Annotated[
         bool, typer.Option("--force", help="Write into an existing, non-empty directory.")
     ] = False,
+    json_out: Json = False,
 ) -> None:
     """Export a model for other tools.
 
@@ -38,5 +40,8 @@ def export(
             "the classification head is not part of GPT-2's format; only the language model is exported"
         )
     written = export_hf(loaded.model, loaded.tokenizer, out)
+    if json_out:
+        render.print_json({"out": str(out), "format": to, "files": list(written)})
+        return
     render.info(f"wrote {out}: {', '.join(written)}")
     render.info(f'load it with: transformers.GPT2LMHeadModel.from_pretrained("{out}")')

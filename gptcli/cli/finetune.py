@@ -13,6 +13,7 @@ from gptcli.cli.training import (
     MODEL,
     RUN,
     Config,
+    JsonSummary,
     Resume,
     load_for_resume,
     new_run_dir,
@@ -115,6 +116,7 @@ def finetune(
     dtype: T.dtype = None,
     compile: T.compile = None,
     seed: T.seed = None,
+    json_out: JsonSummary = False,
 ) -> None:
     """Finetune a model: domain text, classification, multiple choice or instructions.
 
@@ -170,7 +172,7 @@ def finetune(
             "base": ckpt,
         }
         trainer = _fresh(ckpt, settings, config, out, flags)
-    run_trainer(trainer, resume=resume, verb="finetune")
+    run_trainer(trainer, resume=resume, verb="finetune", json_out=json_out)
 
 
 def _base_config(loaded: Any, config_path: Path | None, flags: dict) -> RunConfig:

@@ -11,6 +11,7 @@ from gptcli.cli.training import (
     MODEL,
     RUN,
     Config,
+    JsonSummary,
     Resume,
     load_for_resume,
     new_run_dir,
@@ -82,6 +83,7 @@ def pretrain(
     dtype: T.dtype = None,
     compile: T.compile = None,
     seed: T.seed = None,
+    json_out: JsonSummary = False,
 ) -> None:
     """Train a GPT from scratch: live loss curve, checkpoints, exact resume.
 
@@ -102,7 +104,7 @@ def pretrain(
         if not corpus:
             raise UsageError("give the text to train on: gptcli pretrain CORPUS... (files or directories)")
         trainer = _fresh(corpus, config, out, flags)
-    run_trainer(trainer, resume=resume, verb="pretrain")
+    run_trainer(trainer, resume=resume, verb="pretrain", json_out=json_out)
 
 
 def _fresh(corpus: list[Path], config_path: Path | None, out: Path | None, flags: dict) -> Trainer:

@@ -285,12 +285,13 @@ class TrainLog:
     """Plain training log (not a terminal): one line per log step and per evaluation.
     Implements gptcli.train.Reporter."""
 
-    def __init__(self, title: str) -> None:
+    def __init__(self, title: str, console: Console | None = None) -> None:
         self.title = title
+        self.console = console or out
 
     def _line(self, text: str) -> None:
-        out.print(text, markup=False, highlight=False, soft_wrap=True)
-        out.file.flush()
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        self.console.file.flush()
 
     def on_start(self, info: Any) -> None:
         self._line(f"{self.title} {info.run_dir}")

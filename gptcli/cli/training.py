@@ -72,6 +72,9 @@ Config = Annotated[Path | None, opt("--config", "-c", help="YAML config (see exa
 Resume = Annotated[
     bool, opt("--resume", help="Continue the run in --out (default: the newest run) exactly.", panel=RUN)
 ]
+JsonSummary = Annotated[
+    bool, opt("--json", help="Print the run's summary as JSON (progress lines go to stderr).", panel=RUN)
+]
 
 
 def train_flags(values: dict[str, Any]) -> dict[str, Any]:
@@ -91,16 +94,20 @@ def new_run_dir(out: Path | None, stem: str) -> Path:
     return out
 
 
-def run_trainer(trainer: Trainer, resume: bool, verb: str) -> None:
+def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = False) -> None:
     """Train with the live view, print the summary and loss.png; exit 130 with a resume hint
-    if interrupted."""
+    if interrupted. json_out: progress as plain lines on stderr, the summary as JSON on stdout."""
     if trainer.dist.is_main:
-        trainer.reporter = render.train_reporter(f"gptcli {verb} →")
+        title = f"gptcli {verb} →"
+        trainer.reporter = render.TrainLog(title, render.err) if json_out else render.train_reporter(title)
     summary = trainer.run(resume=resume)
     png = trainer.run_dir / "loss.png"
     # only the main process writes to the run directory
     saved = trainer.dist.is_main and figures.save_loss_png(trainer.run_dir / "metrics.jsonl", png)
-    render.train_summary(summary, str(png) if saved else None)
+    if json_out:
+        render.print_json(summary_json(summary, png if saved else None))
+    else:
+        render.train_summary(summary, str(png) if saved else None)
     if summary.stop_reason in ("interrupted", "terminated"):
         render.warning(
             f"stopped at step {summary.steps}; the last checkpoint is saved. "
@@ -109,6 +116,17 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str) -> None:
         raise typer.Exit(130)
     next_verb = "classify" if trainer.meta.get("task") in ("classify", "choice") else "sample"
     render.info(f"next: gptcli {next_verb} --ckpt {trainer.run_dir}")
+
+
+def summary_json(summary: Any, loss_png: Path | None) -> dict[str, Any]:
+    """A training Summary for --json."""
+    from dataclasses import asdict
+
+    data = asdict(summary)
+    data["run_dir"] = str(summary.run_dir)
+    data["checkpoints"] = {name: str(summary.run_dir / name) for name in ("best", "last")}
+    data["loss_png"] = str(loss_png) if loss_png else None
+    return data
 
 
 def prepare_text(
