@@ -1,14 +1,18 @@
-"""Faster decoding kernels for bf16 models on the CPU.
+"""Faster decoding for bf16 models on the CPU.
 
 Decoding one token reads every weight once and does little else, so its speed is set by
 the bytes of weights read per token. With bf16 weights, the stock CPU matmul for a single
 row reaches about half the machine's memory bandwidth; a product written as an elementwise
 multiply and a reduction, compiled by TorchInductor, streams the weights at close to full
-bandwidth (bench/RESULTS.md). It is used for the Linear layers of a bf16 model on the CPU
-when one or two rows go through them (decoding); prefill, training and anything else keep
-the stock kernel. Likewise the CPU's fused bf16 attention is slow for a single query (and
-grows slower with the context): one new token attends through a compiled fp32 product
-and softmax instead. Without a working compiler everything quietly falls back to eager.
+bandwidth (bench/RESULTS.md). The CPU's fused bf16 attention is slow for a single query
+too, and grows slower with the context.
+
+So a bf16 model on the CPU decodes each new token through one compiled call per block:
+LayerNorm, the q/k/v product, the KV-cache write, single-query attention in fp32, the
+output projection and the MLP, all in one TorchInductor kernel, with no Python between
+the ops. The remaining Linear layers (the unembedding) take the reduction kernel when one
+or two rows go through them. Prefill, training and anything else keep the model's own
+code. Without a working compiler everything quietly falls back to eager.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.model import MLP, CausalSelfAttention
+from gptcli.model import Block, KVCache, gelu
 
 MAX_ROWS = 2  # beyond this the stock matmul reuses each weight across rows and wins
-_state: dict[str, Any] = {"ok": True, "gemv": None, "attend": None}
+_state: dict[str, Any] = {"ok": True, "gemv": None, "block": None}
 
 
 def _gemv_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -32,6 +36,13 @@ def _gemv_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torc
     if b is not None:
         y = y + b.float()
     return y.to(x.dtype)
+
+
+def _linear_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """F.linear for x (B, 1, K): the reduction for up to MAX_ROWS rows, the matmul beyond."""
+    if x.size(0) > MAX_ROWS:
+        return F.linear(x, w, b)
+    return _gemv_impl(x[:, 0], w, b)[:, None]
 
 
 def _attend_impl(
@@ -46,13 +57,45 @@ def _attend_impl(
     return (p * v.float()).sum(-2, keepdim=True).to(q.dtype)  # (B, nh, 1, hs)
 
 
+def _block_step_impl(
+    x: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    mask: torch.Tensor | None,
+    w: tuple[torch.Tensor | None, ...],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Block.forward for one new token per row, x (B, 1, C), attending over this layer's
+    cache (B, nh, S, hs), whose last position it fills with its keys and values. w: the
+    block's weights in order (ln_1, c_attn, attn c_proj, ln_2, c_fc, mlp c_proj; weight
+    then bias each).
+
+    Returns the block's output and both LayerNorm outputs: handing those back makes the
+    compiler store them, rather than recompute the normalisation inside every row of the
+    product that reads them."""
+    ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b = w
+    B, _, C = x.shape
+    nh, hs = k_cache.size(1), k_cache.size(3)
+    h1 = F.layer_norm(x, (C,), ln1_w, ln1_b, 1e-5)
+    q, k, v = _linear_impl(h1, attn_w, attn_b).split(C, dim=2)  # (B, 1, C) each
+    k_cache[:, :, -1:] = k.view(B, 1, nh, hs).transpose(1, 2)
+    v_cache[:, :, -1:] = v.view(B, 1, nh, hs).transpose(1, 2)
+    y = _attend_impl(q.view(B, nh, 1, hs), k_cache, v_cache, mask)
+    x = x + _linear_impl(y.reshape(B, 1, C), proj_w, proj_b)
+    h2 = F.layer_norm(x, (C,), ln2_w, ln2_b, 1e-5)
+    x = x + _linear_impl(gelu(_linear_impl(h2, fc_w, fc_b)), out_w, out_b)
+    return x, h1, h2
+
+
 def _compiled(name: str) -> Any:
     if _state[name] is None:
-        _state[name] = torch.compile({"gemv": _gemv_impl, "attend": _attend_impl}[name], dynamic=True)
+        if name == "gemv":
+            _state[name] = torch.compile(_gemv_impl, dynamic=True)
+        else:  # sizes static, except the number of cached positions (marked dynamic)
+            _state[name] = torch.compile(_block_step_impl)
     return _state[name]
 
 
-def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def _linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     # the model is bf16 on the CPU (use_fast_decode checked); decoding sends one row or two
     rows = x.numel() // x.size(-1)
     if rows <= MAX_ROWS and _state["ok"] and not torch.is_grad_enabled():
@@ -64,50 +107,49 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, self.weight, self.bias)
 
 
-def _attend(
-    self: CausalSelfAttention,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+def _block_forward(
+    self: Block,
+    x: torch.Tensor,
     mask: torch.Tensor | None,
+    kv_cache: KVCache | None = None,
     attentions: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    if q.size(2) == 1 and attentions is None and _state["ok"] and not torch.is_grad_enabled():
+    attn, mlp = self.attn, self.mlp
+    if (
+        x.size(1) == 1
+        and kv_cache is not None
+        and attentions is None
+        and not attn.explicit
+        and not self.training
+        and _state["ok"]
+        and not torch.is_grad_enabled()
+    ):
+        layer = attn.layer_idx
+        w = (self.ln_1.weight, self.ln_1.bias, attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight)
+        w += (attn.c_proj.bias, self.ln_2.weight, self.ln_2.bias, mlp.c_fc.weight, mlp.c_fc.bias)
+        w += (mlp.c_proj.weight, mlp.c_proj.bias)
+        end = kv_cache.pos + 1
+        k, v = kv_cache.k[layer, :, :, :end], kv_cache.v[layer, :, :, :end]  # (B, nh, S, hs)
+        for t in (k, v, mask):
+            if t is not None:
+                torch._dynamo.maybe_mark_dynamic(t, -1 if t is mask else 2)
         try:
-            return _compiled("attend")(q, k, v, mask)
+            return _compiled("block")(x, k, v, mask, w)[0]
         except Exception:
             _state["ok"] = False
-    return CausalSelfAttention.attend(self, q, k, v, mask, attentions)
+    return Block.forward(self, x, mask, kv_cache, attentions)
 
 
 def use_fast_decode(model: nn.Module) -> bool:
-    """Route the model's Linear layers through the decoding kernel and single-query
-    attention through its own, and compile each MLP whole (its two products and the GELU in
-    one call, rather than many small ones): bf16 on the CPU only. Returns whether it applies."""
+    """Decode one token at a time through one compiled call per block, and route the other
+    Linear layers through the reduction kernel: bf16 on the CPU only. Returns whether it
+    applies."""
     p = next(model.parameters())
     if p.dtype != torch.bfloat16 or p.device.type != "cpu":
         return False
     for module in model.modules():
-        if isinstance(module, nn.Linear):
-            module.forward = types.MethodType(_forward, module)
-        elif isinstance(module, CausalSelfAttention):
-            module.attend = types.MethodType(_attend, module)
-    for module in model.modules():
-        if isinstance(module, MLP) and _state["ok"]:
-            module.forward = _compiled_or_plain(module.forward)
+        if isinstance(module, Block):
+            module.forward = types.MethodType(_block_forward, module)
+        elif isinstance(module, nn.Linear):
+            module.forward = types.MethodType(_linear_forward, module)
     return True
-
-
-def _compiled_or_plain(fn: Any) -> Any:
-    """fn compiled for any number of rows, falling back to fn itself if compiling fails."""
-    compiled = torch.compile(fn, dynamic=True)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if _state["ok"]:
-            try:
-                return compiled(*args, **kwargs)
-            except Exception:
-                _state["ok"] = False
-        return fn(*args, **kwargs)
-
-    return call

@@ -1,9 +1,8 @@
-"""The decoding kernel: same results as the stock matmul, used only where it should be."""
+"""The decoding kernels: same results as the stock model, used only where they should be."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from gptcli import kernels
 from gptcli.config import ModelConfig
@@ -51,26 +50,30 @@ def test_a_failing_compiler_falls_back_to_the_stock_kernel(monkeypatch):
     assert len(out) == 5 and kernels._state["ok"] is False
 
 
-def test_single_query_attention_matches_the_fused_kernel():
-    fast = small_model(torch.bfloat16)
+def test_one_token_through_a_compiled_block_matches_the_stock_block():
+    stock, fast = small_model(torch.bfloat16), small_model(torch.bfloat16)
     kernels.use_fast_decode(fast)
-    attn = fast.transformer.h[0].attn
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(3, 2, n, 32, generator=g).bfloat16() for n in (1, 9, 9))
-    mask = torch.rand(3, 1, 1, 9, generator=g) < 0.7
-    mask[..., -1] = True  # every row sees at least its own token
-    with torch.no_grad():
+    for rows in (1, 3):  # the reduction kernel for few rows, the matmul for more
+        x = torch.randn(rows, 1, 64, generator=g).bfloat16()
+        mask = torch.rand(rows, 1, 1, 9, generator=g) < 0.7
+        mask[..., -1] = True  # every row sees at least its own token
         for m in (None, mask):
-            want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m)
-            torch.testing.assert_close(attn.attend(q, k, v, m).float(), want, atol=0.02, rtol=0.02)
-        # more than one query (prefill) goes through the model's own path
-        q4 = torch.randn(3, 2, 4, 32, generator=g).bfloat16()
-        got = attn.attend(q4, k[:, :, :4], v[:, :, :4], None)
-    want = F.scaled_dot_product_attention(
-        q4.float(), k[:, :, :4].float(), v[:, :, :4].float(), is_causal=True
-    )
-    torch.testing.assert_close(got.float(), want, atol=0.02, rtol=0.02)
-    assert kernels._state["ok"]  # the compiled kernel ran (no silent fallback)
+            caches = []
+            for _ in range(2):
+                cache = KVCache(stock.config, rows, 16, dtype=torch.bfloat16)
+                cache.k.normal_(generator=torch.Generator().manual_seed(1))
+                cache.v.normal_(generator=torch.Generator().manual_seed(2))
+                cache.pos = 8
+                caches.append(cache)
+            with torch.no_grad():
+                want = stock.transformer.h[1](x, m, caches[0])
+                got = fast.transformer.h[1](x, m, caches[1])
+            torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
+            # the new token's keys and values went to position 8 of layer 1, as the stock code does
+            torch.testing.assert_close(caches[1].k.float(), caches[0].k.float(), atol=0.02, rtol=0.01)
+            torch.testing.assert_close(caches[1].v.float(), caches[0].v.float(), atol=0.02, rtol=0.01)
+    assert kernels._state["ok"] and kernels._state["block"] is not None  # compiled, no fallback
 
 
 def test_padded_batch_decoding_with_the_kernels_matches_the_stock_model():
@@ -94,7 +97,7 @@ def test_the_cli_decodes_bf16_models_through_the_kernels(trained):
     from gptcli.tokenizer import load_tokenizer
 
     def patched(model: GPT) -> bool:
-        return getattr(model.lm_head.forward, "__func__", None) is kernels._forward
+        return getattr(model.lm_head.forward, "__func__", None) is kernels._linear_forward
 
     assert not patched(load_model(str(trained), "cpu", "fp32").model)
     fast = load_model(str(trained), "cpu", "bf16").model
