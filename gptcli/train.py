@@ -289,8 +289,11 @@ class Trainer:
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed + dist.rank)
         self.state = TrainState()
+        # evaluation runs the model; training runs the task's loss, compiled as a whole since
+        # a task may call more of the model than its forward (hidden_states, the classifier)
         self.forward_model: nn.Module = torch.compile(self.model) if cfg.compile else self.model
-        self.train_module: nn.Module = _TaskLoss(self.forward_model, self.task)
+        loss_module = _TaskLoss(self.model, self.task)
+        self.train_module: nn.Module = torch.compile(loss_module) if cfg.compile else loss_module
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
 

@@ -99,6 +99,25 @@ def test_classification_that_needs_word_order_reaches_95_percent(pretrained, ord
     assert "val accuracy" in output
 
 
+def test_compile_covers_the_classification_loss(pretrained, order_data, tmp_path):
+    """A classifier's loss calls hidden_states and the classifier head, not the model's
+    forward: --compile compiles the task's loss as a whole, and trains as eager does."""
+    from torch._dynamo.utils import counters
+
+    args = ("--task", "classify", "--max-iters", "4", "--eval-interval", "4", "--log-interval", "1")
+    graphs = counters["stats"]["unique_graphs"]
+    finetune(pretrained, order_data, tmp_path / "compiled", *args, "--compile")
+    assert counters["stats"]["unique_graphs"] > graphs  # the training loss went through dynamo
+    finetune(pretrained, order_data, tmp_path / "eager", *args)
+
+    def losses(run: str) -> list[float]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
+
+    assert len(losses("eager")) == 4
+    assert losses("compiled") == pytest.approx(losses("eager"), rel=1e-3)
+
+
 def test_the_classifier_reloads_and_predicts_the_same(pretrained, order_data, tmp_path, monkeypatch):
     """The model in memory at the end of training and `gptcli classify` on its saved
     checkpoint give the same probabilities."""
