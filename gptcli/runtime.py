@@ -103,20 +103,26 @@ class Precision:
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
 
 
+def _check_dtype(device: torch.device, requested: str) -> None:
+    """Refuse a --dtype that is unknown or that the device cannot run."""
+    if requested not in ("auto", *_DTYPES):
+        raise UsageError(f"unknown dtype {requested!r}; use auto, fp32, bf16 or fp16")
+    if requested == "fp16" and device.type == "cpu":
+        raise UsageError("--dtype fp16 is for GPUs; on the CPU use bf16 or fp32")
+    if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UsageError("--dtype bf16: this GPU does not support bf16; use --dtype fp16 or auto")
+
+
 def pick_precision(device: torch.device, requested: str = "auto") -> Precision:
     """`auto`: bf16 autocast on CUDA with bf16 and on CPUs with native bf16 matmul, fp16 with a
     gradient scaler on older GPUs, fp32 otherwise. An explicit choice is checked, not trusted."""
+    _check_dtype(device, requested)
     kind = device.type
-    if requested not in ("auto", *_DTYPES):
-        raise UsageError(f"unknown dtype {requested!r}; use auto, fp32, bf16 or fp16")
     if kind == "cuda":
-        bf16_ok = torch.cuda.is_bf16_supported()
         if requested == "auto":
-            if bf16_ok:
+            if torch.cuda.is_bf16_supported():
                 return Precision("bf16", kind, "bf16 autocast: this GPU supports bf16")
             return Precision("fp16", kind, "fp16 autocast + gradient scaler: this GPU has no bf16")
-        if requested == "bf16" and not bf16_ok:
-            raise UsageError("--dtype bf16: this GPU does not support bf16; use --dtype fp16 or auto")
         return Precision(requested, kind, f"{requested}: as requested")
     if kind == "mps":
         if requested in ("auto", "fp32"):
@@ -127,8 +133,6 @@ def pick_precision(device: torch.device, requested: str = "auto") -> Precision:
         if feature:
             return Precision("bf16", kind, f"bf16 autocast: this CPU has native bf16 matmul ({feature})")
         return Precision("fp32", kind, "fp32: this CPU has no native bf16 matmul")
-    if requested == "fp16":
-        raise UsageError("--dtype fp16 is for GPUs; on the CPU use bf16 or fp32")
     reason = f"{requested}: as requested"
     if requested == "bf16" and not feature:
         reason += " (this CPU has no native bf16 matmul: expect it to be slow)"
@@ -142,13 +146,8 @@ BF16_DECODE_MIN_PARAMS = 50_000_000
 
 def pick_inference_dtype(device: torch.device, requested: str, n_params: int) -> tuple[torch.dtype, str]:
     """The dtype to hold weights in for sampling and inspection, and why."""
-    if requested not in ("auto", *_DTYPES):
-        raise UsageError(f"unknown dtype {requested!r}; use auto, fp32, bf16 or fp16")
+    _check_dtype(device, requested)
     if requested != "auto":
-        if requested == "fp16" and device.type == "cpu":
-            raise UsageError("--dtype fp16 is for GPUs; on the CPU use bf16 or fp32")
-        if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise UsageError("--dtype bf16: this GPU does not support bf16; use --dtype fp16 or auto")
         return _DTYPES[requested], f"{requested}: as requested"
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():

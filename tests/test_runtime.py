@@ -1,0 +1,37 @@
+"""Precision choices: what `--dtype auto` picks on the CPU, and explicit choices checked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptcli import runtime
+from gptcli.errors import UsageError
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(("feature", "want"), [("avx512_bf16", "bf16"), (None, "fp32")])
+def test_training_autocasts_to_bf16_only_on_cpus_with_native_bf16(monkeypatch, feature, want):
+    monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: feature)
+    precision = runtime.pick_precision(CPU, "auto")
+    assert precision.name == want
+    assert (feature or "no native bf16") in precision.reason
+
+
+def test_inference_keeps_small_models_in_fp32(monkeypatch):
+    monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: "avx512_bf16")
+    big, small = runtime.BF16_DECODE_MIN_PARAMS, runtime.BF16_DECODE_MIN_PARAMS - 1
+    assert runtime.pick_inference_dtype(CPU, "auto", big)[0] == torch.bfloat16
+    assert runtime.pick_inference_dtype(CPU, "auto", small)[0] == torch.float32
+    monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: None)
+    assert runtime.pick_inference_dtype(CPU, "auto", big)[0] == torch.float32
+    assert runtime.pick_inference_dtype(CPU, "bf16", small) == (torch.bfloat16, "bf16: as requested")
+
+
+@pytest.mark.parametrize("pick", [runtime.pick_precision, lambda d, r: runtime.pick_inference_dtype(d, r, 1)])
+def test_explicit_choices_are_checked(pick):
+    with pytest.raises(UsageError, match="fp16 is for GPUs"):
+        pick(CPU, "fp16")
+    with pytest.raises(UsageError, match="unknown dtype 'half'"):
+        pick(CPU, "half")
