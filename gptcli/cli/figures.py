@@ -62,7 +62,9 @@ def save_attention_png(
         return False
     L, H, T = len(layers), len(heads), len(tokens)
     size = 1.2 + 0.22 * T if T <= 24 else 2.4
-    fig, axes = plt.subplots(L, H, figsize=(size * H, size * L + 0.6), squeeze=False, dpi=110)
+    fig, axes = plt.subplots(
+        L, H, figsize=(size * H + 1.2, size * L + 0.6), squeeze=False, dpi=110, layout="constrained"
+    )
     cmap = plt.get_cmap("viridis").with_extremes(bad="#e8e8e8")
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
     for i, layer in enumerate(layers):
@@ -71,12 +73,18 @@ def save_attention_png(
             m = np.ma.masked_where(future, np.asarray(attention[i][j], dtype=float))
             image = ax.imshow(m, cmap=cmap, vmin=0.0, vmax=1.0)
             ax.set_title(f"layer {layer} · head {head}", fontsize=8)
-            if T <= 24:
-                ax.set_xticks(range(T), tokens, rotation=90, fontsize=6)
-                ax.set_yticks(range(T), tokens, fontsize=6)
-            else:
-                ax.set_xticks([])
-                ax.set_yticks([])
+            # every panel has the same tokens: label the left column and the bottom row only
+            left, bottom = j == 0, i == L - 1
+            ax.set_xticks(range(T) if T <= 24 and bottom else [])
+            ax.set_yticks(range(T) if T <= 24 and left else [])
+            if T <= 24 and bottom:
+                ax.set_xticklabels(tokens, rotation=90, fontsize=6)
+            if T <= 24 and left:
+                ax.set_yticklabels(tokens, fontsize=6)
+            if bottom:
+                ax.set_xlabel("key (attended to)", fontsize=7)
+            if left:
+                ax.set_ylabel("query", fontsize=7)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
