@@ -132,7 +132,7 @@ def _block_forward(
         k, v = kv_cache.k[layer, :, :, :end], kv_cache.v[layer, :, :, :end]  # (B, nh, S, hs)
         for t in (k, v, mask):
             if t is not None:
-                torch._dynamo.maybe_mark_dynamic(t, -1 if t is mask else 2)
+                torch._dynamo.maybe_mark_dynamic(t, 3 if t is mask else 2)  # S
         try:
             return _compiled("block")(x, k, v, mask, w)[0]
         except Exception:
