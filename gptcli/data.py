@@ -390,27 +390,26 @@ def _split_stream(
     split_char: int,
     newline_sep: bool,
     on_bytes: Callable[[int], None] | None,
-    n_docs: int,
+    total_chars: int,
 ) -> Iterator[tuple[str, str | None]]:
     """Yield (split, chunk) over the corpus, and (split, None) where a document ends.
 
     Text before split_char goes to train, the rest to val. The cut moves forward to the next
     line boundary (a safe split point) or document end, whichever comes first; a line
-    longer than SEEK_CHARS is cut where it stands, and so is the last of the n_docs
-    documents when the chunk holding the split point has no line boundary after it (else
-    a corpus of one long line would leave val empty)."""
-    seen, docs = 0, 0
+    longer than SEEK_CHARS is cut where it stands, and so is the corpus's last chunk (of
+    total_chars in all) when it holds the split point and no line boundary after it (else a
+    corpus that ends in one long line would leave val empty)."""
+    seen = 0
     state = "train" if split_char > 0 else "val"  # train -> seeking -> val
     for path in files:
         for doc in iter_documents(path, on_bytes):
-            docs += 1
             for chunk in iter_chunks(_newline_terminated(doc) if newline_sep else doc):
                 if state == "train" and seen + len(chunk) > split_char:
                     state = "seeking"
                 if state == "seeking":
                     start = max(0, split_char - seen)
                     cut = _first_safe_split(chunk, start)
-                    if cut < 0 and docs == n_docs:
+                    if cut < 0 and seen + len(chunk) >= total_chars:
                         cut = start
                     if cut < 0 and seen + len(chunk) - split_char > SEEK_CHARS:
                         cut = max(start, split_char + SEEK_CHARS - seen)
@@ -503,7 +502,7 @@ def _encode(
 
     try:
         split_char = scan.chars - int(scan.chars * val_fraction)
-        items = _split_stream(files, split_char, tok.eot_id is None, on_bytes, scan.documents)
+        items = _split_stream(files, split_char, tok.eot_id is None, on_bytes, scan.chars)
         _encode_stream(tok, items, writer, None if progress is None else lambda: progress(done, scan.bytes))
         writer.finish()
     except BaseException:

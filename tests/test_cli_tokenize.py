@@ -108,6 +108,33 @@ def test_a_corpus_of_one_long_line_still_gets_a_val_split(tmp_path):
     assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == text + "\n"
 
 
+def test_a_long_last_line_before_an_empty_file_still_gets_a_val_split(tmp_path):
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the cat sat on the mat and the dog ran far away " * 200)
+    (corpus / "b.txt").write_text("")  # an empty last document
+    result = run("tokenize", corpus, "--out", tmp_path / "out", "-t", "char", "--json")
+    assert result.exit_code == 0, result.output
+    assert len(load_split(tmp_path / "out", "val")) > 0
+
+
+def test_the_split_still_moves_to_a_line_boundary_in_a_later_chunk(tmp_path, monkeypatch):
+    """Only the corpus's very last chunk is cut where the split falls; elsewhere the cut
+    moves on to the next line boundary, even when it lies in the next chunk."""
+    from gptcli import data
+
+    text = "".join(f"line{i:03d} with a few more words on it\n" for i in range(60))
+    (tmp_path / "lines.txt").write_text(text)
+    chunk = data.iter_chunks
+    monkeypatch.setattr(data, "iter_chunks", lambda pieces: chunk(pieces, 100))  # small chunks
+    for split_char in range(1, len(text) - 50, 7):
+        parts = {"train": "", "val": ""}
+        for split, piece in data._split_stream([tmp_path / "lines.txt"], split_char, True, None, len(text)):
+            parts[split] += piece or ""
+        assert parts["train"] + parts["val"] == text
+        assert parts["train"].endswith("\n") and parts["val"].startswith("line"), split_char
+
+
 def test_large_vocabularies_use_uint32(tmp_path):
     # 70,000 distinct characters: more ids than uint16 holds
     text = "".join(chr(0x10000 + i) for i in range(70_000)) + "\n"
