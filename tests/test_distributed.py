@@ -94,3 +94,12 @@ def test_other_ranks_leave_the_run_directory_alone(tmp_path, monkeypatch):
     assert calls[0] == ("summary", None)  # rank 1: no figure
     assert calls[1][1] == tmp_path / "loss.png" and calls[2] == ("summary", str(tmp_path / "loss.png"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+@pytest.mark.parametrize(("rank", "printed"), [("0", '{"steps": 1}\n'), ("1", "")])
+def test_only_rank_zero_prints_json(rank, printed):
+    """--json under torchrun: one summary on stdout, not one per process."""
+    code = "from gptcli.cli import render; render.print_json({'steps': 1})"
+    env = {**os.environ, "RANK": rank}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout == printed

@@ -57,7 +57,9 @@ def write_json_file(path: Any, obj: Any) -> None:
 
 
 def print_json(obj: Any) -> None:
-    """Machine-readable output: one JSON document on stdout."""
+    """Machine-readable output: one JSON document on stdout (from rank 0 only under torchrun)."""
+    if _QUIET:
+        return
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
     sys.stdout.flush()
 

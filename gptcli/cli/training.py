@@ -124,7 +124,9 @@ def summary_json(summary: Any, loss_png: Path | None) -> dict[str, Any]:
 
     data = asdict(summary)
     data["run_dir"] = str(summary.run_dir)
-    data["checkpoints"] = {name: str(summary.run_dir / name) for name in ("best", "last")}
+    data["checkpoints"] = {  # best/ exists only once an evaluation has run
+        name: str(summary.run_dir / name) for name in ("best", "last") if (summary.run_dir / name).is_dir()
+    }
     data["loss_png"] = str(loss_png) if loss_png else None
     return data
 
