@@ -147,6 +147,9 @@ def use_fast_decode(model: nn.Module) -> bool:
     p = next(model.parameters())
     if p.dtype != torch.bfloat16 or p.device.type != "cpu":
         return False
+    # one graph per model shape and batch size, plus one for a full cache: leave room for a
+    # few models in one process before torch.compile gives up and runs the step eagerly
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for module in model.modules():
         if isinstance(module, Block):
             module.forward = types.MethodType(_block_forward, module)
