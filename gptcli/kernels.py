@@ -86,12 +86,15 @@ def _block_step_impl(
     return x, h1, h2
 
 
+# the gemv takes any number of rows and columns; the block step keeps its sizes static,
+# except the number of cached positions (marked dynamic where it is called)
+_COMPILE = {"gemv": (_gemv_impl, True), "block": (_block_step_impl, None)}
+
+
 def _compiled(name: str) -> Any:
     if _state[name] is None:
-        if name == "gemv":
-            _state[name] = torch.compile(_gemv_impl, dynamic=True)
-        else:  # sizes static, except the number of cached positions (marked dynamic)
-            _state[name] = torch.compile(_block_step_impl)
+        fn, dynamic = _COMPILE[name]
+        _state[name] = torch.compile(fn, dynamic=dynamic)
     return _state[name]
 
 

@@ -4,7 +4,7 @@ loop with the live view, the summary and loss.png."""
 from __future__ import annotations
 
 import time
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Annotated, Any
@@ -120,8 +120,6 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = Fals
 
 def summary_json(summary: Any, loss_png: Path | None) -> dict[str, Any]:
     """A training Summary for --json."""
-    from dataclasses import asdict
-
     data = asdict(summary)
     data["run_dir"] = str(summary.run_dir)
     data["checkpoints"] = {  # best/ exists only once an evaluation has run
