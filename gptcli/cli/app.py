@@ -42,6 +42,16 @@ def _flag_type(self: TyperOption, ctx: Any) -> str | None:
 TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 
+def _help_command(ctx: Any) -> str:
+    """'gptcli VERB --help' for the command that failed, however gptcli was started
+    (python -m gptcli, torchrun -m gptcli)."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(["gptcli", *reversed(names), "--help"])
+
+
 class _Boundary(TyperGroup):
     """Runs the app and turns every exception into one line and an exit code."""
 
@@ -59,12 +69,7 @@ class _Boundary(TyperGroup):
             e.show()
             code = 2
         except ClickException as e:
-            where = (
-                f"gptcli {e.ctx.command_path.split(' ', 1)[-1]} --help"
-                if getattr(e, "ctx", None)
-                else "gptcli --help"
-            )
-            render.error(f"{e.format_message()} (see '{where}')")
+            render.error(f"{e.format_message()} (see '{_help_command(getattr(e, 'ctx', None))}')")
             code = e.exit_code
         except GptcliError as e:
             if _debug:
