@@ -211,14 +211,16 @@ def save_checkpoint(
     tokenizer: Tokenizer,
     meta: dict[str, Any],
     train_state: dict[str, Any] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write run_dir/name (best or last) atomically and return its path."""
+    """Write run_dir/name (best or last) atomically and return its path; weights: the
+    model's state as model_state gives it, when the model itself holds only a shard."""
     final = run_dir / name
     tmp = run_dir / f".{name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_tensors(model_state(model), tmp / MODEL_FILE, metadata={"format": "pt"})
+    save_tensors(weights or model_state(model), tmp / MODEL_FILE, metadata={"format": "pt"})
     full_meta = {
         "format": FORMAT,
         "version": VERSION,

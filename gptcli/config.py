@@ -119,6 +119,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the model
+    fsdp: bool = False  # under torchrun: shard weights, gradients and AdamW state (FSDP), not replicate
     seed: int = 1337
 
     def validate(self) -> None:
@@ -183,6 +184,7 @@ SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": 
 # what --resume may change: budgets, reporting and hardware, nothing that alters the maths
 CONFIG_CHANGES_ON_RESUME = (
     "max_iters", "max_time", "eval_interval", "eval_iters", "log_interval", "device", "dtype", "compile",
+    "fsdp",
 )  # fmt: skip
 
 

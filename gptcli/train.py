@@ -17,10 +17,10 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -39,6 +39,9 @@ from gptcli.model import GPT
 from gptcli.runtime import Precision, dist_from_env, init_distributed, peak_flops, pick_precision, rank_device
 from gptcli.tasks import Batch, Task
 from gptcli.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from gptcli.parallel import Sharded
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -221,16 +224,18 @@ class _StopSignals:
 
 
 class _TaskLoss(nn.Module):
-    """The model and the task's loss as one module, so that DistributedDataParallel sees
-    every forward pass (tasks may call more of the model than its forward)."""
+    """The model and the task's loss as one module, so that DistributedDataParallel and
+    FSDP see every forward pass (tasks may call more of the model than its forward)."""
 
     def __init__(self, model: nn.Module, task: Task) -> None:
         super().__init__()
         self.model = model
         self.task = task
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        return self.task.loss(self.model, batch)
+    def forward(self, batch: Batch | Callable[[nn.Module], Any]) -> Any:
+        """A batch's loss; or, given a function, its result on the model (FSDP evaluates
+        this way, so that the root's weights are gathered for it)."""
+        return batch(self.model) if callable(batch) else self.task.loss(self.model, batch)
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -279,10 +284,11 @@ class Trainer:
         self.device, self.device_reason = rank_device(cfg.device, dist)
         init_distributed(self.device)
         self.precision: Precision = pick_precision(self.device, cfg.dtype)
-        self.model.to(self.device)
+        sharding = dist.enabled and cfg.fsdp
+        if not sharding:  # sharded, each block goes to the device as it is split: never whole
+            self.model.to(self.device)
         if self.device.type == "cpu" and self.precision.name == "bf16":
             self.model.set_attention("explicit")  # faster than the CPU's fused kernel in bf16
-        self.optimizer = make_optimizer(self.model, cfg, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
         # the same data stream on every rank (each takes its slice of the global batch), but
         # its own dropout masks
@@ -290,15 +296,27 @@ class Trainer:
         torch.manual_seed(cfg.seed + dist.rank)
         self.state = TrainState()
         # evaluation runs the model; training runs the task's loss, compiled as a whole since
-        # a task may call more of the model than its forward (hidden_states, the classifier)
-        self.forward_model: nn.Module = torch.compile(self.model) if cfg.compile else self.model
+        # a task may call more of the model than its forward (hidden_states, the classifier);
+        # sharded, each block is compiled on its own, between the gathers of its weights
         loss_module = _TaskLoss(self.model, self.task)
-        self.train_module: nn.Module = torch.compile(loss_module) if cfg.compile else loss_module
-        if dist.enabled:
-            from torch.nn.parallel import DistributedDataParallel
+        self.sharded: Sharded | None = None
+        if sharding:
+            from gptcli.parallel import Sharded
 
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_module = DistributedDataParallel(self.train_module, device_ids=ids)
+            if self.precision.needs_grad_scaler:
+                raise UsageError("--fsdp trains in bf16 or fp32; pick one with --dtype (fp16 needs DDP)")
+            self.sharded = Sharded(loss_module, self.model, self.device, dist.world, cfg.compile)
+            self.device_reason += f"; weights, gradients and AdamW state sharded {dist.world} ways (FSDP)"
+            self.forward_model: nn.Module = self.model
+            self.train_module: nn.Module = loss_module
+        else:
+            self.forward_model = torch.compile(self.model) if cfg.compile else self.model
+            self.train_module = torch.compile(loss_module) if cfg.compile else loss_module
+            if dist.enabled:
+                from gptcli.parallel import replicate
+
+                self.train_module = replicate(self.train_module, self.device)
+        self.optimizer = make_optimizer(self.model, cfg, self.device)  # after sharding, if any
 
     def _all_ranks(self, value: Any) -> list[Any]:
         """value from every rank, in rank order (a list of one when alone)."""
@@ -327,7 +345,10 @@ class Trainer:
         saved = load_train_state(last if last.exists() else self.run_dir / f"{LAST}.old")
         optim = saved["optimizer"]
         optim["state"] = {int(k): v for k, v in optim["state"].items()}
-        self.optimizer.load_state_dict(optim)
+        if self.sharded:
+            self.sharded.load_optimizer_state(self.optimizer, optim)
+        else:
+            self.optimizer.load_state_dict(optim)
         if saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         self.data_gen.set_state(saved["data_rng"])
@@ -363,7 +384,9 @@ class Trainer:
         )
         return {
             "state": asdict(self.state),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": (
+                self.sharded.optimizer_state(self.optimizer) if self.sharded else self.optimizer.state_dict()
+            ),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "data_rng": self.data_gen.get_state(),
             "world": self.dist.world,
@@ -385,13 +408,17 @@ class Trainer:
         }
 
     def _save_last(self, metrics: dict[str, dict[str, float]] | None) -> None:
-        bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        if self.sharded:
+            bad = self.sharded.nonfinite_weight()
+        else:
+            bad = next((n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()), None)
         if bad:  # never overwrite the last good checkpoint with a broken model
-            self._diverged(f"{bad[0]} holds NaN or inf")
+            self._diverged(f"{bad} holds NaN or inf")
         state = self._train_state()  # on every rank
+        weights = self.sharded.weights() if self.sharded else None  # whole tensors, gathered
         if self.dist.is_main:
             path = save_checkpoint(
-                self.run_dir, LAST, self.model, self.tokenizer, self._checkpoint_meta(metrics), state
+                self.run_dir, LAST, self.model, self.tokenizer, self._checkpoint_meta(metrics), state, weights
             )
             self.reporter.on_checkpoint(LAST, path, self.state.step)
 
@@ -406,13 +433,16 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, dict[str, float]]:
+        def run(model: nn.Module) -> dict[str, dict[str, float]]:
+            return {
+                split: self.task.evaluate(model, split, self._eval_batches(split))
+                for split in ("train", "val")
+            }
+
         self.model.eval()
         try:
             with self.precision.autocast():
-                return {
-                    split: self.task.evaluate(self.forward_model, split, self._eval_batches(split))
-                    for split in ("train", "val")
-                }
+                return self.sharded.call(run) if self.sharded else run(self.forward_model)
         finally:
             self.model.train()
 
@@ -533,12 +563,13 @@ class Trainer:
                     batch = task.batch("train", indices[micro], self.device)
                     step_tokens += task.tokens(batch) * dist.world
                     last_micro = i == len(mine) - 1
-                    # gradients are all-reduced once per step, on the last micro-step
-                    sync = (
-                        contextlib.nullcontext()
-                        if last_micro or not dist.enabled
-                        else self.train_module.no_sync()
-                    )
+                    # gradients are all-reduced (sharded: reduce-scattered) once per step, on
+                    # the last micro-step
+                    sync = contextlib.nullcontext()
+                    if self.sharded:
+                        self.sharded.sync_gradients(last_micro)
+                    elif dist.enabled and not last_micro:
+                        sync = self.train_module.no_sync()
                     with sync:
                         with self.precision.autocast():
                             loss = self.train_module(batch) / local_accum

@@ -1,5 +1,5 @@
-"""torchrun: two CPU processes (gloo) train exactly like one process with the same global
-batch, and only rank 0 writes."""
+"""torchrun: two CPU processes (gloo), replicated (DDP) or sharded (FSDP), train exactly like
+one process with the same global batch, and only rank 0 writes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import make_corpus
 
@@ -36,34 +37,93 @@ def records(run: Path) -> list[dict]:
 def runs(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("ddp")
     make_corpus(tmp / "c.txt", n_sentences=400)
-    for name, procs in (("single", 1), ("ddp", 2)):
-        result = gptcli(["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "20"], tmp, procs)
+    for name, procs, extra in (("single", 1, []), ("ddp", 2, []), ("fsdp", 2, ["--fsdp"])):
+        result = gptcli(["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "20", *extra], tmp, procs)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return tmp
 
 
-def test_two_processes_follow_the_single_process_trajectory(runs):
-    single, ddp = records(runs / "single"), records(runs / "ddp")
-    assert [(r["kind"], r["step"]) for r in single] == [(r["kind"], r["step"]) for r in ddp]
-    for a, b in zip(single, ddp, strict=True):
+def assert_same_trajectory(single: list[dict], other: list[dict]) -> None:
+    assert [(r["kind"], r["step"]) for r in single] == [(r["kind"], r["step"]) for r in other]
+    for a, b in zip(single, other, strict=True):
         key = "loss" if a["kind"] == "train" else "val_loss"
         assert a[key] == pytest.approx(b[key], abs=1e-5), a["step"]
         if a["kind"] == "train":
             assert a["tokens"] == b["tokens"]  # the global batch: 8 x 2 micro-steps x 16 tokens
 
 
-def test_only_rank_zero_writes(runs):
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_processes_follow_the_single_process_trajectory(runs, mode):
+    assert_same_trajectory(records(runs / "single"), records(runs / mode))
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_only_rank_zero_writes(runs, mode):
     dirs = sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name != "cache")
-    assert dirs == ["ddp", "single"]  # one run dir for the two processes
-    assert sorted(p.name for p in (runs / "ddp").iterdir()) == [
+    assert dirs == ["ddp", "fsdp", "single"]  # one run dir for the two processes
+    assert sorted(p.name for p in (runs / mode).iterdir()) == [
         "best",
         "config.yaml",
         "last",
         "loss.png",
         "metrics.jsonl",
     ]
-    state = json.loads((runs / "ddp" / "last" / "train_state.json").read_text())
+    state = json.loads((runs / mode / "last" / "train_state.json").read_text())
     assert state["world"] == 2 and len(state["torch_rng"]) == 2  # each rank's RNG, for exact resume
+
+
+def test_sharded_checkpoints_hold_whole_weights(runs):
+    """FSDP gathers every shard into last/: the same weights as one process trained, in the
+    same layout, and AdamW state for the whole model."""
+    from safetensors.torch import load_file
+
+    from gptcli.checkpoint import load_checkpoint, load_train_state
+
+    single, sharded = (load_file(runs / name / "last" / "model.safetensors") for name in ("single", "fsdp"))
+    assert sorted(single) == sorted(sharded)
+    for name, tensor in single.items():
+        assert sharded[name].shape == tensor.shape
+        torch.testing.assert_close(sharded[name], tensor, atol=1e-4, rtol=0)
+    assert load_checkpoint(runs / "fsdp" / "last").model.config.n_layer == 1
+    optim = (load_train_state(runs / name / "last")["optimizer"] for name in ("single", "fsdp"))
+    a, b = optim
+    assert a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        assert b["state"][k]["exp_avg"].shape == a["state"][k]["exp_avg"].shape
+        torch.testing.assert_close(
+            b["state"][k]["exp_avg_sq"], a["state"][k]["exp_avg_sq"], atol=1e-6, rtol=1e-3
+        )
+
+
+def test_sharded_run_resumes_exactly_sharded_or_not(runs, tmp_path):
+    """--resume of an FSDP run continues its trajectory, with --fsdp or as plain DDP."""
+    import shutil
+
+    single = gptcli(["pretrain", "--resume", "--out", "single", "--max-iters", "25"], runs)
+    assert single.returncode == 0, single.stderr[-2000:]
+    expected = records(runs / "single")
+    shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
+    shutil.copytree(runs / "fsdp", tmp_path / "as-ddp")
+    for name, extra in (("fsdp", []), ("as-ddp", ["--no-fsdp"])):
+        again = gptcli(
+            ["pretrain", "--resume", "--out", name, "--max-iters", "25", *extra], tmp_path, procs=2
+        )
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert_same_trajectory(expected, records(tmp_path / name))
+
+
+def test_sharded_finetuning_with_a_classifier_head(runs):
+    """The classifier head lives in FSDP's root unit, outside the sharded blocks."""
+    lines = (runs / "c.txt").read_text().splitlines()[:200]
+    data = runs / "animals.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": t.split()[1]}) + "\n" for t in lines))
+    flags = [*TINY[8:], "--max-iters", "6", "--eval-interval", "3"]  # the model's shape is the checkpoint's
+    for name, procs, extra in (("ft-single", 1, []), ("ft-fsdp", 2, ["--fsdp"])):
+        result = gptcli(
+            ["finetune", "--ckpt", "single", "animals.jsonl", "--out", name, *flags, *extra], runs, procs
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert_same_trajectory(records(runs / "ft-single"), records(runs / "ft-fsdp"))
 
 
 def test_resume_needs_the_same_number_of_processes(runs):

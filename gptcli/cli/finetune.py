@@ -115,6 +115,7 @@ def finetune(
     device: T.device = None,
     dtype: T.dtype = None,
     compile: T.compile = None,
+    fsdp: T.fsdp = None,
     seed: T.seed = None,
     json_out: JsonSummary = False,
 ) -> None:

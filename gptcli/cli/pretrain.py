@@ -82,6 +82,7 @@ def pretrain(
     device: T.device = None,
     dtype: T.dtype = None,
     compile: T.compile = None,
+    fsdp: T.fsdp = None,
     seed: T.seed = None,
     json_out: JsonSummary = False,
 ) -> None:

@@ -37,6 +37,7 @@ _HELP = {
     "device": ("--device", "auto | cpu | cuda | cuda:N | mps"),
     "dtype": ("--dtype", "auto | fp32 | bf16 | fp16"),
     "compile": ("--compile/--no-compile", "torch.compile the model"),
+    "fsdp": ("--fsdp/--no-fsdp", "Under torchrun, shard weights, gradients and AdamW state (FSDP)"),
     "seed": ("--seed", "Random seed"),
 }
 _TYPES = {int: int | None, float: float | None, str: str | None, bool: bool | None}
@@ -61,7 +62,7 @@ def training_options(defaults: TrainConfig) -> SimpleNamespace:
             else ("on" if value is True else f"{value:g}" if isinstance(value, float) else value)
         )
         base = {"max_time": str, "beta1": float, "beta2": float}.get(f.name) or type(value)
-        panel = HARDWARE if f.name in ("device", "dtype", "compile", "seed") else TRAIN
+        panel = HARDWARE if f.name in ("device", "dtype", "compile", "fsdp", "seed") else TRAIN
         out[f.name] = Annotated[
             _TYPES[base], opt(*flag.split(" "), help=f"{text} (default: {shown}).", panel=panel)
         ]
