@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from gptcli import __version__
@@ -377,11 +377,15 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu")
     return Loaded(ckpt, model, tokenizer, meta)
 
 
-def load_train_state(ckpt_dir: Path) -> dict[str, Any]:
-    """The training state saved with a last/ checkpoint (for --resume)."""
+def load_train_state(ckpt_dir: Path, skip: str | None = None) -> dict[str, Any]:
+    """The training state saved with a last/ checkpoint (for --resume); tensors whose
+    name starts with skip (e.g. "optimizer.state.") are left out, as None."""
     try:
         skeleton = json.loads((ckpt_dir / STATE_JSON).read_text(encoding="utf-8"))
-        tensors = load_file(ckpt_dir / STATE_TENSORS)
+        tensors: dict[str, torch.Tensor | None] = {}
+        with safe_open(ckpt_dir / STATE_TENSORS, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                tensors[name] = None if skip and name.startswith(skip) else f.get_tensor(name)
     except (OSError, ValueError, SafetensorError) as e:
         raise UsageError(f"{ckpt_dir} has no readable training state ({e}); it cannot be resumed") from e
     return join_tensors(skeleton, tensors)

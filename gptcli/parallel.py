@@ -4,8 +4,9 @@ Data parallel (the default) keeps the whole model, its gradients and its AdamW s
 every process and all-reduces the gradients once per step. Sharded data parallel (--fsdp,
 PyTorch's FSDP2) keeps 1/N of each on every process: each Block is one unit whose weights
 are gathered just before it runs and freed just after, forward and backward, and whose
-gradients are reduce-scattered back to their owners; the root unit (the model and the
-task's loss) holds the embeddings, the final LayerNorm and any classifier head.
+gradients are reduce-scattered back to their owners after every micro-step (so they are
+never whole for long); the root unit (the model and the task's loss) holds the
+embeddings, the final LayerNorm and any classifier head.
 
 Either way checkpoints hold whole tensors in the single-process layout: a sharded run's
 weights open like any other, and its optimizer state resumes a run of the same number of
@@ -59,10 +60,6 @@ class Sharded:
         self.root: FSDPModule = root  # type: ignore[assignment]
         self.model = model
 
-    def sync_gradients(self, on: bool) -> None:
-        """Reduce-scatter gradients after this backward (the last micro-step) or keep them."""
-        self.root.set_requires_gradient_sync(on)
-
     def call(self, fn: Callable[[nn.Module], T]) -> T:
         """fn(model) inside the root's forward, where its weights are whole (evaluation:
         tasks call more of the model than its forward), sharded again after."""
@@ -103,15 +100,20 @@ class Sharded:
         }
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        """Load a state in optimizer.state_dict()'s layout; each process keeps its shard."""
+        """Load a state in optimizer.state_dict()'s layout, whose tensors rank 0 alone has
+        read (the others' are None): it sends each process its shard, one tensor at a time,
+        so no process holds the whole state (collective)."""
         if not state["state"]:  # saved before the first step
             optimizer.load_state_dict(state)
             return
-        names = self._names(optimizer)
-        full = {
-            "state": {names[i]: s for i, s in state["state"].items()},
-            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
-        }
-        set_optimizer_state_dict(
-            self.model, optimizer, optim_state_dict=full, options=StateDictOptions(full_state_dict=True)
-        )
+        full = {}
+        if torch.distributed.get_rank() == 0:
+            names = self._names(optimizer)
+            full = {
+                "state": {names[i]: s for i, s in state["state"].items()},
+                "param_groups": [
+                    {**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]
+                ],
+            }
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_optimizer_state_dict(self.model, optimizer, optim_state_dict=full, options=options)

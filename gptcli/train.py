@@ -342,7 +342,9 @@ class Trainer:
     def _restore(self) -> None:
         """Continue exactly where the last/ checkpoint left off."""
         last = self.run_dir / LAST
-        saved = load_train_state(last if last.exists() else self.run_dir / f"{LAST}.old")
+        # sharded, rank 0 alone reads the optimizer's tensors and sends each process its shard
+        skip = "optimizer.state." if self.sharded and not self.dist.is_main else None
+        saved = load_train_state(last if last.exists() else self.run_dir / f"{LAST}.old", skip)
         optim = saved["optimizer"]
         optim["state"] = {int(k): v for k, v in optim["state"].items()}
         if self.sharded:
@@ -563,12 +565,10 @@ class Trainer:
                     batch = task.batch("train", indices[micro], self.device)
                     step_tokens += task.tokens(batch) * dist.world
                     last_micro = i == len(mine) - 1
-                    # gradients are all-reduced (sharded: reduce-scattered) once per step, on
-                    # the last micro-step
+                    # replicas all-reduce their gradients once per step, on the last micro-step;
+                    # shards reduce-scatter them after every micro-step, to hold 1/N of them
                     sync = contextlib.nullcontext()
-                    if self.sharded:
-                        self.sharded.sync_gradients(last_micro)
-                    elif dist.enabled and not last_micro:
+                    if dist.enabled and not self.sharded and not last_micro:
                         sync = self.train_module.no_sync()
                     with sync:
                         with self.precision.autocast():

@@ -113,17 +113,22 @@ def test_sharded_run_resumes_exactly_sharded_or_not(runs, tmp_path):
 
 
 def test_sharded_finetuning_with_a_classifier_head(runs):
-    """The classifier head lives in FSDP's root unit, outside the sharded blocks."""
+    """The classifier head lives in FSDP's root unit, outside the sharded blocks; with 4
+    micro-steps each process accumulates two, reduce-scattering after each."""
     lines = (runs / "c.txt").read_text().splitlines()[:200]
     data = runs / "animals.jsonl"
     data.write_text("".join(json.dumps({"text": t, "label": t.split()[1]}) + "\n" for t in lines))
-    flags = [*TINY[8:], "--max-iters", "6", "--eval-interval", "3"]  # the model's shape is the checkpoint's
+    flags = [*TINY[8:], "--max-iters", "6", "--eval-interval", "3", "--grad-accum", "4", "--task", "classify"]
     for name, procs, extra in (("ft-single", 1, []), ("ft-fsdp", 2, ["--fsdp"])):
         result = gptcli(
             ["finetune", "--ckpt", "single", "animals.jsonl", "--out", name, *flags, *extra], runs, procs
         )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert_same_trajectory(records(runs / "ft-single"), records(runs / "ft-fsdp"))
+    single, sharded = records(runs / "ft-single"), records(runs / "ft-fsdp")
+    assert_same_trajectory(single, sharded)
+    assert single[-1]["val_accuracy"] == pytest.approx(sharded[-1]["val_accuracy"])
+    meta = json.loads((runs / "ft-fsdp" / "last" / "checkpoint.json").read_text())
+    assert meta["model"]["n_classes"] == 6  # the six animals
 
 
 def test_resume_needs_the_same_number_of_processes(runs):
