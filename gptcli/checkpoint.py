@@ -17,6 +17,7 @@ renamed into place, so a crash never leaves a half-written checkpoint under its 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -115,61 +116,45 @@ LOCK_FILE = ".lock"
 
 
 class RunLock:
-    """run_dir/.lock names the process training into run_dir; a second one is refused, and
-    a lock left behind by a process that has died is taken over."""
+    """run_dir/.lock, held with flock while a process trains into run_dir: a second one is
+    refused; the kernel lets go of the lock when its process dies, however it dies, so a
+    file left behind by a killed run is simply taken over. The file names its holder."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / LOCK_FILE
-        self.held = False
-
-    def _holder(self) -> dict[str, Any] | None:
-        try:
-            holder = json.loads(self.path.read_text(encoding="utf-8"))
-            return holder if isinstance(holder, dict) else None
-        except (OSError, ValueError):
-            return None
-
-    @staticmethod
-    def _alive(holder: dict[str, Any]) -> bool:
-        if holder.get("host") != socket.gethostname():
-            return True  # another machine's process: we cannot tell, so we assume it runs
-        try:
-            os.kill(int(holder.get("pid", -1)), 0)
-        except ProcessLookupError:
-            return False
-        except (PermissionError, ValueError, OverflowError):
-            return True
-        return True
+        self.fd: int | None = None
 
     def __enter__(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = self._holder()
-                if holder is not None and self._alive(holder):
-                    raise UsageError(
-                        f"{self.path.parent} is being trained by process {holder.get('pid')} on "
-                        f"{holder.get('host')} (since {holder.get('started')}); wait for it or stop it "
-                        f"(if it is gone, delete {self.path})"
-                    ) from None
-                self.path.unlink(missing_ok=True)  # a stale lock: its process has died
-                continue
-            started = time.strftime("%Y-%m-%d %H:%M:%S")
-            me = {"pid": os.getpid(), "host": socket.gethostname(), "started": started}
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(me, f)
-            self.held = True
-            return self
-        raise UsageError(f"could not lock {self.path.parent}; another process keeps taking it")
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                try:
+                    holder = json.loads(self.path.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    holder = {}
+                raise UsageError(
+                    f"{self.path.parent} is being trained by process {holder.get('pid')} on "
+                    f"{holder.get('host')} (since {holder.get('started')}); wait for it or stop it"
+                ) from None
+            if os.fstat(fd).st_nlink:
+                break
+            os.close(fd)  # its holder removed it as it let go: lock the path's new file
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started})
+        os.ftruncate(fd, 0)
+        os.write(fd, me.encode())
+        self.fd = fd
+        return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.held:
-            holder = self._holder()
-            if holder is not None and holder.get("pid") == os.getpid():
-                self.path.unlink(missing_ok=True)
-            self.held = False
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)  # before letting go, so no one locks a removed file
+            os.close(self.fd)
+            self.fd = None
 
 
 # --- saving --------------------------------------------------------------------------------
