@@ -160,9 +160,11 @@ class RunLock:
 # --- saving --------------------------------------------------------------------------------
 
 
-def model_state(model: GPT) -> dict[str, torch.Tensor]:
-    """State dict for safetensors: contiguous, detached, tied unembedding stored once."""
-    return {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+def model_state(model: GPT, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """State dict for safetensors (model's own, or state gathered for it elsewhere):
+    contiguous, detached, tied unembedding stored once."""
+    state = model.state_dict() if state is None else state
+    return {k: v.detach().contiguous() for k, v in state.items() if k != "lm_head.weight"}
 
 
 def split_tensors(tree: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any:
@@ -205,7 +207,8 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_tensors(weights or model_state(model), tmp / MODEL_FILE, metadata={"format": "pt"})
+    weights = model_state(model) if weights is None else weights
+    save_tensors(weights, tmp / MODEL_FILE, metadata={"format": "pt"})
     full_meta = {
         "format": FORMAT,
         "version": VERSION,

@@ -3,10 +3,10 @@
 AdamW (weight decay on matrices only, fused where the device supports it), linear warmup
 then cosine decay to min_lr, gradient accumulation and clipping, bf16/fp16 autocast,
 optional torch.compile, periodic evaluation, checkpoints (last with full training state,
-best by validation loss), metrics.jsonl, and exact resume. Under torchrun it runs
-distributed data parallel: every process draws the same global batch and trains on its own
-slice of it, gradients are all-reduced on the last micro-step only, and rank 0 alone
-reports and writes. It reports through a Reporter and never prints.
+best by validation loss), metrics.jsonl, and exact resume. Under torchrun every process
+draws the same global batch and trains on its own slice of it, with the model replicated
+or sharded (gptcli/parallel.py), and rank 0 alone reports and writes. It reports through a
+Reporter and never prints.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -36,12 +36,10 @@ from gptcli.checkpoint import (
 from gptcli.config import Config, TrainConfig
 from gptcli.errors import GptcliError, UsageError
 from gptcli.model import GPT
+from gptcli.parallel import Sharded, Whole
 from gptcli.runtime import Precision, dist_from_env, init_distributed, peak_flops, pick_precision, rank_device
 from gptcli.tasks import Batch, Task
 from gptcli.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from gptcli.parallel import Sharded
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -295,27 +293,17 @@ class Trainer:
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed + dist.rank)
         self.state = TrainState()
-        # evaluation runs the model; training runs the task's loss, compiled as a whole since
-        # a task may call more of the model than its forward (hidden_states, the classifier);
-        # sharded, each block is compiled on its own, between the gathers of its weights
+        # evaluation runs the model; training runs the task's loss, as one module since a task
+        # may call more of the model than its forward (hidden_states, the classifier)
         loss_module = _TaskLoss(self.model, self.task)
-        self.sharded: Sharded | None = None
+        self.placement: Whole | Sharded
         if sharding:
-            from gptcli.parallel import Sharded
-
             if self.precision.needs_grad_scaler:
                 raise UsageError("--fsdp trains in bf16 or fp32; pick one with --dtype (fp16 needs DDP)")
-            self.sharded = Sharded(loss_module, self.model, self.device, dist.world, cfg.compile)
+            self.placement = Sharded(loss_module, self.model, self.device, dist.world, cfg.compile)
             self.device_reason += f"; weights, gradients and AdamW state sharded {dist.world} ways (FSDP)"
-            self.forward_model: nn.Module = self.model
-            self.train_module: nn.Module = loss_module
         else:
-            self.forward_model = torch.compile(self.model) if cfg.compile else self.model
-            self.train_module = torch.compile(loss_module) if cfg.compile else loss_module
-            if dist.enabled:
-                from gptcli.parallel import replicate
-
-                self.train_module = replicate(self.train_module, self.device)
+            self.placement = Whole(loss_module, self.model, self.device, dist.enabled, cfg.compile)
         self.optimizer = make_optimizer(self.model, cfg, self.device)  # after sharding, if any
 
     def _all_ranks(self, value: Any) -> list[Any]:
@@ -342,15 +330,11 @@ class Trainer:
     def _restore(self) -> None:
         """Continue exactly where the last/ checkpoint left off."""
         last = self.run_dir / LAST
-        # sharded, rank 0 alone reads the optimizer's tensors and sends each process its shard
-        skip = "optimizer.state." if self.sharded and not self.dist.is_main else None
+        skip = None if self.dist.is_main else self.placement.skip_on_load
         saved = load_train_state(last if last.exists() else self.run_dir / f"{LAST}.old", skip)
         optim = saved["optimizer"]
         optim["state"] = {int(k): v for k, v in optim["state"].items()}
-        if self.sharded:
-            self.sharded.load_optimizer_state(self.optimizer, optim)
-        else:
-            self.optimizer.load_state_dict(optim)
+        self.placement.load_optimizer_state(self.optimizer, optim)
         if saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         self.data_gen.set_state(saved["data_rng"])
@@ -386,9 +370,7 @@ class Trainer:
         )
         return {
             "state": asdict(self.state),
-            "optimizer": (
-                self.sharded.optimizer_state(self.optimizer) if self.sharded else self.optimizer.state_dict()
-            ),
+            "optimizer": self.placement.optimizer_state(self.optimizer),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "data_rng": self.data_gen.get_state(),
             "world": self.dist.world,
@@ -410,14 +392,11 @@ class Trainer:
         }
 
     def _save_last(self, metrics: dict[str, dict[str, float]] | None) -> None:
-        if self.sharded:
-            bad = self.sharded.nonfinite_weight()
-        else:
-            bad = next((n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()), None)
+        bad = self.placement.nonfinite_weight()
         if bad:  # never overwrite the last good checkpoint with a broken model
             self._diverged(f"{bad} holds NaN or inf")
         state = self._train_state()  # on every rank
-        weights = self.sharded.weights() if self.sharded else None  # whole tensors, gathered
+        weights = self.placement.weights()  # whole tensors (sharded: gathered, on rank 0)
         if self.dist.is_main:
             path = save_checkpoint(
                 self.run_dir, LAST, self.model, self.tokenizer, self._checkpoint_meta(metrics), state, weights
@@ -444,7 +423,7 @@ class Trainer:
         self.model.eval()
         try:
             with self.precision.autocast():
-                return self.sharded.call(run) if self.sharded else run(self.forward_model)
+                return self.placement.evaluate(run)
         finally:
             self.model.train()
 
@@ -565,14 +544,9 @@ class Trainer:
                     batch = task.batch("train", indices[micro], self.device)
                     step_tokens += task.tokens(batch) * dist.world
                     last_micro = i == len(mine) - 1
-                    # replicas all-reduce their gradients once per step, on the last micro-step;
-                    # shards reduce-scatter them after every micro-step, to hold 1/N of them
-                    sync = contextlib.nullcontext()
-                    if dist.enabled and not self.sharded and not last_micro:
-                        sync = self.train_module.no_sync()
-                    with sync:
+                    with self.placement.micro_step(last_micro):
                         with self.precision.autocast():
-                            loss = self.train_module(batch) / local_accum
+                            loss = self.placement.train_module(batch) / local_accum
                         self.scaler.scale(loss).backward()
                     step_loss += loss.detach()
                 if cfg.grad_clip > 0:
