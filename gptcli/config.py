@@ -24,7 +24,6 @@ from gptcli.errors import UsageError
 # config keys that have a command-line flag of the same name (--block-size for block_size)
 _FLAGGED = {
     "model": {"block_size", "n_layer", "n_head", "n_embd", "dropout"},
-    "data": {"val_fraction"},
     "train": {
         "batch_size", "grad_accum", "lr", "min_lr", "warmup_iters", "max_iters", "max_time",
         "weight_decay", "grad_clip", "eval_interval", "eval_iters", "log_interval", "device",

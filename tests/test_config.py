@@ -90,3 +90,17 @@ def test_yaml_is_data_never_code(tmp_path):
 )
 def test_durations(value, seconds):
     assert parse_duration(value) == seconds
+
+
+def test_settings_named_with_a_flag_have_that_flag():
+    """Errors name a setting's flag (key_name) only where pretrain really has it."""
+    import typer
+
+    from gptcli.cli.app import app
+    from gptcli.config import _FLAGGED
+
+    pretrain = typer.main.get_command(app).commands["pretrain"]
+    flags = {opt for param in pretrain.params for opt in param.opts}
+    for names in _FLAGGED.values():
+        for name in names:
+            assert f"--{name.replace('_', '-')}" in flags, name
