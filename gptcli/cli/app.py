@@ -42,16 +42,6 @@ def _flag_type(self: TyperOption, ctx: Any) -> str | None:
 TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 
-def _help_command(ctx: Any) -> str:
-    """'gptcli VERB --help' for the command that failed, however gptcli was started
-    (python -m gptcli, torchrun -m gptcli)."""
-    names = []
-    while ctx is not None and ctx.parent is not None:
-        names.append(ctx.info_name)
-        ctx = ctx.parent
-    return " ".join(["gptcli", *reversed(names), "--help"])
-
-
 class _Boundary(TyperGroup):
     """Runs the app and turns every exception into one line and an exit code."""
 
@@ -64,12 +54,15 @@ class _Boundary(TyperGroup):
         **extra: Any,
     ) -> Any:
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            # "gptcli" however it was started (python -m gptcli, torchrun -m gptcli): usage
+            # lines and the hints below name the command a user types
+            rv = super().main(args, "gptcli", complete_var, standalone_mode=False, **extra)
         except NoArgsIsHelpError as e:
             e.show()
             code = 2
         except ClickException as e:
-            render.error(f"{e.format_message()} (see '{_help_command(getattr(e, 'ctx', None))}')")
+            ctx = getattr(e, "ctx", None)
+            render.error(f"{e.format_message()} (see '{ctx.command_path if ctx else 'gptcli'} --help')")
             code = e.exit_code
         except GptcliError as e:
             if _debug:
