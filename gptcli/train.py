@@ -263,8 +263,6 @@ class Trainer:
         self.stop_reason: str | None = None
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
         self.dist = dist_from_env()
-        if not self.dist.is_main:
-            self.reporter = NullReporter()  # rank 0 alone reports and writes
 
     def request_stop(self, reason: str = "interrupted") -> None:
         """Stop at the next step boundary, after writing a last/ checkpoint."""
@@ -464,6 +462,8 @@ class Trainer:
     # -- the loop
 
     def run(self, resume: bool = False) -> Summary:
+        if not self.dist.is_main:
+            self.reporter = NullReporter()  # rank 0 alone reports (and writes), whoever set it
         lock = RunLock(self.run_dir) if self.dist.is_main else contextlib.nullcontext()
         try:
             with lock:

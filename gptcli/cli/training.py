@@ -98,9 +98,8 @@ def new_run_dir(out: Path | None, stem: str) -> Path:
 def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = False) -> None:
     """Train with the live view, print the summary and loss.png; exit 130 with a resume hint
     if interrupted. json_out: progress as plain lines on stderr, the summary as JSON on stdout."""
-    if trainer.dist.is_main:
-        title = f"gptcli {verb} →"
-        trainer.reporter = render.TrainLog(title, render.err) if json_out else render.train_reporter(title)
+    title = f"gptcli {verb} →"
+    trainer.reporter = render.TrainLog(title, render.err) if json_out else render.train_reporter(title)
     summary = trainer.run(resume=resume)
     png = trainer.run_dir / "loss.png"
     # only the main process writes to the run directory
