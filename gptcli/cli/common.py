@@ -60,9 +60,10 @@ def check_seed(seed: int | None) -> None:
         raise UsageError(f"--seed must be between 0 and {SEED_MAX}, got {seed}")
 
 
-def load_model(ckpt: str | None, device: str = "auto", dtype: str = "auto") -> Loaded:
+def load_model(ckpt: str | None, device: str = "auto", dtype: str = "auto", decode: bool = True) -> Loaded:
     """Load --ckpt, or the newest run under ./runs (and say which), onto the device in the
-    dtype for inference; say where it runs and why."""
+    dtype for inference; say where it runs and why. decode: the verb generates token by
+    token, so bf16 CPU models take the compiled decoding kernels (gptcli/kernels.py)."""
     from gptcli.checkpoint import load_checkpoint, newest_run
     from gptcli.kernels import use_fast_decode
     from gptcli.runtime import pick_device, pick_inference_dtype
@@ -80,7 +81,7 @@ def load_model(ckpt: str | None, device: str = "auto", dtype: str = "auto") -> L
     loaded = load_checkpoint(ckpt, dev)
     dt, why_dtype = pick_inference_dtype(dev, dtype, loaded.model.num_params())
     loaded.model.to(dt)
-    if use_fast_decode(loaded.model):
+    if decode and use_fast_decode(loaded.model):
         why_dtype += " (compiled decoding kernels)"
     render.note(f"{why_device}; {why_dtype}")
     return loaded

@@ -68,7 +68,7 @@ def inspect_attn(
     if not prompt:
         raise UsageError("give a prompt to look at")
     prompt = text_arg(prompt, "the prompt")
-    loaded = load_model(ckpt, device, dtype)
+    loaded = load_model(ckpt, device, dtype, decode=False)
     tok, cfg = loaded.tokenizer, loaded.model.config
     layers = _pick(layer, cfg.n_layer, "layer", allow_mean=False)
     heads = _pick(head, cfg.n_head, "head", allow_mean=True)
