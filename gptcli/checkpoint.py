@@ -251,6 +251,12 @@ def _is_ckpt_dir(path: Path) -> bool:
     return (path / META_FILE).is_file()
 
 
+def checkpoint_in(run_dir: Path, name: str) -> Path | None:
+    """run_dir/name (best or last), or its .old copy when a crash came between the two
+    renames that replace a checkpoint; None if neither is there."""
+    return next((d for d in (run_dir / name, run_dir / f"{name}.old") if _is_ckpt_dir(d)), None)
+
+
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """The checkpoint directory for a run dir (its best/, else last/) or a checkpoint dir.
     A checkpoint interrupted mid-replacement is recovered from its .old copy."""
@@ -259,10 +265,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         raise UsageError(f"--ckpt {p}: no such file or directory (nor a Hugging Face hub name: gpt2, ...)")
     if _is_ckpt_dir(p):
         return p
-    for name in (BEST, LAST):
-        for candidate in (p / name, p / f"{name}.old"):
-            if _is_ckpt_dir(candidate):
-                return candidate
+    found = checkpoint_in(p, BEST) or checkpoint_in(p, LAST)
+    if found is not None:
+        return found
     raise UsageError(
         f"--ckpt {p} is not a gptcli run or checkpoint (no {META_FILE} in it, {BEST}/ or {LAST}/)"
     )

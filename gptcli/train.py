@@ -28,6 +28,7 @@ import torch.nn as nn
 from gptcli.checkpoint import (
     LAST,
     RunLock,
+    checkpoint_in,
     copy_checkpoint,
     load_train_state,
     save_checkpoint,
@@ -327,9 +328,8 @@ class Trainer:
 
     def _restore(self) -> None:
         """Continue exactly where the last/ checkpoint left off."""
-        last = self.run_dir / LAST
         skip = None if self.dist.is_main else self.placement.skip_on_load
-        saved = load_train_state(last if last.exists() else self.run_dir / f"{LAST}.old", skip)
+        saved = load_train_state(checkpoint_in(self.run_dir, LAST) or self.run_dir / LAST, skip)
         optim = saved["optimizer"]
         optim["state"] = {int(k): v for k, v in optim["state"].items()}
         self.placement.load_optimizer_state(self.optimizer, optim)

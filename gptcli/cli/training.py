@@ -158,7 +158,7 @@ def prepare_text(
 
 def load_for_resume(out: Path | None, flags: dict[str, Any], config_path: Path | None) -> tuple[Any, Any]:
     """The last/ checkpoint of the run to resume, and its config with the allowed changes."""
-    from gptcli.checkpoint import LAST, load_checkpoint, newest_run
+    from gptcli.checkpoint import LAST, checkpoint_in, load_checkpoint, newest_run
     from gptcli.config import CONFIG_CHANGES_ON_RESUME, Config, merge
 
     if config_path is not None:
@@ -176,11 +176,10 @@ def load_for_resume(out: Path | None, flags: dict[str, Any], config_path: Path |
         render.info(f"resuming the newest run: {out}")
     elif out.name in (LAST, "best") and out.parent.is_dir():
         out = out.parent  # --out RUN/last means the run
-    # last/, or last.old/ when a crash came between the two renames of a checkpoint write
-    found = [d for d in (out / LAST, out / f"{LAST}.old") if (d / "checkpoint.json").is_file()]
-    if not found:
+    found = checkpoint_in(out, LAST)
+    if found is None:
         raise UsageError(f"--resume: {out} has no last/ checkpoint to continue from")
-    loaded = load_checkpoint(found[0])
+    loaded = load_checkpoint(found)
     if not isinstance(loaded.meta.get("config"), dict):
         raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")
     config = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")
