@@ -314,35 +314,38 @@ def holdout(n: int, val_fraction: float, seed: int, source: str) -> tuple[list[i
     return sorted(order[n_val:]), sorted(order[:n_val])
 
 
+def label_set(records: list[Record]) -> list:
+    """The labels these classification records use, sorted; at least two."""
+    seen = []
+    for r in records:
+        if "label" not in r.fields:
+            raise UsageError(f"{r.source}: 'label' is missing")
+        if r.fields["label"] not in seen:
+            seen.append(r.fields["label"])
+    if len(seen) < 2:
+        raise UsageError(
+            f"{records[0].source.rsplit(':', 1)[0]}: every record has label {seen[0]!r}; "
+            "classification needs at least two classes"
+        )
+    return sorted(seen, key=str)
+
+
 def classify_examples(
     records: list[Record],
     tokenizer: Tokenizer,
     block_size: int,
-    labels: list | None,
+    labels: list,
     delimiter: str,
     both_orders: bool,
-) -> tuple[list[Example], list]:
-    """Examples from {"text", "label"} or {"text_a", "text_b", "label"} records; labels is
-    the label set (taken from these records when None)."""
-    if labels is None:
-        seen = []
-        for r in records:
-            if "label" not in r.fields:
-                raise UsageError(f"{r.source}: 'label' is missing")
-            if r.fields["label"] not in seen:
-                seen.append(r.fields["label"])
-        if len(seen) < 2:
-            raise UsageError(
-                f"{records[0].source.rsplit(':', 1)[0]}: every record has label {seen[0]!r}; "
-                "classification needs at least two classes"
-            )
-        labels = sorted(seen, key=str)
+) -> list[Example]:
+    """Examples from {"text", "label"} or {"text_a", "text_b", "label"} records, whose
+    labels index into labels (the run's label set)."""
     index = label_index(labels)
     examples = []
     for r in records:
         label = record_label(r, index, labels)  # before the text, whose encoding may fail too
         examples.append(Example(classify_sequences(r, tokenizer, block_size, delimiter, both_orders), label))
-    return examples, labels
+    return examples
 
 
 def label_index(labels: Sequence) -> dict[str, int]:
@@ -463,8 +466,8 @@ def supervised_task(
         raise UsageError(f"--task {kind!r}: use one of lm, classify, choice, sft")
     both = settings["both_orders"]
     if labels is None:
-        _, labels = classify_examples(records, tokenizer, block_size, None, delimiter, both)
-    splits = split(lambda rs: classify_examples(rs, tokenizer, block_size, labels, delimiter, both)[0])
+        labels = label_set(records)
+    splits = split(lambda rs: classify_examples(rs, tokenizer, block_size, labels, delimiter, both))
     return SupervisedTask("classify", splits, weight, block_size), len(labels), {"labels": labels}
 
 
