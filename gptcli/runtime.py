@@ -282,7 +282,8 @@ def shared_setup(device_request: str, prepare: Callable[[], T]) -> T:
 
     Each node's first process runs it (so a cache it fills is local to the node), the
     others wait; then every process runs it again, cheaply, to learn the result (a cache
-    hit); the run directory is then taken from rank 0. Alone, it just runs prepare()."""
+    hit). Alone, it just runs prepare(). Values that must agree across processes (the run
+    directory) are then taken from rank 0 with broadcast_from_main."""
     dist = dist_from_env()
     if not dist.enabled:
         return prepare()
