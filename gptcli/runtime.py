@@ -32,7 +32,7 @@ def pick_device(requested: str = "auto") -> tuple[torch.device, str]:
             return torch.device("cuda"), f"CUDA: {torch.cuda.get_device_name()}"
         if torch.backends.mps.is_available():
             return torch.device("mps"), "Apple MPS"
-        return torch.device("cpu"), f"CPU: {cpu_name()}, {torch.get_num_threads()} threads (no GPU found)"
+        return torch.device("cpu"), f"CPU: {cpu_name()}, {_threads()} (no GPU found)"
     if kind == "cuda":
         if not torch.cuda.is_available():
             build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
@@ -49,11 +49,16 @@ def pick_device(requested: str = "auto") -> tuple[torch.device, str]:
             raise UsageError("--device mps: Apple MPS is not available on this machine; use --device cpu")
         return torch.device("mps"), "Apple MPS"
     if kind == "cpu":
-        return torch.device("cpu"), f"CPU: {cpu_name()}, {torch.get_num_threads()} threads"
+        return torch.device("cpu"), f"CPU: {cpu_name()}, {_threads()}"
     raise UsageError(f"unknown device {requested!r}; use auto, cpu, cuda, cuda:N or mps")
 
 
 @lru_cache(maxsize=1)
+def _threads() -> str:
+    n = torch.get_num_threads()
+    return f"{n} thread{'s' if n != 1 else ''}"
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

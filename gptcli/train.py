@@ -490,7 +490,7 @@ class Trainer:
         T = getattr(task, "block_size", model.config.block_size)
         fixed_length = getattr(task, "fixed_length", False)
         tokens_per_step = cfg.batch_size * cfg.grad_accum * T if fixed_length else None
-        peak = peak_flops(self.device, self.precision)
+        peak = peak_flops(self.device, self.precision)  # of one process's device
         flops_per_token = model.flops_per_token(T)
         start_step, start_tokens = self.state.step, self.state.tokens
         self.reporter.on_start(
@@ -568,7 +568,8 @@ class Trainer:
                     report.loss = loss_value
                     report.tokens_per_s = window_tokens / max(now - window_t, 1e-9)
                     if peak:
-                        report.mfu = flops_per_token * report.tokens_per_s / peak
+                        # tokens/s counts every process, each with its own device
+                        report.mfu = flops_per_token * report.tokens_per_s / (peak * dist.world)
                     window_t, window_tokens = now, 0
                     if dist.is_main:
                         self.metrics.append(

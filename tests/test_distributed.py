@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,17 @@ def assert_same_trajectory(single: list[dict], other: list[dict]) -> None:
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_processes_follow_the_single_process_trajectory(runs, mode):
     assert_same_trajectory(records(runs / "single"), records(runs / mode))
+
+
+def test_mfu_counts_every_process(runs):
+    """tokens/s is the whole job's, so MFU divides by every process's peak, not one's."""
+
+    def flops_per_peak(run: str) -> float:  # mfu / tokens_per_s = FLOPs per token / peak
+        return statistics.median(
+            r["mfu"] / r["tokens_per_s"] for r in records(runs / run) if r["kind"] == "train"
+        )
+
+    assert flops_per_peak("ddp") / flops_per_peak("single") == pytest.approx(0.5, rel=0.05)
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
