@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import gc
 import importlib.util
+import multiprocessing
 import os
 import platform
 import shutil
@@ -230,33 +231,62 @@ def hf_train_step(cfg: ModelConfig, batch: int):
     return step
 
 
+def _in_child(fn, *args):
+    """fn(*args) in a fresh Python process. gptcli's Trainer changes a process-wide setting
+    on the CPU (it keeps freed memory, see runtime.keep_freed_memory), which must not reach
+    a peer measured after it; each measurement gets a process of its own."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+def _ours_rate(cfg: ModelConfig, batch: int, steps: int, work: Path) -> tuple[float, float]:
+    rate, model = ours_trainer_run(cfg, batch, steps, compile_=True, work=work)
+    return rate, model.flops_per_token(cfg.block_size)
+
+
+def _peer_rate(
+    peer: str, nanogpt: Path | None, cfg: ModelConfig, batch: int, steps: int, keep: bool
+) -> float:
+    if keep:
+        from gptcli.runtime import keep_freed_memory
+
+        keep_freed_memory()
+    step = nanogpt_train_step(nanogpt, cfg, batch) if peer == "nanogpt" else hf_train_step(cfg, batch)
+    return train_tokens_per_s(step, batch * cfg.block_size, steps)
+
+
 def case_train_speed(args) -> list[Result]:
     cfg = ModelConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, bias=False)
     batch, steps = 16, (4 if args.quick else 10)
-    tokens = batch * cfg.block_size
-    peers = {"HF GPT2LMHeadModel (fp32)": hf_train_step(cfg, batch)}
+    # name -> (peer, keep freed memory as gptcli does); the first is the target's peer
+    peers = {"HF GPT2LMHeadModel (fp32)": ("hf", False)}
     if args.nanogpt:
-        peers = {"nanoGPT (fp32)": nanogpt_train_step(args.nanogpt, cfg, batch), **peers}
+        peers = {
+            "nanoGPT (fp32)": ("nanogpt", False),
+            **peers,
+            "nanoGPT (fp32), keeping freed memory as gptcli does": ("nanogpt", True),
+        }
     work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
     # alternate the runs so that load on this shared machine hits all of them alike
     ours_runs: list[float] = []
     peer_runs: dict[str, list[float]] = {k: [] for k in peers}
     for _ in range(args.repeats):
-        rate, model = ours_trainer_run(cfg, batch, steps, compile_=True, work=work)
+        rate, flops_per_token = _in_child(_ours_rate, cfg, batch, steps, work)
         ours_runs.append(rate)
-        for k, s in peers.items():
-            peer_runs[k].append(train_tokens_per_s(s, tokens, steps))
+        for k, (peer, keep) in peers.items():
+            peer_runs[k].append(_in_child(_peer_rate, peer, args.nanogpt, cfg, batch, steps, keep))
     shutil.rmtree(work, ignore_errors=True)
     ours = statistics.median(ours_runs)
     peak = measured_peak_flops(torch.device("cpu"), torch.bfloat16)
-    mfu = model.flops_per_token(cfg.block_size) * ours / peak
+    mfu = flops_per_token * ours / peak
     out = []
     for i, (k, runs) in enumerate(peer_runs.items()):
         peer = statistics.median(runs)
         main = i == 0 and k.startswith("nanoGPT")
         notes = [
             "gptcli's Trainer with --compile and dtype auto (bf16 autocast), bias off as in nanoGPT; "
-            f"MFU {100 * mfu:.1f}% of the measured bf16 matmul peak ({peak / 1e9:.0f} GFLOP/s)"
+            f"MFU {100 * mfu:.1f}% of the measured bf16 matmul peak ({peak / 1e9:.0f} GFLOP/s); "
+            "each run in a process of its own"
         ]
         out.append(
             Result(

@@ -38,7 +38,15 @@ from gptcli.config import Config, TrainConfig
 from gptcli.errors import GptcliError, UsageError
 from gptcli.model import GPT
 from gptcli.parallel import Sharded, Whole
-from gptcli.runtime import Precision, dist_from_env, init_distributed, peak_flops, pick_precision, rank_device
+from gptcli.runtime import (
+    Precision,
+    dist_from_env,
+    init_distributed,
+    keep_freed_memory,
+    peak_flops,
+    pick_precision,
+    rank_device,
+)
 from gptcli.tasks import Batch, Task
 from gptcli.tokenizer import Tokenizer
 
@@ -284,8 +292,10 @@ class Trainer:
         sharding = dist.enabled and cfg.fsdp
         if not sharding:  # sharded, each block goes to the device as it is split: never whole
             self.model.to(self.device)
-        if self.device.type == "cpu" and self.precision.name == "bf16":
-            self.model.set_attention("explicit")  # faster than the CPU's fused kernel in bf16
+        if self.device.type == "cpu":
+            keep_freed_memory()  # no page faults on every step's fresh activations
+            if self.precision.name == "bf16":
+                self.model.set_attention("explicit")  # faster than the CPU's fused kernel in bf16
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
         # the same data stream on every rank (each takes its slice of the global batch), but
         # its own dropout masks

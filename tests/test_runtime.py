@@ -1,6 +1,11 @@
-"""Precision choices: what `--dtype auto` picks on the CPU, and explicit choices checked."""
+"""Precision choices: what `--dtype auto` picks on the CPU, and explicit choices checked;
+the allocator setting CPU training runs under."""
 
 from __future__ import annotations
+
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -35,3 +40,34 @@ def test_explicit_choices_are_checked(pick):
         pick(CPU, "fp16")
     with pytest.raises(UsageError, match="unknown dtype 'half'"):
         pick(CPU, "half")
+
+
+# a training step's worth of allocations: the same few large blocks (here 8 to 64 MiB)
+# allocated, written and freed again every step; the page faults of the later steps
+_FAULTS = """
+import resource, sys, torch
+from gptcli.runtime import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+def step():
+    kept = [torch.ones(n << 20) for n in (2, 16, 4, 8)]
+for _ in range(20):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc")
+def test_kept_memory_is_reused_without_page_faults():
+    def faults(mode: str) -> int:
+        run = subprocess.run(
+            [sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True
+        )
+        return int(run.stdout)
+
+    pages = 5 * (30 << 22) // 4096  # what 5 steps of fresh blocks would fault in
+    assert faults("default") > pages // 2  # glibc returns the large blocks, then faults them in again
+    assert faults("keep") < pages // 50
