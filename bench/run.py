@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,8 +236,8 @@ def _in_child(fn, *args):
     """fn(*args) in a fresh Python process. gptcli's Trainer changes a process-wide setting
     on the CPU (it keeps freed memory, see runtime.keep_freed_memory), which must not reach
     a peer measured after it; each measurement gets a process of its own."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(fn, args)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def _ours_rate(cfg: ModelConfig, batch: int, steps: int, work: Path) -> tuple[float, float]:
