@@ -171,7 +171,7 @@ def pick_inference_dtype(device: torch.device, requested: str, n_params: int) ->
 # stays within a few percent of what it was.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
 _MMAP_THRESHOLD = 1 << 30  # blocks below 1 GiB come from the heap, not from their own mmap
-_TRIM_THRESHOLD = 2**31 - 1  # and the heap is not trimmed until 2 GiB of it are free
+_TRIM_THRESHOLD = 2**31 - 1  # and the heap is trimmed only when 2 GiB at its top are free
 
 
 def keep_freed_memory() -> bool:
