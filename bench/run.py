@@ -41,7 +41,7 @@ from gptcli.generate import beam_search, generate  # noqa: E402
 from gptcli.hf import hf_to_gptcli_state_dict  # noqa: E402
 from gptcli.kernels import use_fast_decode  # noqa: E402
 from gptcli.model import GPT  # noqa: E402
-from gptcli.runtime import cpu_name, measured_peak_flops  # noqa: E402
+from gptcli.runtime import cpu_name, keep_freed_memory, measured_peak_flops  # noqa: E402
 
 
 @dataclass
@@ -249,8 +249,6 @@ def _peer_rate(
     peer: str, nanogpt: Path | None, cfg: ModelConfig, batch: int, steps: int, keep: bool
 ) -> float:
     if keep:
-        from gptcli.runtime import keep_freed_memory
-
         keep_freed_memory()
     step = nanogpt_train_step(nanogpt, cfg, batch) if peer == "nanogpt" else hf_train_step(cfg, batch)
     return train_tokens_per_s(step, batch * cfg.block_size, steps)

@@ -53,12 +53,12 @@ def pick_device(requested: str = "auto") -> tuple[torch.device, str]:
     raise UsageError(f"unknown device {requested!r}; use auto, cpu, cuda, cuda:N or mps")
 
 
-@lru_cache(maxsize=1)
 def _threads() -> str:
     n = torch.get_num_threads()
     return f"{n} thread{'s' if n != 1 else ''}"
 
 
+@lru_cache(maxsize=1)
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
