@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from gptcli.attention import capture
+from gptcli.attention import AttentionMaps, capture
 from gptcli.config import ModelConfig
 from gptcli.model import GPT
 
@@ -20,17 +20,20 @@ def trained_like_model() -> GPT:
     return model
 
 
-def qk_from_hooks(model: GPT, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Q and K of every layer, taken from the model's own c_attn projections during a
-    normal (fused) forward pass."""
+QK = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def capture_with_qk(model: GPT, ids: list[int]) -> tuple[AttentionMaps, QK]:
+    """capture(), and the Q and K of every layer taken from the model's own c_attn
+    projections during that same forward pass (another pass, through the fused kernel,
+    would differ in the last bits of each layer's input, which large weights amplify)."""
     out: list[torch.Tensor] = []
     hooks = [
         b.attn.c_attn.register_forward_hook(lambda m, i, o: out.append(o.detach()))
         for b in model.transformer.h
     ]
     try:
-        with torch.no_grad():
-            model(torch.tensor([ids]))
+        maps = capture(model, ids)
     finally:
         for h in hooks:
             h.remove()
@@ -40,19 +43,19 @@ def qk_from_hooks(model: GPT, ids: list[int]) -> list[tuple[torch.Tensor, torch.
         q, k, _ = qkv[0].split(C, dim=-1)
         T = q.size(0)
         qk.append((q.view(T, nh, C // nh).transpose(0, 1), k.view(T, nh, C // nh).transpose(0, 1)))
-    return qk
+    return maps, qk
 
 
 def test_weights_are_masked_softmax_of_the_models_own_q_and_k():
     model = trained_like_model()
     ids = [3, 14, 15, 9, 2, 6, 5, 3, 5, 8]
-    maps = capture(model, ids)
+    maps, qks = capture_with_qk(model, ids)
     T = len(ids)
     assert maps.attention.shape == (3, 4, T, T)
     torch.testing.assert_close(maps.attention.sum(-1), torch.ones(3, 4, T))
     assert torch.all(maps.attention.triu(diagonal=1) == 0)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
-    for layer, (q, k) in enumerate(qk_from_hooks(model, ids)):
+    for layer, (q, k) in enumerate(qks):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (nh, T, T)
         expected = scores.masked_fill(~mask, float("-inf")).softmax(-1)
         torch.testing.assert_close(maps.attention[layer], expected, atol=1e-5, rtol=0)
