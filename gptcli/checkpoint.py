@@ -16,11 +16,9 @@ renamed into place, so a crash never leaves a half-written checkpoint under its 
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
-import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -29,14 +27,15 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from gptcli import __version__
+from gptcli import __version__, files
 from gptcli.config import Config, merge
 from gptcli.errors import UsageError
 from gptcli.model import GPT
 from gptcli.paths import RUNS_DIR
 from gptcli.tokenizer import TOKENIZER_FILE, Tokenizer, gpt2_tokenizer, load_tokenizer
+from gptcli.validate import check_types, expected_shapes, read_weights
 
 FORMAT = "gptcli-checkpoint"
 VERSION = 1
@@ -47,66 +46,16 @@ STATE_JSON = "train_state.json"
 BEST, LAST = "best", "last"
 
 
-# --- atomic files and directories ---------------------------------------------------------
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _fsync_tree(path: Path) -> None:
-    for f in path.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    _fsync_dir(path)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file so that readers see the old or the new content, never a part."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def publish_dir(tmp: Path, final: Path) -> None:
-    """Move a fully written directory into place, replacing final atomically enough: at every
-    moment either final or final.old is a complete checkpoint (loaders fall back to .old)."""
-    _fsync_tree(tmp)
-    old = final.with_name(final.name + ".old")
-    if final.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.rename(final, old)
-    os.rename(tmp, final)
-    _fsync_dir(final.parent)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def save_tensors(
     tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
 ) -> None:
-    """safetensors' save_file, with the permissions of any other new file (it makes them
-    private to the owner, which breaks runs on shared storage)."""
-    save_file(tensors, path, metadata=metadata)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)  # published files are never modified, so sharing them is safe
-    except OSError:
-        shutil.copy2(src, dst)
+    """safetensors' save_file into a file that replaces path atomically, with the
+    permissions of any other new file (save_file makes them private to the owner, which
+    breaks runs on shared storage)."""
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    with files.writing_path(path, size=size) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
+        files.fix_permissions(tmp)
 
 
 # --- one training per run directory -------------------------------------------------------
@@ -127,7 +76,7 @@ class RunLock:
     def __enter__(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = files.open_lock_file(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -203,44 +152,39 @@ def save_checkpoint(
     """Write run_dir/name (best or last) atomically and return its path; weights: the
     model's state as model_state gives it, when the model itself holds only a shard."""
     final = run_dir / name
-    tmp = run_dir / f".{name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     weights = model_state(model) if weights is None else weights
-    save_tensors(weights, tmp / MODEL_FILE, metadata={"format": "pt"})
-    full_meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "gptcli_version": __version__,
-        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "model": {**vars(model.config)},
-        "tokenizer": tokenizer.name,
-        **meta,
-    }
-    (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2), encoding="utf-8")
-    tokenizer.save(tmp / TOKENIZER_FILE)
-    if train_state is not None:
-        tensors: dict[str, torch.Tensor] = {}
-        skeleton = split_tensors(train_state, tensors)
-        save_tensors(tensors, tmp / STATE_TENSORS)
-        (tmp / STATE_JSON).write_text(json.dumps(skeleton), encoding="utf-8")
-    publish_dir(tmp, final)
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = split_tensors(train_state, tensors) if train_state is not None else None
+    size = sum(t.numel() * t.element_size() for t in (*weights.values(), *tensors.values()))
+    with files.new_dir(final, size=size) as tmp:  # inside a directory of our own: plain writes
+        save_file(weights, tmp / MODEL_FILE, metadata={"format": "pt"})
+        full_meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "gptcli_version": __version__,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "model": {**vars(model.config)},
+            "tokenizer": tokenizer.name,
+            **meta,
+        }
+        (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2), encoding="utf-8")
+        (tmp / TOKENIZER_FILE).write_text(tokenizer.dumps(), encoding="utf-8")
+        if skeleton is not None:
+            save_file(tensors, tmp / STATE_TENSORS)
+            (tmp / STATE_JSON).write_text(json.dumps(skeleton), encoding="utf-8")
+        for f in tmp.iterdir():
+            files.fix_permissions(f)
     return final
 
 
 def copy_checkpoint(run_dir: Path, src: str, dst: str, meta_update: dict[str, Any] | None = None) -> Path:
     """Publish run_dir/dst as the weights of run_dir/src (hard links), without train state."""
     source = run_dir / src
-    tmp = run_dir / f".{dst}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    for f in (MODEL_FILE, TOKENIZER_FILE):
-        _link_or_copy(source / f, tmp / f)
-    meta = json.loads((source / META_FILE).read_text(encoding="utf-8"))
-    (tmp / META_FILE).write_text(json.dumps({**meta, **(meta_update or {})}, indent=2), encoding="utf-8")
-    publish_dir(tmp, run_dir / dst)
+    with files.new_dir(run_dir / dst) as tmp:
+        for f in (MODEL_FILE, TOKENIZER_FILE):
+            files.link_or_copy(source / f, tmp / f)
+        meta = json.loads((source / META_FILE).read_text(encoding="utf-8"))
+        (tmp / META_FILE).write_text(json.dumps({**meta, **(meta_update or {})}, indent=2), encoding="utf-8")
     return run_dir / dst
 
 
@@ -249,6 +193,18 @@ def copy_checkpoint(run_dir: Path, src: str, dst: str, meta_update: dict[str, An
 
 def _is_ckpt_dir(path: Path) -> bool:
     return (path / META_FILE).is_file()
+
+
+def holds_checkpoints(path: Path) -> bool:
+    """Whether path is a gptcli checkpoint or run directory (or inside one), which other
+    tools must not write into."""
+    path = Path(path)
+    for p in (path, *path.parents[:2]):
+        if _is_ckpt_dir(p) or any(checkpoint_in(p, name) for name in (BEST, LAST)):
+            return True
+        if (p / "metrics.jsonl").is_file() and (p / "config.yaml").is_file():
+            return True
+    return False
 
 
 def checkpoint_in(run_dir: Path, name: str) -> Path | None:
@@ -288,14 +244,31 @@ def newest_run(runs_dir: Path = RUNS_DIR) -> Path | None:
     return best[1] if best else None
 
 
+# the types of what gptcli reads from checkpoint.json (other keys are kept, not read)
+META_SCHEMA: dict[str, tuple[type, ...]] = {
+    "version": (int,), "model": (dict,), "config": (dict,), "tokenizer": (str,), "task": (str,),
+    "step": (int,), "tokens": (int,), "best_val_loss": (float, type(None)), "data_dir": (str,),
+    "sources": (list,), "data_sha256": (str,), "data_changes": (list,), "labels": (list,),
+    "split": (str, type(None)), "delimiter": (str,), "both_orders": (bool,), "base": (str,),
+    "data": (list,), "val_data": (str, type(None)), "val_fraction": (float,), "aux_lm_weight": (float,),
+}  # fmt: skip
+
+
 def read_meta(ckpt_dir: Path) -> dict[str, Any]:
+    """checkpoint.json, checked: a gptcli checkpoint of a format this version reads, whose
+    fields have the types gptcli reads."""
     try:
         meta = json.loads((ckpt_dir / META_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise UsageError(f"{ckpt_dir / META_FILE} is unreadable ({e}); the checkpoint is damaged") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise UsageError(f"{ckpt_dir / META_FILE} is not a gptcli checkpoint file")
-    if int(meta.get("version", 0)) > VERSION:
+    check_types(meta, META_SCHEMA, str(ckpt_dir / META_FILE))
+    for key in ("labels", "data", "sources"):
+        items = meta.get(key, [])
+        if not all(isinstance(x, str) or (key == "labels" and _is_int(x)) for x in items):
+            raise UsageError(f"{ckpt_dir / META_FILE}: '{key}' holds values of the wrong type; it is damaged")
+    if meta.get("version", 0) > VERSION:
         raise UsageError(
             f"{ckpt_dir} was written by a newer gptcli (checkpoint format {meta['version']}, "
             f"this gptcli reads {VERSION}); upgrade gptcli"
@@ -313,14 +286,8 @@ class Loaded:
     meta: dict[str, Any]
 
 
-def load_weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:
-    file = ckpt_dir / MODEL_FILE
-    if not file.is_file():
-        raise UsageError(f"{file} is missing; the checkpoint is incomplete")
-    try:
-        return load_file(file)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise UsageError(f"{file} is corrupted ({e}); use another checkpoint (e.g. the run's last/)") from e
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:
@@ -354,17 +321,10 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu")
             f"{ckpt}: the model has {config.vocab_size} token embeddings but its tokenizer has "
             f"{tokenizer.vocab_size} tokens; the checkpoint and tokenizer do not belong together"
         )
+    # the weights' shapes are checked against the config from the file's header, before
+    # anything the size of the model is allocated
+    state = read_weights(ckpt / MODEL_FILE, expected_shapes(config))
     model = GPT(config)
-    state = load_weights(ckpt)
-    expected = {k: v.shape for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    for key, shape in expected.items():
-        if key not in state:
-            raise UsageError(f"{ckpt / MODEL_FILE} lacks {key}; the checkpoint is incomplete")
-        if state[key].shape != shape:
-            raise UsageError(
-                f"{ckpt / MODEL_FILE}: {key} has shape {tuple(state[key].shape)} but the config "
-                f"needs {tuple(shape)}; the weights do not match checkpoint.json"
-            )
     model.load_state_dict(state, strict=False)
     model.to(device).eval()
     return Loaded(ckpt, model, tokenizer, meta)

@@ -21,24 +21,77 @@ import yaml
 
 from gptcli.errors import UsageError
 
-# config keys that have a command-line flag of the same name (--block-size for block_size)
-_FLAGGED = {
-    "model": {"block_size", "n_layer", "n_head", "n_embd", "dropout"},
-    "train": {
-        "batch_size", "grad_accum", "lr", "min_lr", "warmup_iters", "max_iters", "max_time",
-        "weight_decay", "grad_clip", "eval_interval", "eval_iters", "log_interval", "device",
-        "dtype", "seed",
-    },
-}  # fmt: skip
-
-
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes up to this
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take (always finite): lo/hi bounds, each inclusive unless
+    open."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def admits(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
+            return False
+        return not (self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)))
+
+    def describe(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        if self.hi is not None:
+            return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        return "a finite number"
+
+
+POSITIVE = Range(1)  # integers >= 1
+NON_NEGATIVE = Range(0)
+GREATER_THAN_ZERO = Range(0, lo_open=True)
+FRACTION = Range(0, 1, hi_open=True)  # [0, 1)
+OPEN_FRACTION = Range(0, 1, lo_open=True, hi_open=True)  # (0, 1)
+
+
+def knob(
+    default: Any,
+    *,
+    check: Range | None = None,
+    choices: tuple[str, ...] | None = None,
+    flag: str | None = None,
+    help: str = "",
+    on_resume: bool = False,
+) -> Any:
+    """A config field and what the rest of gptcli needs to know about it: the values it may
+    take (check, choices), its command-line flag and help, and whether --resume may change
+    it (only keys that budget or report a run, or say where it runs, never its maths)."""
+    meta = {"check": check, "choices": choices, "flag": flag, "help": help, "on_resume": on_resume}
+    return field(default=default, metadata=meta)
 
 
 def key_name(section: str, name: str) -> str:
     """How an error names a setting: its YAML key, and its flag where there is one."""
-    flag = f" (--{name.replace('_', '-')})" if name in _FLAGGED.get(section, ()) else ""
-    return f"{section}.{name}{flag}"
+    flag = SECTIONS[section].__dataclass_fields__[name].metadata.get("flag") if section in SECTIONS else None
+    return f"{section}.{name}" + (f" ({flag})" if flag else "")
+
+
+def check_fields(obj: Any, section: str) -> None:
+    """Every field of a config dataclass against its declared range or choices."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if value is None or isinstance(value, bool):
+            continue
+        check, choices = f.metadata.get("check"), f.metadata.get("choices")
+        if check is not None and isinstance(value, (int, float)) and not check.admits(value):
+            raise UsageError(f"{key_name(section, f.name)} must be {check.describe()}, got {value}")
+        if choices and value not in choices:
+            listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
+            raise UsageError(f"{key_name(section, f.name)} must be {listed}, got {value!r}")
 
 
 @dataclass
@@ -48,34 +101,22 @@ class ModelConfig:
     vocab_size is taken from the tokenizer when left unset; a larger value pads the
     embedding (e.g. 50304 for GPU-friendly shapes) and the extra ids are never sampled."""
 
-    vocab_size: int | None = None
-    block_size: int = 256
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
-    dropout: float = 0.0
-    bias: bool = True
-    n_classes: int = 0  # > 0: a classification head on the last token (set by finetune)
+    vocab_size: int | None = knob(None, check=POSITIVE)
+    block_size: int = knob(256, check=POSITIVE, flag="--block-size")
+    n_layer: int = knob(6, check=POSITIVE, flag="--n-layer")
+    n_head: int = knob(6, check=POSITIVE, flag="--n-head")
+    n_embd: int = knob(384, check=POSITIVE, flag="--n-embd")
+    dropout: float = knob(0.0, check=FRACTION, flag="--dropout")
+    bias: bool = knob(True, flag="--bias")
+    n_classes: int = knob(0, check=NON_NEGATIVE)  # > 0: a classification head (set by finetune)
 
     def validate(self) -> None:
-        if self.n_classes < 0:
-            raise UsageError(f"{key_name('model', 'n_classes')} must be >= 0, got {self.n_classes}")
-        for name in ("block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise UsageError(
-                    f"{key_name('model', name)} must be a positive integer, got {getattr(self, name)}"
-                )
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise UsageError(
-                f"{key_name('model', 'vocab_size')} must be a positive integer, got {self.vocab_size}"
-            )
+        check_fields(self, "model")
         if self.n_embd % self.n_head:
             raise UsageError(
                 f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
                 f"try n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise UsageError(f"{key_name('model', 'dropout')} must be in [0, 1), got {self.dropout}")
 
     @property
     def head_dim(self) -> int:
@@ -86,70 +127,80 @@ class ModelConfig:
 class DataConfig:
     """How raw text becomes tokens (ignored for a directory made by `gptcli tokenize`)."""
 
-    tokenizer: str = "char"
-    val_fraction: float = 0.1
+    tokenizer: str = knob("char", flag="--tokenizer")
+    val_fraction: float = knob(0.1, check=OPEN_FRACTION)
 
     def validate(self) -> None:
         from gptcli.tokenizer import parse_spec
 
+        check_fields(self, "data")
         parse_spec(self.tokenizer)
-        if not 0.0 < self.val_fraction < 1.0:
-            raise UsageError(f"{key_name('data', 'val_fraction')} must be in (0, 1), got {self.val_fraction}")
 
 
 @dataclass
 class TrainConfig:
     """The optimisation loop: batches, AdamW, LR schedule, evaluation, hardware."""
 
-    batch_size: int = 12  # sequences per micro-step (per process under torchrun)
-    grad_accum: int = 1  # micro-steps per optimizer step
-    lr: float = 1e-3  # peak learning rate, after warmup
-    min_lr: float = 1e-4  # where the cosine decay ends
-    warmup_iters: int = 100
-    max_iters: int = 2000  # optimizer steps
-    max_time: float | None = None  # wall-clock budget in seconds; the LR schedule fits it too
-    weight_decay: float = 0.1  # on matrices and embeddings; never on biases or LayerNorm gains
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables
-    eval_interval: int = 250  # steps between evaluations (and checkpoints)
-    eval_iters: int = 20  # batches averaged per evaluation
-    log_interval: int = 10  # steps between log lines / metrics records
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    dtype: str = "auto"  # auto | fp32 | bf16 | fp16
-    compile: bool = False  # torch.compile the model
-    fsdp: bool = False  # under torchrun: shard weights, gradients and AdamW state (FSDP), not replicate
-    seed: int = 1337
+    batch_size: int = knob(
+        12, check=POSITIVE, flag="--batch-size", help="Sequences per micro-step (per process under torchrun)"
+    )
+    grad_accum: int | None = knob(
+        None,
+        check=POSITIVE,
+        flag="--grad-accum",
+        help="Micro-steps per optimizer step, shared by the processes (default: one per process)",
+    )
+    lr: float = knob(1e-3, check=GREATER_THAN_ZERO, flag="--lr", help="Peak learning rate")
+    min_lr: float = knob(
+        1e-4, check=NON_NEGATIVE, flag="--min-lr", help="Learning rate at the end of the cosine"
+    )
+    warmup_iters: int = knob(100, check=NON_NEGATIVE, flag="--warmup-iters", help="Linear warmup steps")
+    max_iters: int = knob(2000, check=POSITIVE, flag="--max-iters", help="Optimizer steps", on_resume=True)
+    max_time: float | None = knob(
+        None,
+        check=GREATER_THAN_ZERO,
+        flag="--max-time",
+        on_resume=True,
+        help="Wall-clock budget, e.g. 90s, 15m, 2h; the LR schedule fits it",
+    )
+    weight_decay: float = knob(
+        0.1, check=NON_NEGATIVE, flag="--weight-decay", help="AdamW weight decay on matrices"
+    )
+    beta1: float = knob(0.9, check=FRACTION)
+    beta2: float = knob(0.99, check=FRACTION)
+    grad_clip: float = knob(1.0, check=NON_NEGATIVE, flag="--grad-clip", help="Max gradient norm, 0 = off")
+    eval_interval: int = knob(
+        250,
+        check=POSITIVE,
+        flag="--eval-interval",
+        on_resume=True,
+        help="Steps between evaluations and checkpoints",
+    )
+    eval_iters: int = knob(
+        20, check=POSITIVE, flag="--eval-iters", help="Batches per evaluation", on_resume=True
+    )
+    log_interval: int = knob(
+        10, check=POSITIVE, flag="--log-interval", help="Steps between log lines", on_resume=True
+    )
+    device: str = knob("auto", flag="--device", help="auto | cpu | cuda | cuda:N | mps", on_resume=True)
+    dtype: str = knob(
+        "auto", choices=("auto", "fp32", "bf16", "fp16"), flag="--dtype", help="auto | fp32 | bf16 | fp16"
+    )
+    compile: bool = knob(False, flag="--compile/--no-compile", help="torch.compile the model", on_resume=True)
+    fsdp: bool = knob(
+        False,
+        flag="--fsdp/--no-fsdp",
+        on_resume=True,
+        help="Under torchrun, shard weights, gradients and AdamW state (FSDP)",
+    )
+    seed: int = knob(1337, check=Range(0, SEED_MAX), flag="--seed", help="Random seed")
 
     def validate(self) -> None:
-        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval"):
-            if getattr(self, name) < 1:
-                raise UsageError(
-                    f"{key_name('train', name)} must be a positive integer, got {getattr(self, name)}"
-                )
-        if self.warmup_iters < 0:
-            raise UsageError(f"{key_name('train', 'warmup_iters')} must be >= 0, got {self.warmup_iters}")
-        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
-                raise UsageError(
-                    f"{key_name('train', name)} must be {'> 0' if name == 'lr' else '>= 0'}, got {value}"
-                )
+        check_fields(self, "train")
         if self.min_lr > self.lr:
             raise UsageError(
                 f"{key_name('train', 'min_lr')} = {self.min_lr} must not exceed "
                 f"{key_name('train', 'lr')} = {self.lr}"
-            )
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise UsageError(f"{key_name('train', name)} must be in [0, 1), got {getattr(self, name)}")
-        if not 0 <= self.seed <= SEED_MAX:
-            raise UsageError(f"{key_name('train', 'seed')} must be between 0 and {SEED_MAX}, got {self.seed}")
-        if self.max_time is not None and self.max_time <= 0:
-            raise UsageError(f"{key_name('train', 'max_time')} must be > 0 seconds, got {self.max_time}")
-        if self.dtype not in ("auto", "fp32", "bf16", "fp16"):
-            raise UsageError(
-                f"{key_name('train', 'dtype')} must be auto, fp32, bf16 or fp16, got {self.dtype!r}"
             )
         if self.device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
             raise UsageError(
@@ -181,10 +232,9 @@ class Config:
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 
 # what --resume may change: budgets, reporting and hardware, nothing that alters the maths
-CONFIG_CHANGES_ON_RESUME = (
-    "max_iters", "max_time", "eval_interval", "eval_iters", "log_interval", "device", "dtype", "compile",
-    "fsdp",
-)  # fmt: skip
+CONFIG_CHANGES_ON_RESUME = tuple(
+    f.name for cls in SECTIONS.values() for f in fields(cls) if f.metadata.get("on_resume")
+)
 
 
 def parse_duration(value: str | float | int) -> float:
@@ -221,6 +271,8 @@ def _coerce(where: str, value: Any, tp: Any) -> Any:
         (tp,) = [a for a in args if a is not type(None)]
     if where.endswith("max_time") and isinstance(value, str):
         return parse_duration(value)
+    if where.endswith("tokenizer") and isinstance(value, str):
+        return value.strip().lower()
     if _ACCEPTS[tp](value):
         return float(value) if tp is float else value
     raise UsageError(f"{where} must be {_type_name(tp)}, got {value!r}")
@@ -237,21 +289,65 @@ def _apply(section: Any, name: str, values: dict[str, Any], source: str) -> None
         setattr(section, key, _coerce(f"{name}.{key}", value, hints[key]))
 
 
+def _top_level_hint(name: str) -> str:
+    """What a key misplaced at the top level of a YAML file was probably meant to be: a
+    section, or the closest section.key."""
+    close = difflib.get_close_matches(name, list(SECTIONS), n=1, cutoff=0.75)
+    if close:
+        return f"; did you mean the section '{close[0]}:'?"
+    keys = {f.name: f"{sec}.{f.name}" for sec, cls in SECTIONS.items() for f in fields(cls)}
+    close = difflib.get_close_matches(name, list(keys), n=1)
+    if close:
+        section, key = keys[close[0]].split(".")
+        return f"; did you mean '{keys[close[0]]}' (written as '{key}:' under '{section}:')?"
+    return f" (the sections are {', '.join(SECTIONS)})"
+
+
 def merge(config: Config, values: dict[str, Any], source: str) -> Config:
     """Apply a nested dict {section: {key: value}} onto config, checking names and types."""
     if not isinstance(values, dict):
         raise UsageError(f"{source} must be a mapping of sections ({', '.join(SECTIONS)})")
     for name, section_values in values.items():
         if name not in SECTIONS:
-            close = difflib.get_close_matches(str(name), list(SECTIONS), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise UsageError(f"unknown section '{name}' in {source}{hint} (sections: {', '.join(SECTIONS)})")
+            raise UsageError(f"unknown key '{name}' at the top of {source}{_top_level_hint(str(name))}")
         if section_values is None:
             continue
         if not isinstance(section_values, dict):
             raise UsageError(f"section '{name}' in {source} must be a mapping of keys to values")
         _apply(getattr(config, name), name, section_values, source)
     return config
+
+
+def resume_config(saved: Config, given: list[tuple[dict[str, Any], str]]) -> Config:
+    """The config a resumed run continues with: the saved one, with the values given again
+    (a YAML file's, then the flags', each as {section: {key: value}} with where it came
+    from). A value equal to the saved one is fine; a different one is taken only for keys
+    that --resume may change (CONFIG_CHANGES_ON_RESUME), and refused, naming each key with
+    both values, for the rest."""
+    import copy
+
+    config, conflicts = copy.deepcopy(saved), []
+    for values, source in given:
+        candidate = merge(copy.deepcopy(config), values, source)
+        for section, keys in values.items():
+            for key in keys or {}:
+                old, new = getattr(getattr(saved, section), key), getattr(getattr(candidate, section), key)
+                if old != new and key not in CONFIG_CHANGES_ON_RESUME:
+                    where = "" if source == "the command line" else f" in {source}"
+                    conflicts.append(f"{key_name(section, key)}{where} is {new!r}, the run's is {old!r}")
+        config = candidate
+    if conflicts:
+        allowed = ", ".join(
+            SECTIONS[s].__dataclass_fields__[k].metadata["flag"].split("/")[0]
+            for s in SECTIONS
+            for k in CONFIG_CHANGES_ON_RESUME
+            if k in SECTIONS[s].__dataclass_fields__
+        )
+        raise UsageError(
+            f"{'; '.join(conflicts)}: a resumed run continues exactly, so only {allowed} can change; "
+            "give the run's values or drop them, or start a new run"
+        )
+    return config.validate()
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

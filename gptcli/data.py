@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptcli import files
 from gptcli.errors import UsageError
 from gptcli.paths import cache_dir
 from gptcli.tokenizer import (
@@ -304,12 +305,24 @@ def _existing_meta(out: Path) -> dict | None:
     return d if isinstance(d, dict) and d.get("format") == FORMAT else None
 
 
+_META_SCHEMA: dict[str, tuple[type, ...]] = {
+    "version": (int,), "tokenizer": (str,), "request": (str,), "vocab_size": (int,), "dtype": (str,),
+    "val_fraction": (float,), "source_sha256": (str,), "files": (list,), "documents": (int,),
+    "bytes": (int,), "chars": (int,), "train_tokens": (int,), "val_tokens": (int,),
+}  # fmt: skip
+
+
 def read_meta(path: Path) -> TokenizeReport:
     d = _existing_meta(path)
     if d is None:
         raise UsageError(f"{path} is not a directory made by `gptcli tokenize` (no valid {META_FILE})")
-    if int(d.get("version", 0)) > VERSION:
+    from gptcli.validate import check_types
+
+    check_types(d, _META_SCHEMA, str(path / META_FILE))
+    if d.get("version", 0) > VERSION:
         raise UsageError(f"{path} was written by a newer gptcli (format {d['version']}); upgrade gptcli")
+    if d.get("dtype") not in ("uint16", "uint32"):
+        raise UsageError(f"{path / META_FILE}: 'dtype' must be uint16 or uint32; re-run gptcli tokenize")
     fields = {k: d[k] for k in TokenizeReport.__dataclass_fields__ if k in d}
     try:
         return TokenizeReport(**fields)
@@ -323,6 +336,7 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
         return False
     if not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a directory")
+    files.clean_stale(out)  # what a killed tokenize left behind
     meta = _existing_meta(out)
     if meta is not None:
         same = (
@@ -349,7 +363,9 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
                 "choose another --out or pass --force to replace it"
             )
         return False
-    if any(out.iterdir()) and not force:
+    # shards without meta.json: a tokenize that died while publishing, safe to redo
+    unfinished = {p.name for p in out.iterdir()} <= {"train.bin", "val.bin", TOKENIZER_FILE}
+    if not unfinished and not force:
         raise UsageError(f"{out} is not empty; choose another --out or pass --force to write into it")
     return False
 
@@ -360,14 +376,23 @@ class _ShardWriter:
 
     def __init__(self, out: Path, dtype: np.dtype) -> None:
         self.out, self.dtype = out, dtype
-        self.tag = f"{os.getpid()}-{os.urandom(4).hex()}"
-        self.tmp = {s: out / f".{s}.bin.{self.tag}.tmp" for s in ("train", "val")}
-        self.files = {s: open(p, "wb") for s, p in self.tmp.items()}  # noqa: SIM115
+        self.tmp = {s: files.temp_path(out / f"{s}.bin") for s in ("train", "val")}
+        self.files = {}
+        try:
+            for s, p in self.tmp.items():
+                self.files[s] = files.open_new(p)
+        except BaseException:
+            self.abort()
+            raise
         self.counts = {"train": 0, "val": 0}
+
+    @property
+    def written(self) -> int:
+        return (self.counts["train"] + self.counts["val"]) * self.dtype.itemsize
 
     def write(self, split: str, ids: Sequence[int] | np.ndarray) -> None:
         arr = np.asarray(ids, dtype=self.dtype)
-        arr.tofile(self.files[split])
+        self.files[split].write(arr.tobytes())
         self.counts[split] += len(arr)
 
     def finish(self) -> None:
@@ -377,9 +402,10 @@ class _ShardWriter:
             f.close()
 
     def abort(self) -> None:
-        for split, f in self.files.items():
+        for f in self.files.values():
             f.close()
-            self.tmp[split].unlink(missing_ok=True)
+        for tmp in self.tmp.values():
+            tmp.unlink(missing_ok=True)
 
 
 SEEK_CHARS = 4 * CHUNK_CHARS  # how far past the split point to look for a line or document end
@@ -469,7 +495,7 @@ def _scan_for(files: list[Path], tokenizer: str | Tokenizer, kind: str) -> tuple
 
 
 def _encode(
-    files: list[Path],
+    sources: list[Path],
     out: Path,
     scan: CorpusScan,
     charset: set[str],
@@ -486,7 +512,7 @@ def _encode(
     elif kind == "char":
         tok = CharTokenizer(sorted(charset))
     elif kind == "bpe":
-        texts = (c for f in files for doc in iter_documents(f) for c in iter_chunks(doc))
+        texts = (c for f in sources for doc in iter_documents(f) for c in iter_chunks(doc))
         tok = build_tokenizer(tokenizer, texts)
     else:
         tok = build_tokenizer(tokenizer)
@@ -502,11 +528,14 @@ def _encode(
 
     try:
         split_char = scan.chars - int(scan.chars * val_fraction)
-        items = _split_stream(files, split_char, tok.eot_id is None, on_bytes, scan.chars)
+        items = _split_stream(sources, split_char, tok.eot_id is None, on_bytes, scan.chars)
         _encode_stream(tok, items, writer, None if progress is None else lambda: progress(done, scan.bytes))
         writer.finish()
-    except BaseException:
+    except BaseException as e:
         writer.abort()
+        if files.is_full(e):
+            needed = int(writer.written * scan.bytes / max(1, done))  # at this rate, for the whole corpus
+            raise files.disk_full(out / "train.bin", needed) from None
         raise
     if progress is not None:
         progress(scan.bytes, scan.bytes)
@@ -518,7 +547,7 @@ def _encode(
         dtype=dtype.name,
         val_fraction=val_fraction,
         source_sha256=scan.sha256,
-        files=[str(f) for f in files],
+        files=[str(f) for f in sources],
         documents=scan.documents,
         bytes=scan.bytes,
         chars=scan.chars,
@@ -536,10 +565,18 @@ def _publish(out: Path, writer: _ShardWriter, tok: Tokenizer, meta: dict) -> Non
     """Move the new files into place. meta.json goes first (removed) and last (written), so a
     crash in between leaves a directory that is plainly unfinished, never new shards under an
     old description; a concurrent writer of the same cache entry writes the same files."""
-    tag = writer.tag
-    tok_tmp = tok.save(out / f".{TOKENIZER_FILE}.{tag}.tmp")
-    meta_tmp = out / f".{META_FILE}.{tag}.tmp"
-    meta_tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    tok_tmp, meta_tmp = files.temp_path(out / TOKENIZER_FILE), files.temp_path(out / META_FILE)
+    try:
+        for tmp, text in ((tok_tmp, tok.dumps()), (meta_tmp, json.dumps(meta, indent=2))):
+            with files.open_new(tmp) as f:
+                f.write(text.encode("utf-8"))
+    except BaseException as e:
+        writer.abort()
+        for tmp in (tok_tmp, meta_tmp):
+            tmp.unlink(missing_ok=True)
+        if files.is_full(e):
+            raise files.disk_full(out / META_FILE, None) from None
+        raise
     (out / META_FILE).unlink(missing_ok=True)
     for split in ("train", "val"):
         os.replace(writer.tmp[split], out / f"{split}.bin")
@@ -658,3 +695,16 @@ def read_records(path: str | os.PathLike) -> list[Record]:
     if not records:
         raise UsageError(f"{path}: no records in the file")
     return records
+
+
+def content_sha256(paths: Sequence[str | os.PathLike | None]) -> str:
+    """One hash of the bytes of these files, in order (None: no file), to recognise data."""
+    digest = hashlib.sha256()
+    for p in paths:
+        digest.update(b"\0file\0")
+        if p is None:
+            continue
+        with open(p, "rb") as f:
+            while block := f.read(READ_BYTES):
+                digest.update(block)
+    return digest.hexdigest()

@@ -13,18 +13,18 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
+from gptcli import files
 from gptcli.checkpoint import save_tensors
 from gptcli.config import ModelConfig
 from gptcli.errors import UsageError
 from gptcli.model import GPT
 from gptcli.tokenizer import ENDOFTEXT, _gpt2_data_dir
+from gptcli.validate import check_finite, check_shapes, check_types, expected_shapes, header
 
 # hub names and the repositories that hold them (the short names are the old aliases)
 HUB_MODELS = {
@@ -42,11 +42,16 @@ GPTCLI_TOKENIZER = "gptcli_tokenizer.json"  # our tokenizer, for models not on G
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
+def hf_name(key: str) -> str:
+    """Our name for a Hugging Face GPT2LMHeadModel / GPT2Model tensor."""
+    return key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
+
+
 def hf_to_gptcli_state_dict(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Map a Hugging Face GPT2LMHeadModel / GPT2Model state dict onto our parameter names."""
     out: dict[str, torch.Tensor] = {}
     for key, tensor in hf.items():
-        name = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
+        name = hf_name(key)
         if name.endswith((".attn.bias", ".attn.masked_bias")):
             continue  # causal-mask buffers of old transformers versions, not weights
         if name.endswith(_CONV1D):
@@ -132,12 +137,24 @@ def resolve_hub_name(name: str) -> Path:
 # --- loading -------------------------------------------------------------------------------
 
 
+# the types of the GPT2Config fields gptcli reads
+_CONFIG_SCHEMA: dict[str, tuple[type, ...]] = {
+    "model_type": (str,), "activation_function": (str,), "layer_norm_epsilon": (float,),
+    "n_inner": (int, type(None)), "scale_attn_weights": (bool,), "scale_attn_by_inverse_layer_idx": (bool,),
+    "reorder_and_upcast_attn": (bool,), "tie_word_embeddings": (bool,), "vocab_size": (int,),
+    "n_positions": (int,), "n_ctx": (int,), "n_layer": (int,), "n_head": (int,), "n_embd": (int,),
+}  # fmt: skip
+
+
 def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
     """Our ModelConfig for a Hugging Face GPT2Config, refusing variants we do not compute."""
+    if not isinstance(cfg, dict):
+        raise UsageError(f"{source}: config.json is not a JSON object")
     if cfg.get("model_type") != "gpt2":
         raise UsageError(
             f"{source}: model_type is {cfg.get('model_type')!r}; only GPT-2 models can be loaded"
         )
+    check_types(cfg, _CONFIG_SCHEMA, f"{source}/config.json")
     checks = {
         "activation_function": (
             cfg.get("activation_function", "gelu_new") in ("gelu_new", "gelu_pytorch_tanh")
@@ -154,40 +171,86 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
         raise UsageError(
             f"{source}: unsupported GPT-2 variant ({', '.join(f'{k}={cfg.get(k)!r}' for k in bad)})"
         )
-    try:
-        config = ModelConfig(
-            vocab_size=int(cfg["vocab_size"]),
-            block_size=int(cfg.get("n_positions", cfg.get("n_ctx", 1024))),
-            n_layer=int(cfg["n_layer"]),
-            n_head=int(cfg["n_head"]),
-            n_embd=int(cfg["n_embd"]),
-            dropout=0.0,
-            bias=True,
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise UsageError(f"{source}: incomplete GPT-2 config ({e})") from e
+    missing = [k for k in ("vocab_size", "n_layer", "n_head", "n_embd") if k not in cfg]
+    if missing:
+        raise UsageError(f"{source}: incomplete GPT-2 config (no {', '.join(missing)} in config.json)")
+    config = ModelConfig(
+        vocab_size=cfg["vocab_size"],
+        block_size=cfg.get("n_positions", cfg.get("n_ctx", 1024)),
+        n_layer=cfg["n_layer"],
+        n_head=cfg["n_head"],
+        n_embd=cfg["n_embd"],
+        dropout=0.0,
+        bias=True,
+    )
     config.validate()
     return config
 
 
-def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Weights of a Hugging Face directory: safetensors, or a .bin through weights_only."""
+def read_hf_weights(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The weights of a Hugging Face directory in our layout, checked against the shapes
+    the config implies before they are read: safetensors by its header; a .bin through
+    torch.load(weights_only=True) memory-mapped, so its tensors are not read until checked."""
     st = path / "model.safetensors"
+    if st.is_file():
+        found = {hf_name(k): (dtype, _hf_shape(k, shape)) for k, (dtype, shape) in header(st).items()}
+        check_shapes(found, expected, str(st))
+        names = {hf_name(k): k for k in header(st)}
+        raw = read_weights_named(st, {names[k]: k for k in expected})
+    else:
+        raw = _read_bin(path / "pytorch_model.bin")
+        found = {hf_name(k): (_dtype_name(t), _hf_shape(k, tuple(t.shape))) for k, t in raw.items()}
+        check_shapes(found, expected, str(path / "pytorch_model.bin"))
+        raw = {k: t for k, t in raw.items() if hf_name(k) in expected}
+    state = hf_to_gptcli_state_dict(raw)
+    for name in expected:
+        check_finite(name, state[name], str(path))
+    return state
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}.get(
+        t.dtype, str(t.dtype)
+    )
+
+
+def _hf_shape(key: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A Hugging Face tensor's shape in our layout (Conv1D weights are transposed)."""
+    return tuple(reversed(shape)) if hf_name(key).endswith(_CONV1D) else shape
+
+
+def read_weights_named(file: Path, names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file, {their name in the file: our name}, read one by one."""
+    from safetensors import SafetensorError, safe_open
+
     try:
-        if st.is_file():
-            return load_file(st)
-        # weights_only: tensors and plain containers only; a pickle that would run code is refused
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        with safe_open(file, framework="pt") as f:
+            return {k: f.get_tensor(k) for k in names}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UsageError(f"{file}: the weights cannot be read ({e})") from None
+
+
+def _read_bin(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        try:  # memory-mapped: shapes first, bytes only when used
+            raw = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e) and "zip" not in str(e):
+                raise
+            raw = torch.load(file, map_location="cpu", weights_only=True)  # the legacy format
     except pickle.UnpicklingError as e:
         lines = [ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln]
         culprit = lines[0] if lines else "objects that are not tensors"
         raise UsageError(
-            f"{path / 'pytorch_model.bin'}: refused, it is not plain tensors ({culprit}); "
+            f"{file}: refused, it is not plain tensors ({culprit}); "
             "loading it could run code. Use a model.safetensors file"
         ) from None
     except Exception as e:  # a foreign file: corrupt or truncated
         what = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise UsageError(f"{path}: the weights cannot be read ({type(e).__name__}: {what})") from None
+        raise UsageError(f"{file}: the weights cannot be read ({type(e).__name__}: {what})") from None
+    if not isinstance(raw, dict) or not all(isinstance(t, torch.Tensor) for t in raw.values()):
+        raise UsageError(f"{file}: not a dictionary of tensors")
+    return raw
 
 
 def load_hf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[str, Any]]:
@@ -197,17 +260,10 @@ def load_hf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[s
     except (OSError, ValueError) as e:
         raise UsageError(f"{path / 'config.json'} is unreadable ({e})") from e
     config = config_from_hf(cfg, str(path))
+    expected = expected_shapes(config)
+    state = read_hf_weights(path, expected)
     model = GPT(config)
-    state = hf_to_gptcli_state_dict(read_hf_weights(path))
-    expected = model.state_dict()
-    for key, value in expected.items():
-        if key not in state:
-            raise UsageError(f"{path}: the weights lack {key}")
-        if state[key].shape != value.shape:
-            raise UsageError(
-                f"{path}: {key} has shape {tuple(state[key].shape)}, config.json needs {tuple(value.shape)}"
-            )
-    model.load_state_dict({k: state[k].float() for k in expected}, strict=True)
+    model.load_state_dict({k: state[k].float() for k in expected}, strict=False)
     model.to(device).eval()
     meta = {"task": "lm", "source": "huggingface", "hf_path": str(path), "model": vars(config)}
     return model, meta
@@ -248,21 +304,23 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
         "torch_dtype": "float32",
     }
     out.mkdir(parents=True, exist_ok=True)
+    files.clean_stale(out)
     state = gptcli_to_hf_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
     save_tensors(state, out / "model.safetensors", metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    written = ["config.json", "model.safetensors"]
+    contents: dict[str, str | bytes] = {"config.json": json.dumps(config, indent=2)}
     if tokenizer.name == "gpt2":
         data = _gpt2_data_dir()
-        shutil.copyfile(data / "encoder.json", out / "vocab.json")
-        shutil.copyfile(data / "vocab.bpe", out / "merges.txt")
         special = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT, "unk_token": ENDOFTEXT}
-        (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2), encoding="utf-8")
         tok_cfg = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": c.block_size, **special}
-        (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2), encoding="utf-8")
-        written += ["vocab.json", "merges.txt", "special_tokens_map.json", "tokenizer_config.json"]
+        contents |= {
+            "vocab.json": (data / "encoder.json").read_bytes(),
+            "merges.txt": (data / "vocab.bpe").read_bytes(),
+            "special_tokens_map.json": json.dumps(special, indent=2),
+            "tokenizer_config.json": json.dumps(tok_cfg, indent=2),
+        }
     else:
         # Hugging Face has no loader for these; keep gptcli's own file beside the weights
-        tokenizer.save(out / GPTCLI_TOKENIZER)
-        written.append(GPTCLI_TOKENIZER)
-    return written
+        contents[GPTCLI_TOKENIZER] = tokenizer.dumps()
+    for name, content in contents.items():
+        files.write_file(out / name, content)
+    return ["config.json", "model.safetensors", *list(contents)[1:]]

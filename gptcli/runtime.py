@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import time
@@ -193,43 +194,82 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-# dense bf16/fp16 tensor-core peaks, FLOP/s, by device name
-_GPU_PEAKS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10G": 70e12,
-    "L4": 121e12,
-    "V100": 125e12,
-    "T4": 65e12,
+# dense (no sparsity) bf16/fp16 tensor-core peaks from the datasheets, FLOP/s, keyed by the
+# exact name torch.cuda.get_device_name() gives: a similar name may be another part
+# (an H100 PCIe is 756 TFLOP/s, an H100 SXM 989). A GPU not listed has no MFU.
+GPU_PEAKS = {
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA L40S": 362e12,
+    "NVIDIA L4": 121e12,
+    "NVIDIA A10": 125e12,
+    "Tesla V100-SXM2-16GB": 125e12,
+    "Tesla V100-SXM2-32GB": 125e12,
+    "Tesla V100-PCIE-16GB": 112e12,
+    "Tesla V100-PCIE-32GB": 112e12,
+    "Tesla T4": 65e12,
 }
 
 
 def peak_flops(device: torch.device, precision: Precision) -> float | None:
-    """Peak FLOP/s to measure MFU against: the datasheet for known GPUs (16-bit), else a
-    measured matmul peak for this device and dtype (cached, so measured once per machine)."""
-    if device.type == "cuda" and precision.name != "fp32":
-        name = torch.cuda.get_device_name(device)
-        for key, flops in _GPU_PEAKS.items():
-            if key in name:
-                return flops
+    """Peak FLOP/s to measure MFU against, or None where it is not known: the datasheet for
+    the GPUs of GPU_PEAKS in bf16/fp16; on the CPU, a measured matmul peak (cached per
+    machine, and raised by record_achieved when a run goes faster)."""
+    if device.type == "cuda":
+        if precision.name == "fp32":
+            return None  # TF32 or not, and the datasheets disagree: no honest figure
+        return GPU_PEAKS.get(torch.cuda.get_device_name(device))
     if device.type == "mps":
         return None
     return measured_peak_flops(device, precision.dtype)
 
 
+def _peak_key(device: torch.device, dtype: torch.dtype) -> str:
+    label = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    return f"{label}|{device.type}|{dtype}|{torch.get_num_threads()}|{torch.__version__}"
+
+
+def _peak_file() -> Path:
+    return cache_dir() / "peak_flops.json"
+
+
+def _read_peaks() -> dict[str, float]:
+    try:
+        known = json.loads(_peak_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(known, dict):
+        return {}
+    return {
+        k: float(v) for k, v in known.items() if isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+    }
+
+
+def _remember_peak(key: str, flops: float) -> None:
+    """Keep the highest peak seen for key (a measurement on a busy machine is too low)."""
+    from gptcli.files import write_file
+
+    known = _read_peaks()
+    if flops <= known.get(key, 0.0):
+        return
+    known[key] = flops
+    with contextlib.suppress(OSError, UsageError):
+        _peak_file().parent.mkdir(parents=True, exist_ok=True)
+        write_file(_peak_file(), json.dumps(known, indent=1))
+
+
 def measured_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.5) -> float:
     """Best matmul throughput of this device in dtype, remembered in the cache directory."""
-    label = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    key = f"{label}|{device.type}|{dtype}|{torch.get_num_threads()}|{torch.__version__}"
-    path = cache_dir() / "peak_flops.json"
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
+    key = _peak_key(device, dtype)
+    known = _read_peaks()
     if key in known:
-        return float(known[key])
+        return known[key]
     n = 2048 if device.type == "cuda" else 1024
     gen = torch.Generator(device=device).manual_seed(0)  # leave the global RNG alone
     a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
@@ -245,13 +285,18 @@ def measured_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t0))
-    known[key] = best
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        os.replace(tmp, path)
+    _remember_peak(key, best)
     return best
+
+
+def record_achieved(device: torch.device, precision: Precision, peak: float, flops: float) -> float:
+    """The peak to use from now on, given that a run achieved `flops` per second on one
+    device: a measured peak below what was achieved was measured on a busy machine, so
+    it is raised to the achieved rate (and remembered). Datasheet peaks stay as they are."""
+    if flops <= peak or device.type == "cuda":
+        return peak
+    _remember_peak(_peak_key(device, precision.dtype), flops)
+    return flops
 
 
 # --- many processes: torchrun ---------------------------------------------------------------

@@ -314,20 +314,63 @@ def holdout(n: int, val_fraction: float, seed: int, source: str) -> tuple[list[i
     return sorted(order[n_val:]), sorted(order[:n_val])
 
 
+def stratified_holdout(
+    classes: Sequence[int], val_fraction: float, seed: int, source: str
+) -> tuple[list[int], list[int]]:
+    """Like holdout, class by class (classes: each record's class), so that training keeps
+    every class: val_fraction of each class, rounded, and never its last record."""
+    rng = random.Random(seed)
+    by_class: dict[int, list[int]] = {}
+    for i, c in enumerate(classes):
+        by_class.setdefault(c, []).append(i)
+    train, val = [], []
+    for members in by_class.values():
+        rng.shuffle(members)
+        n_val = min(len(members) - 1, round(len(members) * val_fraction))
+        val += members[:n_val]
+        train += members[n_val:]
+    if not val:
+        raise UsageError(
+            f"{source}: too few records to hold some out for validation and still train on every "
+            "class; add records, raise --val-fraction, or give --val-data"
+        )
+    return sorted(train), sorted(val)
+
+
 def label_set(records: list[Record]) -> list:
-    """The labels these classification records use, sorted; at least two."""
-    seen = []
+    """The labels these classification records use, sorted; at least two, all strings or
+    all integers (0 and "0" would otherwise be two classes)."""
+    seen: list = []
+    first: Record | None = None
     for r in records:
         if "label" not in r.fields:
             raise UsageError(f"{r.source}: 'label' is missing")
-        if r.fields["label"] not in seen:
-            seen.append(r.fields["label"])
+        value = r.fields["label"]
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise UsageError(
+                f"{r.source}: label {json.dumps(value)} is not a string or an integer; "
+                "write every label as a string (or every label as an integer)"
+            )
+        if first is None:
+            first = r
+        elif type(value) is not type(first.fields["label"]):
+            raise UsageError(
+                f"{r.source}: label {json.dumps(value)} is {_kind(value)}, but {first.source} has "
+                f"{json.dumps(first.fields['label'])}, {_kind(first.fields['label'])}; write every label "
+                'the same way (0 and "0" would be two classes)'
+            )
+        if value not in seen:
+            seen.append(value)
     if len(seen) < 2:
         raise UsageError(
             f"{records[0].source.rsplit(':', 1)[0]}: every record has label {seen[0]!r}; "
             "classification needs at least two classes"
         )
     return sorted(seen, key=str)
+
+
+def _kind(value: object) -> str:
+    return "a string" if isinstance(value, str) else "an integer"
 
 
 def classify_examples(
@@ -436,39 +479,67 @@ def sft_examples(records: list[Record], tokenizer: Tokenizer, block_size: int) -
 
 
 def supervised_task(
-    settings: dict, tokenizer: Tokenizer, block_size: int, seed: int, labels: list | None = None
+    settings: dict,
+    tokenizer: Tokenizer,
+    block_size: int,
+    seed: int,
+    labels: list | None = None,
+    split: str | None = "stratified",
 ) -> tuple[SupervisedTask | SFTTask, int, dict]:
     """A classify, choice or sft finetuning task from a run's settings (task, data, val_data,
     val_fraction, aux_lm_weight, delimiter, both_orders): the task, the number of outputs of
-    its head (0 for none), and what the checkpoint must remember (the labels). labels: the
-    label set of a run being resumed (else taken from the data)."""
+    its head (0 for none), and what the checkpoint must remember (the labels, how validation
+    was held out). labels: the label set of a run being resumed (else taken from the data).
+    split: "stratified" holds out classification records class by class; None is the plain
+    random holdout of runs made before."""
     kind = settings["task"]
-    records = read_records(settings["data"][0])
+    source = settings["data"][0]
+    records = read_records(source)
     val_records = read_records(settings["val_data"]) if settings["val_data"] else None
-    if val_records is None:
-        train_idx, val_idx = holdout(len(records), settings["val_fraction"], seed, settings["data"][0])
-    else:
-        train_idx, val_idx = list(range(len(records))), []
+    extra: dict = {}
+    if kind == "classify":
+        labels = label_set(records) if labels is None else labels
+        extra = {"labels": labels, "split": split}
 
-    def split(convert: Callable[[list[Record]], list]) -> dict[str, list]:
+    def split_records(convert: Callable[[list[Record]], list]) -> dict[str, list]:
         """Convert every record in file order (so errors name the first bad line), then split."""
         examples = convert(records)
-        val = convert(val_records) if val_records is not None else [examples[i] for i in val_idx]
-        return {"train": [examples[i] for i in train_idx], "val": val}
+        if val_records is not None:
+            val = convert(val_records)
+            if kind == "classify":
+                _check_val_classes(val_records, val, {e.label for e in examples}, labels)
+            return {"train": examples, "val": val}
+        if kind == "classify" and split == "stratified":
+            classes = [e.label for e in examples]
+            train_idx, val_idx = stratified_holdout(classes, settings["val_fraction"], seed, source)
+        else:
+            train_idx, val_idx = holdout(len(records), settings["val_fraction"], seed, source)
+        return {"train": [examples[i] for i in train_idx], "val": [examples[i] for i in val_idx]}
 
     delimiter, weight = settings["delimiter"], settings["aux_lm_weight"]
     if kind == "sft":
-        return SFTTask(split(lambda rs: sft_examples(rs, tokenizer, block_size)), block_size), 0, {}
+        return SFTTask(split_records(lambda rs: sft_examples(rs, tokenizer, block_size)), block_size), 0, {}
     if kind == "choice":
-        splits = split(lambda rs: choice_examples(rs, tokenizer, block_size, delimiter))
+        splits = split_records(lambda rs: choice_examples(rs, tokenizer, block_size, delimiter))
         return SupervisedTask("choice", splits, weight, block_size), 1, {}
     if kind != "classify":
         raise UsageError(f"--task {kind!r}: use one of lm, classify, choice, sft")
     both = settings["both_orders"]
-    if labels is None:
-        labels = label_set(records)
-    splits = split(lambda rs: classify_examples(rs, tokenizer, block_size, labels, delimiter, both))
-    return SupervisedTask("classify", splits, weight, block_size), len(labels), {"labels": labels}
+    splits = split_records(lambda rs: classify_examples(rs, tokenizer, block_size, labels, delimiter, both))
+    return SupervisedTask("classify", splits, weight, block_size), len(labels), extra
+
+
+def _check_val_classes(
+    val_records: list[Record], val: list[Example], train_classes: set[int], labels: list
+) -> None:
+    """Refuse validation records of a class that training never sees."""
+    for r, e in zip(val_records, val, strict=True):
+        c = e.label
+        if c not in train_classes:
+            raise UsageError(
+                f"{r.source}: label {labels[c]!r} has no training record; add some to the training "
+                "file, or leave such records out of validation"
+            )
 
 
 # --- using a finetuned classifier ----------------------------------------------------------

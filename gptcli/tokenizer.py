@@ -74,16 +74,18 @@ class Tokenizer(ABC):
     def to_dict(self) -> dict:
         """Everything needed to rebuild this tokenizer, JSON-serialisable."""
 
+    def dumps(self) -> str:
+        """The tokenizer file's content: JSON."""
+        return json.dumps({"format": FORMAT, "version": VERSION, **self.to_dict()}, ensure_ascii=False)
+
     def save(self, path: str | os.PathLike) -> Path:
         """Write the tokenizer as JSON to `path` (a directory gets tokenizer.json)."""
+        from gptcli.files import write_file
+
         path = Path(path)
         if path.is_dir():
             path = path / TOKENIZER_FILE
-        payload = {"format": FORMAT, "version": VERSION, **self.to_dict()}
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(payload, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        return write_file(path, self.dumps())
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} vocab={self.vocab_size}>"
@@ -181,7 +183,7 @@ class TiktokenTokenizer(Tokenizer):
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
     """'char' -> ('char', None); 'gpt2' -> ('gpt2', 50257); 'bpe:4096' -> ('bpe', 4096)."""
-    spec = spec.strip().lower()
+    raw, spec = spec, spec.strip().lower()
     if spec in ("char", "gpt2"):
         return spec, (50257 if spec == "gpt2" else None)
     if spec.startswith("bpe:"):
@@ -192,6 +194,10 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
                 "(256 byte tokens, merges, and <|endoftext|>), e.g. bpe:4096"
             )
         return "bpe", int(n)
+    if any(c in spec for c in "/\\") or spec.endswith(".json") or spec.startswith("."):
+        raise UsageError(
+            f"tokenizer {raw!r}: no such file or directory (nor a tokenizer name: char, gpt2 or bpe:N)"
+        )
     raise UsageError(f"unknown tokenizer {spec!r}; use char, gpt2 or bpe:N (e.g. bpe:4096)")
 
 
@@ -293,7 +299,10 @@ def build_tokenizer(spec: str, texts: Iterable[str] | None = None) -> Tokenizer:
 def tokenizer_from_dict(d: dict, source: str = "tokenizer") -> Tokenizer:
     if d.get("format") != FORMAT:
         raise UsageError(f"{source} is not a gptcli tokenizer file (no 'format': '{FORMAT}')")
-    if int(d.get("version", 0)) > VERSION:
+    version = d.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise UsageError(f"{source}: 'version' must be an integer, got {version!r}; the file is damaged")
+    if version > VERSION:
         raise UsageError(
             f"{source} was written by a newer gptcli (tokenizer format {d['version']}); upgrade gptcli"
         )

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
+from gptcli import files
 from gptcli.checkpoint import (
     LAST,
     RunLock,
@@ -32,7 +33,6 @@ from gptcli.checkpoint import (
     copy_checkpoint,
     load_train_state,
     save_checkpoint,
-    write_text_atomic,
 )
 from gptcli.config import Config, TrainConfig
 from gptcli.errors import GptcliError, UsageError
@@ -46,6 +46,7 @@ from gptcli.runtime import (
     peak_flops,
     pick_precision,
     rank_device,
+    record_achieved,
 )
 from gptcli.tasks import Batch, Task
 from gptcli.tokenizer import Tokenizer
@@ -70,6 +71,9 @@ class RunInfo:
     precision_reason: str
     params: int
     tokens_per_step: int | None  # None when examples vary in length
+    batch_size: int  # sequences per micro-step, in each process
+    grad_accum: int  # micro-steps per optimizer step, of all processes together
+    processes: int
     start_step: int
     max_iters: int
     max_time: float | None
@@ -106,7 +110,7 @@ class Summary:
     stop_reason: str  # max_iters | max_time | interrupted
     best_val_loss: float | None
     last_eval: dict[str, dict[str, float]] = field(default_factory=dict)  # this session's latest
-    tokens_per_s: float | None = None
+    tokens_per_s: float | None = None  # as the live view counts them: training steps only
     last_eval_step: int | None = None  # the step of last_eval
 
 
@@ -169,8 +173,7 @@ class MetricsLog:
         self.path = path
 
     def append(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        files.append_line(self.path, json.dumps(record))
 
     def truncate(self, step: int, keep_eval_at_step: bool) -> None:
         """Forget records written after the checkpoint at `step` (resume replays them)."""
@@ -185,7 +188,7 @@ class MetricsLog:
             s = rec.get("step", 0)
             if s < step or (s == step and (rec.get("kind") != "eval" or keep_eval_at_step)):
                 kept.append(line)
-        write_text_atomic(self.path, "".join(k + "\n" for k in kept))
+        files.write_file(self.path, "".join(k + "\n" for k in kept))
 
 
 @dataclass
@@ -281,6 +284,8 @@ class Trainer:
 
     def _setup(self) -> None:
         cfg, dist = self.cfg, self.dist
+        if cfg.grad_accum is None:  # one micro-step per process: the batch the user asked for, each
+            cfg.grad_accum = dist.world
         if cfg.grad_accum % dist.world:
             raise UsageError(
                 f"--grad-accum {cfg.grad_accum} must be a multiple of the {dist.world} processes, "
@@ -477,6 +482,8 @@ class Trainer:
         lock = RunLock(self.run_dir) if self.dist.is_main else contextlib.nullcontext()
         try:
             with lock:
+                if self.dist.is_main:  # what a killed run left half-written (we hold the lock)
+                    files.clean_stale(self.run_dir)
                 return self._run(resume)
         finally:
             self.reporter.close()
@@ -494,7 +501,7 @@ class Trainer:
         cfg, task, model, dist = self.cfg, self.task, self.model, self.dist
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.run_dir / CONFIG_FILE, self.config.to_yaml())
+            files.write_file(self.run_dir / CONFIG_FILE, self.config.to_yaml())
         local_accum = cfg.grad_accum // dist.world  # each rank takes micro-steps rank, rank + world, ...
 
         T = getattr(task, "block_size", model.config.block_size)
@@ -506,8 +513,8 @@ class Trainer:
         self.reporter.on_start(
             RunInfo(
                 self.run_dir, str(self.device), self.device_reason, self.precision.name,
-                self.precision.reason, model.num_params(), tokens_per_step, start_step,
-                cfg.max_iters, cfg.max_time, cfg.compile,
+                self.precision.reason, model.num_params(), tokens_per_step, cfg.batch_size,
+                cfg.grad_accum, dist.world, start_step, cfg.max_iters, cfg.max_time, cfg.compile,
             )
         )  # fmt: skip
 
@@ -516,6 +523,7 @@ class Trainer:
         t0 = session_start - self.state.elapsed  # elapsed counts earlier sessions of a resumed run
         last_metrics: dict[str, dict[str, float]] = {}
         window_t, window_tokens = time.perf_counter(), 0
+        paused = 0.0  # time spent evaluating and checkpointing, which tokens/s leaves out
         model.train()
         with _StopSignals(self):
             while True:
@@ -535,8 +543,10 @@ class Trainer:
                 if (
                     done or self.state.step % cfg.eval_interval == 0
                 ) and self.state.last_eval_step != self.state.step:
+                    t_eval = time.perf_counter()
                     last_metrics = self._evaluate_and_checkpoint(elapsed)
                     window_t, window_tokens = time.perf_counter(), 0  # keep evaluation out of tokens/s
+                    paused += window_t - t_eval
                 if done:
                     self.stop_reason = (
                         "max_time" if out_of_time and self.state.step < cfg.max_iters else "max_iters"
@@ -579,7 +589,9 @@ class Trainer:
                     report.tokens_per_s = window_tokens / max(now - window_t, 1e-9)
                     if peak:
                         # tokens/s counts every process, each with its own device
-                        report.mfu = flops_per_token * report.tokens_per_s / (peak * dist.world)
+                        achieved = flops_per_token * report.tokens_per_s / dist.world
+                        peak = record_achieved(self.device, self.precision, peak, achieved)
+                        report.mfu = achieved / peak
                     window_t, window_tokens = now, 0
                     if dist.is_main:
                         self.metrics.append(
@@ -608,7 +620,7 @@ class Trainer:
             stop_reason=self.stop_reason or "max_iters",
             best_val_loss=self.state.best_val_loss,
             last_eval=last_metrics,
-            tokens_per_s=run_tokens / session if run_tokens else None,
+            tokens_per_s=run_tokens / max(session - paused, 1e-9) if run_tokens else None,
             last_eval_step=self.state.last_eval_step if last_metrics else None,
         )
         self.reporter.on_end(summary)

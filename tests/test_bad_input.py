@@ -105,7 +105,7 @@ CASES = [
     ("ckpt is a file", ["beam", "x", "--ckpt", "notes.txt"], "is not a gptcli run or checkpoint"),
     ("ckpt truncated", ["sample", "--ckpt", "ckpt-truncated"], "model.safetensors is corrupted"),
     ("ckpt bad header", ["inspect-attn", "The", "--ckpt", "ckpt-header"], "model.safetensors is corrupted"),
-    ("ckpt shape mismatch", ["sample", "--ckpt", "ckpt-shape"], "the weights do not match checkpoint.json"),
+    ("ckpt shape mismatch", ["sample", "--ckpt", "ckpt-shape"], "the weights do not match the config"),
     ("ckpt vocab mismatch", ["sample", "--ckpt", "ckpt-vocab"], "do not belong together"),
     ("ckpt newer format", ["sample", "--ckpt", "ckpt-newer"], "written by a newer gptcli"),
     ("unknown tokenizer", ["tokenize", "corpus.txt", "--out", "o", "-t", "sentencepiece"], "unknown tokenizer"),

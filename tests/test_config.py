@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,13 @@ def test_config_round_trips_through_yaml(tmp_path):
     ("text", "message"),
     [
         ("model:\n  n_layers: 4\n", "unknown key 'model.n_layers' in .*did you mean 'n_layer'"),
-        ("modle:\n  n_layer: 4\n", "unknown section 'modle'.*did you mean 'model'"),
+        ("modle:\n  n_layer: 4\n", "unknown key 'modle' at the top .*did you mean the section 'model:'"),
+        ("n_layr: 4\n", r"unknown key 'n_layr' at the top .*did you mean 'model.n_layer'"),
+        ("n_layer: 4\n", r"unknown key 'n_layer' at the top .*did you mean 'model.n_layer'"),
+        ("warmup: 4\n", r"did you mean 'train.warmup_iters'"),
+        ("train:\n  max_time: .nan\n", r"train.max_time \(--max-time\) must be > 0, got nan"),
+        ("train:\n  lr: .inf\n", r"train.lr \(--lr\) must be > 0, got inf"),
+        ("model:\n  dropout: 1.0\n", r"model.dropout \(--dropout\) must be in \[0, 1\), got 1.0"),
         ("train:\n  lr: fast\n", "train.lr must be a number, got 'fast'"),
         ("model:\n  n_layer: 2.5\n", "model.n_layer must be an integer"),
         ("model:\n  bias: 'yes'\n", "model.bias must be true or false"),
@@ -97,10 +104,14 @@ def test_settings_named_with_a_flag_have_that_flag():
     import typer
 
     from gptcli.cli.app import app
-    from gptcli.config import _FLAGGED
+    from gptcli.config import SECTIONS
 
     pretrain = typer.main.get_command(app).commands["pretrain"]
-    flags = {opt for param in pretrain.params for opt in param.opts}
-    for names in _FLAGGED.values():
-        for name in names:
-            assert f"--{name.replace('_', '-')}" in flags, name
+    flags = {opt for param in pretrain.params for opt in (*param.opts, *param.secondary_opts)}
+    named = [
+        f.metadata["flag"] for cls in SECTIONS.values() for f in dataclasses.fields(cls) if f.metadata["flag"]
+    ]
+    assert len(named) > 20
+    for flag in named:
+        for name in flag.split("/"):
+            assert name in flags, name

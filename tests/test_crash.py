@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcli.checkpoint import LAST, RunLock, load_checkpoint, publish_dir, resolve_checkpoint
+from gptcli.checkpoint import LAST, RunLock, load_checkpoint, resolve_checkpoint
 from gptcli.errors import UsageError
+from gptcli.files import publish_dir
 from tests.conftest import make_corpus
 
 ROOT = Path(__file__).parents[1]
@@ -77,12 +78,12 @@ def test_a_signal_saves_and_says_how_to_resume(work, sig):
     stopped = load_checkpoint(work / "run" / LAST).meta["step"]
     assert stopped >= 10 and "training stopped" in out
     evaluated = max(train_steps(work / "run", "eval"))  # the losses shown are from there
-    assert f"{'final' if evaluated == stopped else f'step {evaluated}'} train / val" in out
+    assert f"{'final' if evaluated == stopped else f'step {evaluated}'} eval train / val" in out
     assert not (work / "run" / ".lock").exists()
 
     again = run(["pretrain", "--resume", "--out", "run", "--max-iters", str(stopped + 5)], work)
     assert again.returncode == 0, again.stderr
-    assert "final train / val" in again.stdout  # the last step is evaluated
+    assert "final eval train / val" in again.stdout  # the last step is evaluated
     assert train_steps(work / "run") == list(range(1, stopped + 6))
 
 

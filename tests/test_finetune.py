@@ -254,12 +254,22 @@ def test_finetune_resumes(pretrained, order_data, tmp_path):
         "10",
     )
     before = (tmp_path / "r" / "last" / "model.safetensors").read_bytes()
-    for extra in (["--task", "sft"], [order_data], ["--ckpt", pretrained], ["--both-orders"]):
+    for extra, said in (
+        (["--task", "sft"], "--task is 'sft', the run's is 'classify'"),
+        (["--ckpt", tmp_path], "--ckpt is"),
+        (["--both-orders"], "--both-orders is 'True', the run's is False"),
+        (["--aux-lm-weight", "0.25"], "--aux-lm-weight is '0.25', the run's is 0.5"),
+    ):
         refused = run("finetune", "--resume", "--out", tmp_path / "r", *extra)
-        assert refused.exit_code == 2
-        assert "a resumed run keeps its starting model, task and data" in refused.output
+        assert refused.exit_code == 2, refused.output
+        assert (
+            said in refused.output
+            and "a resumed run keeps its starting model, task and data" in refused.output
+        )
     assert (tmp_path / "r" / "last" / "model.safetensors").read_bytes() == before
-    result = run("finetune", "--resume", "--out", tmp_path / "r", "--max-iters", "30")
+    # the same command again, plus --resume, continues
+    again = ["--ckpt", pretrained, order_data, "--task", "classify", "--eval-interval", "10"]
+    result = run("finetune", "--resume", "--out", tmp_path / "r", *again, "--max-iters", "30")
     assert result.exit_code == 0, result.output
     assert "resumed at 20" in result.output and "step 30/30" in result.output
 

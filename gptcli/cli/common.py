@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -30,6 +31,12 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables
 Seed = Annotated[
     int | None, typer.Option("--seed", help="Seed for reproducible random choices.", show_default=False)
 ]
+
+
+def command(*args: object) -> str:
+    """A gptcli command line for the user to paste, each argument shell-quoted (a path
+    with a space stays one argument)."""
+    return " ".join(["gptcli", *(shlex.quote(str(a)) for a in args)])
 
 
 def is_path(arg: str) -> bool:

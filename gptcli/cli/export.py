@@ -32,6 +32,10 @@ def export(
 
     if to != "hf":
         raise UsageError(f"--to {to!r}: the only export format is hf (Hugging Face GPT-2)")
+    from gptcli.checkpoint import holds_checkpoints
+
+    if holds_checkpoints(out):
+        raise UsageError(f"{out} is a gptcli run or checkpoint; export into a directory of its own")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise UsageError(f"{out} exists and is not empty; choose another directory or pass --force")
     loaded = load_checkpoint(ckpt)

@@ -6,9 +6,11 @@ matplotlib is optional (the `plot` extra): the PNG writers return False without 
 from __future__ import annotations
 
 import json
-from importlib.resources import files
+from importlib.resources import files as resources
 from pathlib import Path
 from typing import Any
+
+from gptcli import files
 
 
 def _pyplot() -> Any:
@@ -45,16 +47,20 @@ def save_loss_png(metrics_path: Any, png_path: Any) -> bool:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(png_path)
-    plt.close(fig)
+    try:
+        with files.writing(png_path) as f:
+            fig.savefig(f, format="png")
+    finally:
+        plt.close(fig)
     return True
 
 
 def save_attention_png(
-    path: Path, tokens: list[str], attention: Any, layers: list[int], heads: list[str]
+    path: Path, tokens: list[str], attention: Any, layers: list[int], heads: list[str], replace: bool = False
 ) -> bool:
     """A grid of heatmaps, one row per layer and one column per head (or the head mean);
-    attention: (len(layers), len(heads), T, T). False if matplotlib is missing."""
+    attention: (len(layers), len(heads), T, T). tokens are drawn exactly as given (no
+    mathtext: a "$" is a dollar sign). False if matplotlib is missing."""
     import numpy as np
 
     plt = _pyplot()
@@ -78,22 +84,34 @@ def save_attention_png(
             ax.set_xticks(range(T) if T <= 24 and bottom else [])
             ax.set_yticks(range(T) if T <= 24 and left else [])
             if T <= 24 and bottom:
-                ax.set_xticklabels(tokens, rotation=90, fontsize=6)
+                ax.set_xticklabels(tokens, rotation=90, fontsize=6, parse_math=False)
             if T <= 24 and left:
-                ax.set_yticklabels(tokens, fontsize=6)
+                ax.set_yticklabels(tokens, fontsize=6, parse_math=False)
             if bottom:
                 ax.set_xlabel("key (attended to)", fontsize=7)
             if left:
                 ax.set_ylabel("query", fontsize=7)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with files.writing(path, replace=replace) as f:
+            fig.savefig(f, format="png", bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return True
 
 
-def save_attention_html(path: Path, data: dict[str, Any]) -> None:
+def script_json(data: Any) -> str:
+    """JSON to place inside a <script> element: no "<", ">" or "&" appears in it (they are
+    written as \\u escapes, which JSON.parse reads back), so no text in the data can end the
+    element, open a comment or a tag, or change how the page parses."""
+    text = json.dumps(data, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def save_attention_html(path: Path, data: dict[str, Any], replace: bool = False) -> None:
     """One self-contained page (no network) to pick a layer and head and hover the cells.
-    data: {"prompt", "tokens", "attention": [layer][head][query][key], "top_k": [...]}."""
-    template = files("gptcli.cli").joinpath("attention.html").read_text(encoding="utf-8")
-    payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
-    path.write_text(template.replace("/*DATA*/null", payload), encoding="utf-8")
+    data: {"prompt", "tokens", "attention": [layer][head][query][key], "top_k": [...]}.
+    The page puts every text into the document with textContent, never as markup."""
+    template = resources("gptcli.cli").joinpath("attention.html").read_text(encoding="utf-8")
+    head, tail = template.split("/*DATA*/null")
+    files.write_file(path, head + script_json(data) + tail, replace=replace)

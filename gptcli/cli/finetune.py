@@ -9,21 +9,24 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gptcli.cli import render
+from gptcli.cli.common import command
 from gptcli.cli.training import (
     MODEL,
     RUN,
     Config,
     JsonSummary,
+    NewData,
     Resume,
     load_for_resume,
     new_run_dir,
     opt,
     prepare_text,
     run_trainer,
+    same_data,
     train_flags,
     training_options,
 )
-from gptcli.config import TrainConfig
+from gptcli.config import NON_NEGATIVE, TrainConfig
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -93,6 +96,7 @@ def finetune(
         Path | None, opt("--out", "-o", help="Run directory (default: runs/<data>-<task>-<time>).", panel=RUN)
     ] = None,
     resume: Resume = False,
+    new_data: NewData = False,
     dropout: Annotated[
         float | None, opt("--dropout", help="Dropout probability (default: the checkpoint's).", panel=MODEL)
     ] = None,
@@ -132,18 +136,15 @@ def finetune(
     flags = flag_overrides(dropout=dropout, block_size=block_size, **train_flags(locals()))
     if resume:
         given = {
-            "DATA": data, "--ckpt": ckpt, "--task": task, "--val-data": val_data,
-            "--val-fraction": val_fraction, "--aux-lm-weight": aux_lm_weight,
-            "--delimiter": delimiter, "--both-orders": both_orders or None,
+            "data": data, "base": ckpt, "task": task, "val_data": val_data, "val_fraction": val_fraction,
+            "aux_lm_weight": aux_lm_weight, "delimiter": delimiter, "both_orders": both_orders or None,
         }  # fmt: skip
-        fixed = [name for name, value in given.items() if value is not None]
-        if fixed:
-            raise UsageError(
-                f"{', '.join(fixed)}: a resumed run keeps its starting model, task and data; "
-                "drop them, or start a new run to change them"
-            )
-        trainer = _resume(out, flags, config)
+        trainer = _resume(out, flags, config, given, new_data)
     else:
+        if new_data:
+            raise UsageError(
+                "--new-data goes with --resume (a new run simply trains on the data it is given)"
+            )
         task = task or "lm"
         val_fraction = 0.1 if val_fraction is None else val_fraction
         aux_lm_weight = 0.5 if aux_lm_weight is None else aux_lm_weight
@@ -154,13 +155,13 @@ def finetune(
             raise UsageError("give the model to start from: gptcli finetune --ckpt RUN_DIR DATA")
         if not data:
             raise UsageError(
-                f"give the data to finetune on: gptcli finetune --ckpt {ckpt} DATA --task {task}"
+                f"give the data to finetune on: {command('finetune', '--ckpt', ckpt, 'DATA', '--task', task)}"
             )
         if task != "lm" and len(data) != 1:
             raise UsageError(f"--task {task} takes one data file (and --val-data for validation)")
         if not 0.0 < val_fraction < 1.0:
             raise UsageError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-        if aux_lm_weight < 0:
+        if not NON_NEGATIVE.admits(aux_lm_weight):
             raise UsageError(f"--aux-lm-weight must be >= 0, got {aux_lm_weight}")
         settings = {
             "task": task,
@@ -229,7 +230,10 @@ def _fresh(ckpt: str, settings: dict, config_path: Path | None, out: Path | None
     return _trainer(model, loaded.tokenizer, task, config, run_dir, {**settings, **extra})
 
 
-def _resume(out: Path | None, flags: dict, config_path: Path | None) -> Trainer:
+SETTINGS = ("task", "data", "val_data", "val_fraction", "aux_lm_weight", "delimiter", "both_orders", "base")
+
+
+def _resume(out: Path | None, flags: dict, config_path: Path | None, given: dict, new_data: bool) -> Trainer:
     from gptcli.runtime import shared_setup
 
     loaded, config = load_for_resume(out, flags, config_path)
@@ -238,35 +242,77 @@ def _resume(out: Path | None, flags: dict, config_path: Path | None) -> Trainer:
         raise UsageError(
             f"{loaded.path.parent} is a pretraining run; resume it with gptcli pretrain --resume"
         )
-    keys = ("task", "data", "val_data", "val_fraction", "aux_lm_weight", "delimiter", "both_orders", "base")
-    missing = [k for k in keys if k not in meta]
+    missing = [k for k in SETTINGS if k not in meta]
     if missing:
         raise UsageError(f"{loaded.path}/checkpoint.json lacks {', '.join(missing)}; it cannot be resumed")
-    settings = {k: meta[k] for k in keys}
+    settings = {k: meta[k] for k in SETTINGS}
+    _check_resumed_settings(settings, given)
+    if given["data"]:  # the same data, perhaps by another path (checked by content below)
+        settings["data"] = [str(p) for p in given["data"]]
+    if given["val_data"] is not None:
+        settings["val_data"] = str(given["val_data"])
     task, extra = shared_setup(
         config.train.device,
         lambda: _build_task(
-            settings, loaded.tokenizer, config, seed=config.train.seed, labels=meta.get("labels")
+            settings, loaded.tokenizer, config, seed=config.train.seed, labels=meta.get("labels"),
+            split=meta.get("split"),
         ),
-    )
+    )  # fmt: skip
+    extra |= same_data(meta, extra["data_sha256"], new_data, " ".join(settings["data"]))
     return _trainer(loaded.model, loaded.tokenizer, task, config, loaded.path.parent, {**settings, **extra})
 
 
+def _check_resumed_settings(settings: dict, given: dict) -> None:
+    """A resumed finetune keeps its starting model, task and data: what the command gives
+    again must be what the run has (the data is compared by content, later)."""
+    conflicts = []
+    for key, value in given.items():
+        if value is None or key == "data":
+            continue
+        saved = settings[key]
+        flag = "--ckpt" if key == "base" else "--" + key.replace("_", "-")
+        if key in ("base", "val_data"):
+            same = saved is not None and (str(value) == saved or _same_file(Path(value), Path(saved)))
+        else:
+            same = value == saved
+        if not same:
+            conflicts.append(f"{flag} is {str(value)!r}, the run's is {saved!r}")
+    if conflicts:
+        raise UsageError(
+            f"{'; '.join(conflicts)}: a resumed run keeps its starting model, task and data; "
+            "give the run's values or drop them, or start a new run"
+        )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
 def _build_task(
-    settings: dict, tok: Any, config: RunConfig, seed: int, labels: list | None = None
+    settings: dict,
+    tok: Any,
+    config: RunConfig,
+    seed: int,
+    labels: list | None = None,
+    split: str | None = "stratified",
 ) -> tuple[Any, dict]:
-    """The task, and what the checkpoint must remember about it (labels, data dir); sets
-    config.model.n_classes for the head the task needs."""
-    from gptcli.data import load_split
+    """The task, and what the checkpoint must remember about it (labels, data dir, the
+    data's content hash, how validation was held out); sets config.model.n_classes for the
+    head the task needs. split: None for runs made before validation was stratified."""
+    from gptcli.data import content_sha256, load_split
     from gptcli.tasks import LMTask, supervised_task
 
     block = config.model.block_size
     if settings["task"] == "lm":
         config.model.n_classes = 0
-        data_dir, _ = prepare_text([Path(p) for p in settings["data"]], tok, settings["val_fraction"])
+        data_dir, report = prepare_text([Path(p) for p in settings["data"]], tok, settings["val_fraction"])
         task = LMTask(load_split(data_dir, "train"), load_split(data_dir, "val"), block)
-        return task, {"data_dir": str(data_dir)}
-    task, config.model.n_classes, extra = supervised_task(settings, tok, block, seed, labels)
+        return task, {"data_dir": str(data_dir), "data_sha256": report.source_sha256}
+    task, config.model.n_classes, extra = supervised_task(settings, tok, block, seed, labels, split)
+    extra["data_sha256"] = content_sha256([settings["data"][0], settings["val_data"]])
     if settings["task"] == "classify":
         render.info(
             f"classify: {task.num_examples('train')} training and {task.num_examples('val')} "

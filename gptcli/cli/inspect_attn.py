@@ -3,11 +3,13 @@ and the top-k next-token probabilities after it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from gptcli import files
 from gptcli.cli import figures, render
 from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg, warn_if_cut
 from gptcli.errors import UsageError
@@ -46,6 +48,7 @@ def inspect_attn(
             "--save", help="Also write FILE.json, FILE.png (matplotlib) or FILE.html (interactive)."
         ),
     ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the --save file if it exists.")] = False,
     device: Device = "auto",
     dtype: Dtype = "auto",
     json_out: Json = False,
@@ -61,10 +64,10 @@ def inspect_attn(
 
     if top_k < 1:
         raise UsageError(f"--top-k must be >= 1, got {top_k}")
-    if save is not None and save.suffix.lower() not in SAVE_FORMATS:
-        raise UsageError(f"--save {save}: use a .json, .png or .html file name")
-    if save is not None and not save.parent.is_dir():
-        raise UsageError(f"--save {save}: the directory {save.parent} does not exist")
+    if save is not None:
+        if save.suffix.lower() not in SAVE_FORMATS:
+            raise UsageError(f"--save {save}: use a .json, .png or .html file name")
+        files.check_writable(save, replace=force)
     if not prompt:
         raise UsageError("give a prompt to look at")
     prompt = text_arg(prompt, "the prompt")
@@ -86,7 +89,7 @@ def inspect_attn(
             "top_k": [{"token": tok.piece(i), "id": i, "prob": pr} for i, pr in zip(ids, probs, strict=True)],
         }
         if save is not None:
-            _save(save, document, maps, layers, heads)
+            _save(save, document, maps, layers, heads, force)
         if json_out:
             render.print_json(document)
             return
@@ -116,16 +119,17 @@ def inspect_attn(
         render.info(f"saved {save}")
 
 
-def _save(path: Path, document: dict, maps, layers: list[int], heads: list[int] | str) -> None:
+def _save(path: Path, document: dict, maps, layers: list[int], heads: list[int] | str, force: bool) -> None:
     suffix = path.suffix.lower()
     if suffix == ".json":
-        render.write_json_file(path, document)
+        files.write_file(path, json.dumps(document, ensure_ascii=False), replace=force)
     elif suffix == ".html":
-        figures.save_attention_html(path, document)
+        figures.save_attention_html(path, document, replace=force)
     else:
         names = ["mean"] if heads == "mean" else [str(h) for h in heads]
+        labels = [render.visible_piece(t.encode("utf-8")) for t in document["tokens"]]
         if not figures.save_attention_png(
-            path, document["tokens"], maps.select(layers, heads).tolist(), layers, names
+            path, labels, maps.select(layers, heads).tolist(), layers, names, replace=force
         ):
             raise UsageError(
                 "--save .png needs matplotlib: pip install 'gptcli[plot]' (or save .html / .json)"

@@ -7,17 +7,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gptcli.cli.common import command
 from gptcli.cli.training import (
     MODEL,
     RUN,
     Config,
     JsonSummary,
+    NewData,
     Resume,
     load_for_resume,
     new_run_dir,
     opt,
     prepare_text,
     run_trainer,
+    same_data,
     train_flags,
     training_options,
 )
@@ -47,6 +50,7 @@ def pretrain(
         Path | None, opt("--out", "-o", help="Run directory (default: runs/<corpus>-<time>).", panel=RUN)
     ] = None,
     resume: Resume = False,
+    new_data: NewData = False,
     tokenizer: Annotated[
         str | None, opt("--tokenizer", "-t", help="char, gpt2 or bpe:N (default: char).", panel=RUN)
     ] = None,
@@ -100,8 +104,12 @@ def pretrain(
         dropout=dropout, bias=bias, **train_flags(locals()),
     )  # fmt: skip
     if resume:
-        trainer = _resume(out, corpus, config, flags)
+        trainer = _resume(out, corpus, config, flags, new_data)
     else:
+        if new_data:
+            raise UsageError(
+                "--new-data goes with --resume (a new run simply trains on the data it is given)"
+            )
         if not corpus:
             raise UsageError("give the text to train on: gptcli pretrain CORPUS... (files or directories)")
         trainer = _fresh(corpus, config, out, flags)
@@ -131,37 +139,44 @@ def _fresh(corpus: list[Path], config_path: Path | None, out: Path | None, flags
     tok, task = _load_task(data_dir, config)
     seed_everything(config.train.seed)
     model = GPT(config.model)
-    return _trainer(model, tok, task, config, run_dir, data_dir, report.files)
+    data = {"data_dir": str(data_dir), "sources": list(report.files), "data_sha256": report.source_sha256}
+    return _trainer(model, tok, task, config, run_dir, data)
 
 
-def _resume(out: Path | None, corpus: list[Path] | None, config_path: Path | None, flags: dict) -> Trainer:
+def _resume(
+    out: Path | None, corpus: list[Path] | None, config_path: Path | None, flags: dict, new_data: bool
+) -> Trainer:
+    from gptcli.data import read_meta
     from gptcli.runtime import shared_setup
 
     loaded, config = load_for_resume(out, flags, config_path)
-    run_dir = loaded.path.parent
-    if "data_dir" not in loaded.meta:
+    run_dir, meta = loaded.path.parent, loaded.meta
+    if "data_dir" not in meta:
         raise UsageError(
             f"{loaded.path}/checkpoint.json does not say where the run's data is; it cannot be resumed"
         )
-    data_dir = Path(loaded.meta["data_dir"])
+    data_dir, sources = Path(meta["data_dir"]), meta.get("sources", [])
     if corpus:
         tokenizer, fraction = config.data.tokenizer, config.data.val_fraction
-        data_dir, _ = shared_setup(
+        data_dir, report = shared_setup(
             config.train.device, lambda: prepare_text(corpus, tokenizer, fraction, explicit_tokenizer=True)
         )
+        what, sources = " ".join(map(str, corpus)), list(report.files)
     elif not data_dir.exists():
         raise UsageError(
             f"the run's data ({data_dir}) is gone; pass the corpus again: "
-            f"gptcli pretrain CORPUS --resume --out {run_dir}"
+            f"{command('pretrain', 'CORPUS', '--resume', '--out', run_dir)}"
         )
+    else:
+        report, what = read_meta(data_dir), f"the tokens in {data_dir}"
+    data = {"data_dir": str(data_dir), "sources": sources}
+    data |= same_data(meta, report.source_sha256, new_data, what)
     tok, task = _load_task(data_dir, config)
     if tok.to_dict() != loaded.tokenizer.to_dict():
         raise UsageError(
             f"the data is tokenized with {tok.name}, but the run was trained with {loaded.tokenizer.name}"
         )
-    return _trainer(
-        loaded.model, loaded.tokenizer, task, config, run_dir, data_dir, loaded.meta.get("sources", [])
-    )
+    return _trainer(loaded.model, loaded.tokenizer, task, config, run_dir, data)
 
 
 def _load_task(data_dir: Path, config: Any) -> tuple[Any, Any]:
@@ -179,16 +194,8 @@ def _load_task(data_dir: Path, config: Any) -> tuple[Any, Any]:
     return tok, task
 
 
-def _trainer(
-    model: GPT,
-    tok: Tokenizer,
-    task: Task,
-    config: RunConfig,
-    run_dir: Path,
-    data_dir: Path,
-    sources: list[str],
-) -> Trainer:
+def _trainer(model: GPT, tok: Tokenizer, task: Task, config: RunConfig, run_dir: Path, data: dict) -> Trainer:
+    """data: where the tokens are (data_dir), the text they came from (sources, data_sha256)."""
     from gptcli.train import Trainer
 
-    meta = {"task": "lm", "data_dir": str(data_dir), "sources": list(sources)}
-    return Trainer(model, tok, task, config, run_dir, meta=meta)
+    return Trainer(model, tok, task, config, run_dir, meta={"task": "lm", **data})

@@ -7,6 +7,9 @@ Outside a terminal, output is plain text without colours or live widgets.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import json
 import os
 import sys
@@ -19,10 +22,76 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 from rich.table import Table
 from rich.text import Text
 
+
+class Stream(io.TextIOBase):
+    """sys.stdout or sys.stderr (whichever it is at the time of writing), made safe for a
+    long run: characters the stream's encoding cannot show become "?", and once the reader
+    has gone (`gptcli pretrain | head`, a closed terminal) output is dropped instead of
+    raising, so a training carries on to its end and saves its checkpoints."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lost = False
+
+    @property
+    def target(self) -> Any:
+        return getattr(sys, self.name)
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.target, "encoding", None) or "utf-8"
+
+    def isatty(self) -> bool:
+        try:
+            return not self.lost and self.target.isatty()
+        except (ValueError, OSError):
+            return False
+
+    def fileno(self) -> int:
+        return self.target.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not self.lost:
+            try:
+                try:
+                    self.target.write(text)
+                except UnicodeEncodeError:
+                    self.target.write(text.encode(self.encoding, "replace").decode(self.encoding))
+            except (OSError, ValueError) as e:
+                self._gone(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.lost:
+            try:
+                self.target.flush()
+            except (OSError, ValueError) as e:
+                self._gone(e)
+
+    def _gone(self, e: BaseException) -> None:
+        if isinstance(e, OSError) and e.errno not in (errno.EPIPE, errno.EIO, errno.ECONNRESET):
+            raise e
+        if isinstance(e, ValueError) and "closed file" not in str(e):
+            raise e
+        self.lost = True
+        # Python flushes the stream once more at exit: point it at /dev/null, so that last
+        # flush has nowhere to fail
+        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.target.fileno())
+            os.close(devnull)
+        if self.name == "stdout":
+            warning("the output was closed (its reader went away); carrying on without printing to it")
+
+
 # under torchrun only rank 0 talks (errors excepted); every process runs this same CLI
 _QUIET = os.environ.get("RANK", "0") != "0"
-out = Console(highlight=False, quiet=_QUIET)
-err = Console(stderr=True, highlight=False)
+STDOUT, STDERR = Stream("stdout"), Stream("stderr")
+out = Console(file=STDOUT, highlight=False, quiet=_QUIET)
+err = Console(file=STDERR, highlight=False)
 
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
 
@@ -51,17 +120,12 @@ def note(message: str) -> None:
         info(message)
 
 
-def write_json_file(path: Any, obj: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, ensure_ascii=False)
-
-
 def print_json(obj: Any) -> None:
     """Machine-readable output: one JSON document on stdout (from rank 0 only under torchrun)."""
     if _QUIET:
         return
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
+    STDOUT.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    STDOUT.flush()
 
 
 # --- tokens --------------------------------------------------------------------------------
@@ -177,9 +241,21 @@ def loss_chart(
     return Text.from_ansi(plt.build())
 
 
+def batch_line(info: Any) -> str:
+    """How the optimizer step's batch is formed: "global batch = 12 x 2 = 6,144 tokens
+    (2 processes x 1 micro-step each)" (a gptcli.train.RunInfo)."""
+    sequences = info.batch_size * info.grad_accum
+    size = f"{info.tokens_per_step:,} tokens" if info.tokens_per_step else f"{sequences:,} examples"
+    line = f"global batch = {info.batch_size} x {info.grad_accum} = {size}"
+    if info.processes > 1:
+        each = info.grad_accum // info.processes
+        line += f" ({info.processes} processes x {each} micro-step{'s' if each != 1 else ''} each)"
+    return line
+
+
 class TrainView:
-    """The live training view (a terminal): progress, numbers, and a redrawn loss curve.
-    Implements gptcli.train.Reporter."""
+    """The live training view (a terminal): progress, numbers, and a redrawn loss curve,
+    all drawn from the same state at every refresh. Implements gptcli.train.Reporter."""
 
     def __init__(self, title: str) -> None:
         from rich.live import Live
@@ -197,28 +273,30 @@ class TrainView:
             console=out,
         )
         self.task = self.progress.add_task("step", total=1)
-        self.live = Live(console=out, refresh_per_second=4, transient=False)
+        # the live view asks for the whole picture at every refresh, so the bar and the
+        # numbers under it always show the same step
+        self.live = Live(console=out, refresh_per_second=4, transient=False, get_renderable=self._render)
         self.train: list[tuple[int, float]] = []
         self.val: list[tuple[int, float]] = []
         self.stats: dict[str, Any] = {}
         self.header = Text("")
         self.max_time: float | None = None
+        self.chart: Text | None = None
 
     def on_start(self, info: Any) -> None:
         self.header = Text.assemble(
             (f"{self.title} ", "bold"),
             (str(info.run_dir), "cyan"),
             f"\n{info.device_reason} · {info.precision_reason} · {info.params / 1e6:.2f}M parameters"
-            + (f" · {info.tokens_per_step:,} tokens/step" if info.tokens_per_step else "")
             + (" · torch.compile" if info.compile else ""),
+            f"\n{batch_line(info)}",
         )
         self.max_time = info.max_time
         self.progress.update(self.task, total=info.max_iters, completed=info.start_step)
+        self.stats["step"] = info.start_step
         self.live.start()
-        self._redraw()
 
     def on_step(self, r: Any) -> None:
-        self.progress.update(self.task, completed=r.step)
         self.stats.update(step=r.step, lr=r.lr, elapsed=r.elapsed)
         if r.loss is not None:
             self.train.append((r.step, r.loss))
@@ -229,7 +307,7 @@ class TrainView:
                 tps=r.tokens_per_s,
                 mfu=r.mfu,
             )
-            self._redraw()
+            self.chart = None
 
     def on_eval(self, r: Any) -> None:
         self.val.append((r.step, r.metrics["val"]["loss"]))
@@ -240,21 +318,22 @@ class TrainView:
         self.stats["val_extra"] = extra
         if r.improved:
             self.stats["best_step"] = r.step
-        self._redraw()
+        self.chart = None
 
     def on_checkpoint(self, name: str, path: Any, step: int) -> None:
         self.stats[f"saved_{name}"] = step
 
     def on_end(self, summary: Any) -> None:
-        self._redraw()
+        self.live.refresh()
 
     def close(self) -> None:
         self.live.stop()  # idempotent; restores the cursor also when training failed
 
-    def _redraw(self) -> None:
+    def _render(self) -> Any:
         from rich.console import Group
 
-        s = self.stats
+        s = dict(self.stats)  # one consistent reading, whatever the training thread does meanwhile
+        self.progress.update(self.task, completed=s.get("step", 0))
         numbers = Table.grid(padding=(0, 3))
         for _ in range(4):
             numbers.add_column()
@@ -276,11 +355,12 @@ class TrainView:
             f"saved last @{s['saved_last']}" if "saved_last" in s else "",
             extras or budget,
         )
-        width = max(40, min(out.width, 110))
         parts: list[Any] = [self.header, self.progress, numbers]
         if self.train or self.val:
-            parts.append(loss_chart(self.train, self.val, width, 16))
-        self.live.update(Group(*parts))
+            if self.chart is None:
+                self.chart = loss_chart(list(self.train), list(self.val), max(40, min(out.width, 110)), 16)
+            parts.append(self.chart)
+        return Group(*parts)
 
 
 class TrainLog:
@@ -299,9 +379,9 @@ class TrainLog:
         self._line(f"{self.title} {info.run_dir}")
         self._line(
             f"{info.device_reason}; {info.precision_reason}; {info.params / 1e6:.2f}M parameters"
-            + (f"; {info.tokens_per_step:,} tokens/step" if info.tokens_per_step else "")
             + ("; torch.compile" if info.compile else "")
         )
+        self._line(batch_line(info))
 
     def on_step(self, r: Any) -> None:
         if r.loss is None:
@@ -360,12 +440,12 @@ def train_summary(summary: Any, loss_png: str | None) -> None:
         ("stopped", reasons.get(summary.stop_reason, summary.stop_reason)),
         ("time", _duration(summary.elapsed)),
         ("tokens", f"{summary.tokens:,}"),
-        ("tokens/s", _fmt(summary.tokens_per_s, ",.0f")),
+        ("tokens/s", _fmt(summary.tokens_per_s, ",.0f") + " (training steps only, as while training)"),
         ("best val loss", _fmt(summary.best_val_loss)),
     ]
     if summary.last_eval:
         last = "final" if summary.last_eval_step == summary.steps else f"step {summary.last_eval_step:,}"
-        rows.append((f"{last} train / val", f"{_fmt(train.get('loss'))} / {_fmt(val.get('loss'))}"))
+        rows.append((f"{last} eval train / val", f"{_fmt(train.get('loss'))} / {_fmt(val.get('loss'))}"))
     rows += [(f"val {k}", f"{v:.4f}") for k, v in val.items() if k != "loss"]
     rows += [("checkpoints", f"{summary.run_dir}/best, {summary.run_dir}/last")]
     if loss_png:

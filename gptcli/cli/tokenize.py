@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import is_path, text_arg
+from gptcli.cli.common import command, is_path, text_arg
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -28,7 +28,8 @@ def resolve_tokenizer(arg: str, text: str | None = None) -> Tokenizer:
         return CharTokenizer.from_texts([text])
     if kind == "bpe":
         raise UsageError(
-            f"{arg} is trained on a corpus: run `gptcli tokenize CORPUS --out DIR --tokenizer {arg}`, "
+            f"{arg} is trained on a corpus: run "
+            f"`{command('tokenize', 'CORPUS', '--out', 'DIR', '--tokenizer', arg)}`, "
             "then pass --tokenizer DIR"
         )
     return build_tokenizer(arg)

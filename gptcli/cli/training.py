@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gptcli.cli import figures, render
+from gptcli.cli.common import command
 from gptcli.config import TrainConfig
 from gptcli.errors import UsageError
 from gptcli.paths import RUNS_DIR
@@ -21,25 +22,6 @@ if TYPE_CHECKING:
 
 MODEL, TRAIN, HARDWARE, RUN = "Model", "Training", "Hardware", "Run"
 
-_HELP = {
-    "batch_size": ("--batch-size", "Sequences per micro-step"),
-    "grad_accum": ("--grad-accum", "Micro-steps per optimizer step"),
-    "lr": ("--lr", "Peak learning rate"),
-    "min_lr": ("--min-lr", "Learning rate at the end of the cosine"),
-    "warmup_iters": ("--warmup-iters", "Linear warmup steps"),
-    "max_iters": ("--max-iters", "Optimizer steps"),
-    "max_time": ("--max-time", "Wall-clock budget, e.g. 90s, 15m, 2h; the LR schedule fits it"),
-    "weight_decay": ("--weight-decay", "AdamW weight decay on matrices"),
-    "grad_clip": ("--grad-clip", "Max gradient norm, 0 = off"),
-    "eval_interval": ("--eval-interval", "Steps between evaluations and checkpoints"),
-    "eval_iters": ("--eval-iters", "Batches per evaluation"),
-    "log_interval": ("--log-interval", "Steps between log lines"),
-    "device": ("--device", "auto | cpu | cuda | cuda:N | mps"),
-    "dtype": ("--dtype", "auto | fp32 | bf16 | fp16"),
-    "compile": ("--compile/--no-compile", "torch.compile the model"),
-    "fsdp": ("--fsdp/--no-fsdp", "Under torchrun, shard weights, gradients and AdamW state (FSDP)"),
-    "seed": ("--seed", "Random seed"),
-}
 _TYPES = {int: int | None, float: float | None, str: str | None, bool: bool | None}
 
 
@@ -52,16 +34,18 @@ def training_options(defaults: TrainConfig) -> SimpleNamespace:
     (flags default to None: "not given", so a YAML value is not overridden)."""
     out = {}
     for f in fields(TrainConfig):
-        if f.name not in _HELP:
+        flag, text = f.metadata.get("flag"), f.metadata.get("help")
+        if not flag or not text:
             continue
-        flag, text = _HELP[f.name]
         value = getattr(defaults, f.name)
         shown = (
             "off"
             if value is None or value is False
             else ("on" if value is True else f"{value:g}" if isinstance(value, float) else value)
         )
-        base = {"max_time": str, "beta1": float, "beta2": float}.get(f.name) or type(value)
+        if "(default:" in text:  # the help says what the default means
+            text, shown = text.split(" (default: ")[0], text.split(" (default: ")[1].rstrip(")")
+        base = {"max_time": str, "grad_accum": int}.get(f.name) or type(value)
         panel = HARDWARE if f.name in ("device", "dtype", "compile", "fsdp", "seed") else TRAIN
         out[f.name] = Annotated[
             _TYPES[base], opt(*flag.split(" "), help=f"{text} (default: {shown}).", panel=panel)
@@ -73,6 +57,14 @@ Config = Annotated[Path | None, opt("--config", "-c", help="YAML config (see exa
 Resume = Annotated[
     bool, opt("--resume", help="Continue the run in --out (default: the newest run) exactly.", panel=RUN)
 ]
+NewData = Annotated[
+    bool,
+    opt(
+        "--new-data",
+        help="With --resume: continue on data other than the run's, on purpose (the run records it).",
+        panel=RUN,
+    ),
+]
 JsonSummary = Annotated[
     bool, opt("--json", help="Print the run's summary as JSON (progress lines go to stderr).", panel=RUN)
 ]
@@ -80,7 +72,9 @@ JsonSummary = Annotated[
 
 def train_flags(values: dict[str, Any]) -> dict[str, Any]:
     """The TrainConfig flags among a command's arguments (None = not given)."""
-    return {k: values[k] for k in _HELP if k in values}
+    return {
+        f.name: values[f.name] for f in fields(TrainConfig) if f.metadata.get("flag") and f.name in values
+    }
 
 
 def new_run_dir(out: Path | None, stem: str) -> Path:
@@ -111,11 +105,11 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = Fals
     if summary.stop_reason in ("interrupted", "terminated"):
         render.warning(
             f"stopped at step {summary.steps}; the last checkpoint is saved. "
-            f"Continue with: gptcli {verb} --resume --out {trainer.run_dir}"
+            f"Continue with: {command(verb, '--resume', '--out', trainer.run_dir)}"
         )
         raise typer.Exit(130)
     next_verb = "classify" if trainer.meta.get("task") in ("classify", "choice") else "sample"
-    render.info(f"next: gptcli {next_verb} --ckpt {trainer.run_dir}")
+    render.info(f"next: {command(next_verb, '--ckpt', trainer.run_dir)}")
 
 
 def summary_json(summary: Any, loss_png: Path | None) -> dict[str, Any]:
@@ -143,7 +137,8 @@ def prepare_text(
         if (explicit_tokenizer or not isinstance(tokenizer, str)) and report.tokenizer != wanted.lower():
             raise UsageError(
                 f"{corpus[0]} is tokenized with {report.tokenizer}, not {wanted}; drop --tokenizer, "
-                f"or tokenize the text again with: gptcli tokenize TEXT --out DIR -t {wanted}"
+                "or tokenize the text again with: "
+                f"{command('tokenize', 'TEXT', '--out', 'DIR', '-t', wanted)}"
             )
         return corpus[0], report
     total = sum(f.stat().st_size for f in collect_files(corpus))
@@ -157,18 +152,12 @@ def prepare_text(
 
 
 def load_for_resume(out: Path | None, flags: dict[str, Any], config_path: Path | None) -> tuple[Any, Any]:
-    """The last/ checkpoint of the run to resume, and its config with the allowed changes."""
+    """The last/ checkpoint of the run to resume, and its config: the saved one, where the
+    --config file and the flags may repeat its values, and change only what a resumed run
+    may change."""
     from gptcli.checkpoint import LAST, checkpoint_in, load_checkpoint, newest_run
-    from gptcli.config import CONFIG_CHANGES_ON_RESUME, Config, merge
+    from gptcli.config import Config, merge, read_yaml, resume_config
 
-    if config_path is not None:
-        raise UsageError("--resume continues a run with its saved config; drop --config")
-    bad = [f"--{k.replace('_', '-')}" for d in flags.values() for k in d if k not in CONFIG_CHANGES_ON_RESUME]
-    if bad:
-        allowed = ", ".join("--" + k.replace("_", "-") for k in CONFIG_CHANGES_ON_RESUME)
-        raise UsageError(
-            f"{', '.join(bad)} cannot change when resuming (the run continues exactly); only {allowed} can"
-        )
     if out is None:
         out = newest_run()
         if out is None:
@@ -182,7 +171,24 @@ def load_for_resume(out: Path | None, flags: dict[str, Any], config_path: Path |
     loaded = load_checkpoint(found)
     if not isinstance(loaded.meta.get("config"), dict):
         raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")
-    config = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")
-    merge(config, flags, "the command line").validate()
+    saved = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")
+    given = [(read_yaml(config_path), str(config_path))] if config_path is not None else []
+    config = resume_config(saved, [*given, (flags, "the command line")])
     loaded.model.train()
     return loaded, config
+
+
+def same_data(meta: dict[str, Any], sha256: str, new_data: bool, what: str) -> dict[str, Any]:
+    """Check that a resumed run gets the data it was trained on (by content hash), or, with
+    --new-data, record the change; returns the metadata to save with the run."""
+    saved = meta.get("data_sha256")
+    if saved is None or saved == sha256:  # runs made before the hash was kept: take it as given
+        return {"data_sha256": sha256}
+    if not new_data:
+        raise UsageError(
+            f"{what} is not the data this run was trained on (content sha256 {sha256[:12]}, the run's "
+            f"{saved[:12]}); give the run's data, or add --new-data to continue on this on purpose"
+        )
+    render.warning(f"continuing on new data ({what}); the run records the change at step {meta.get('step')}")
+    change = {"step": meta.get("step"), "data_sha256": sha256, "previous": saved}
+    return {"data_sha256": sha256, "data_changes": [*meta.get("data_changes", []), change]}

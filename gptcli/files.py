@@ -1,0 +1,339 @@
+"""Every file gptcli writes goes through here.
+
+The rules, in one place:
+- A file is written whole or not at all: into a temporary file beside it, fsynced, then
+  renamed over the target, so a reader (or a crash) sees the old content or the new.
+- Nothing is written through a link: temporary files are created exclusively (O_EXCL,
+  O_NOFOLLOW), a rename replaces a link rather than the file it points to, and appending
+  or locking refuses a path that is a link.
+- Nothing is replaced that the user did not ask to replace: `replace=False` refuses an
+  existing target (the verbs pass their --force here).
+- A full disk is one line naming the path and the space needed, and the temporary file is
+  removed; temporary files that dead processes left behind are removed by `clean_stale`.
+
+Temporary names are `.NAME.HOST-PID-RAND.tmp` (directories the same, with a `.tmpdir`
+ending), so that a later run can tell whose they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import shutil
+import socket
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from gptcli.errors import GptcliError, UsageError
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+_FULL_TEXT = ("No space left", "StorageFull", "Disk quota exceeded")
+STALE_AFTER = 24 * 3600  # a temporary file of another host is stale after a day
+
+
+class DiskFull(GptcliError):
+    """No space left (or the quota is reached) while writing."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _tag() -> str:
+    return f"{_HOST}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
+def temp_path(path: Path, suffix: str = ".tmp") -> Path:
+    """A name for a temporary file beside path, unique to this process."""
+    return path.with_name(f".{path.name}.{_tag()}{suffix}")
+
+
+def _sizes(n: int | None) -> str:
+    if n is None:
+        return "more"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def disk_full(path: Path, needed: int | None) -> DiskFull:
+    try:
+        free = shutil.disk_usage(path.parent if not path.is_dir() else path).free
+        room = f", {_sizes(free)} free"
+    except OSError:
+        room = ""
+    return DiskFull(
+        f"no space left on the device to write {path} ({_sizes(needed)} needed{room}); "
+        "free some space, or write somewhere else, and retry"
+    )
+
+
+def is_full(e: BaseException) -> bool:
+    """A full disk, reported as an OSError or in the words of a library that wrapped one."""
+    if isinstance(e, OSError):
+        return e.errno in _FULL
+    return any(t in str(e) for t in _FULL_TEXT)
+
+
+def _refuse_existing(path: Path, flag: str) -> None:
+    if os.path.lexists(path):
+        raise UsageError(f"{path} already exists; pass {flag} to replace it, or choose another name")
+
+
+def check_writable(path: Path, replace: bool, flag: str = "--force") -> None:
+    """Fail early, before any work, if writing path would replace a file not meant to be
+    replaced, or if its directory is missing."""
+    if not replace:
+        _refuse_existing(path, flag)
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise UsageError(f"{path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise UsageError(f"the directory {path.parent} does not exist; create it first")
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def open_new(path: Path, mode: int = 0o666) -> IO[bytes]:
+    """A new file, created exclusively: never an existing file, never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
+    return os.fdopen(fd, "wb")
+
+
+@contextlib.contextmanager
+def writing(
+    path: str | os.PathLike, *, replace: bool = True, size: int | None = None, flag: str = "--force"
+) -> Iterator[IO[bytes]]:
+    """A binary file object whose content becomes path's when the block ends without an
+    error (atomically); on an error path is untouched and the temporary file is gone.
+    replace=False refuses an existing path (flag names the option that allows it); size,
+    if known, is reported when the disk is full."""
+    path = Path(path)
+    if not replace:
+        _refuse_existing(path, flag)
+    tmp = temp_path(path)
+    f = open_new(tmp)
+    try:
+        with f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        _publish_file(tmp, path, replace, flag)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if is_full(e):
+            raise disk_full(path, size) from None
+        raise
+
+
+def _publish_file(tmp: Path, path: Path, replace: bool, flag: str) -> None:
+    """Rename tmp to path; without replace, never over a file that appeared meanwhile."""
+    if replace:
+        os.replace(tmp, path)
+    else:
+        try:
+            os.link(tmp, path, follow_symlinks=False)  # fails if path exists: no replacing
+        except FileExistsError:
+            _refuse_existing(path, flag)
+        except OSError:  # a file system without hard links
+            _refuse_existing(path, flag)
+            os.replace(tmp, path)
+        else:
+            os.unlink(tmp)
+    _fsync_dir(path.parent)
+
+
+def write_file(
+    path: str | os.PathLike, data: bytes | str, *, replace: bool = True, flag: str = "--force"
+) -> Path:
+    """Write data (text is UTF-8) to path atomically; see `writing`."""
+    blob = data.encode("utf-8") if isinstance(data, str) else data
+    with writing(path, replace=replace, size=len(blob), flag=flag) as f:
+        f.write(blob)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def writing_path(path: str | os.PathLike, *, replace: bool = True, size: int | None = None) -> Iterator[Path]:
+    """For libraries that write by file name (safetensors, matplotlib): a name inside a
+    private directory made for it (nobody else can have placed a link there), whose file
+    then replaces path atomically."""
+    path = Path(path)
+    with new_dir(path.parent / f".{path.name}", publish=False, size=size) as tmp_dir:
+        inner = tmp_dir / path.name
+        yield inner
+        if not is_regular_file(inner):
+            raise GptcliError(f"nothing was written for {path}")
+        with open(inner, "rb") as f:
+            os.fsync(f.fileno())
+        _publish_file(inner, path, replace, "--force")
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append one line to path (created if missing), never through a link."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(
+                f"{path} is a symbolic link; gptcli does not write through links: remove it"
+            ) from None
+        raise
+    blob = (line.rstrip("\n") + "\n").encode("utf-8")
+    try:
+        with os.fdopen(fd, "ab") as f:
+            f.write(blob)
+    except OSError as e:
+        if is_full(e):
+            raise disk_full(path, len(blob)) from None
+        raise
+
+
+def open_lock_file(path: Path) -> int:
+    """A file descriptor for a lock file (created if missing), never through a link."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(
+                f"{path} is a symbolic link; gptcli does not write through links: remove it"
+            ) from None
+        raise
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in path.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    _fsync_dir(path)
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, link or directory tree (a link itself, never what it points to)."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Move a fully written directory into place: at every moment either final or
+    final.old is complete (loaders fall back to .old)."""
+    _fsync_tree(tmp)
+    old = final.with_name(final.name + ".old")
+    if os.path.lexists(final):
+        if os.path.lexists(old):
+            _remove(old)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if os.path.lexists(old):
+        _remove(old)
+
+
+@contextlib.contextmanager
+def new_dir(final: Path, *, publish: bool = True, size: int | None = None) -> Iterator[Path]:
+    """A fresh private directory beside final to fill; published as final (see
+    publish_dir) when the block ends without an error, removed otherwise."""
+    tmp = final.with_name(f".{final.name.lstrip('.')}.{_tag()}.tmpdir")
+    os.mkdir(tmp, 0o777 & ~_umask())  # exclusive: fails on anything already there, links included
+    try:
+        yield tmp
+        if publish:
+            publish_dir(tmp, final)
+    except BaseException as e:
+        _remove(tmp)
+        if is_full(e):
+            raise disk_full(final, size) from None
+        raise
+    else:
+        if not publish:
+            _remove(tmp)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """dst as a hard link to src (published files are never modified in place), or a copy."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copyfile(src, dst, follow_symlinks=False)
+
+
+def fix_permissions(path: Path) -> None:
+    """The permissions of any other new file (some writers make files private)."""
+    os.chmod(path, 0o666 & ~_umask(), follow_symlinks=False)
+
+
+# --- what dead processes left behind ---------------------------------------------------
+
+# this version's names, and the names earlier versions used:
+# .NAME.HOST-PID-RAND.tmp[dir], .NAME.PID.tmp, .NAME.PID-RAND.tmp, .NAME.tmp-PID
+_TEMP = re.compile(
+    r"^\..+?\.(?:(?P<host>[0-9a-f]{6})-(?P<pid>\d+)-[0-9a-f]+\.tmp(?:dir)?"
+    r"|(?P<old_pid>\d+)(?:-[0-9a-f]+)?\.tmp|tmp-(?P<old_pid2>\d+))$"
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_stale(entry: Path) -> bool:
+    """Whether entry is a temporary file or directory of a process that is gone."""
+    m = _TEMP.match(entry.name)
+    if m is None:
+        return False
+    pid = int(m["pid"] or m["old_pid"] or m["old_pid2"])
+    if m["host"] is not None and m["host"] != _HOST:
+        try:
+            return time.time() - entry.lstat().st_mtime > STALE_AFTER
+        except OSError:
+            return False
+    return pid != os.getpid() and not _alive(pid)
+
+
+def clean_stale(directory: Path) -> list[Path]:
+    """Remove the temporary files and directories that dead processes left in directory."""
+    removed = []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if is_stale(entry):
+            _remove(entry)
+            removed.append(entry)
+    return removed
+
+
+def is_regular_file(path: Path) -> bool:
+    """A plain file (not a link, device, pipe or directory)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False

@@ -1,0 +1,111 @@
+"""Files from elsewhere are data: what is checked before anything is built from them.
+
+Checkpoints, Hugging Face directories and training states may come from anyone. Their JSON
+is checked field by field against the types gptcli reads, and their weights against the
+shapes the model config implies, from the safetensors header alone, before a model is
+built or a tensor is read: a few bytes of config claiming a huge model are a one-line
+error, not gigabytes allocated. Tensors are then read one by one and refused if they are
+not floating point or hold NaN or inf (the message names the tensor).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptcli.errors import UsageError
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+               list: "a list", dict: "an object", type(None): "null"}  # fmt: skip
+
+
+def _is(value: Any, kind: type) -> bool:
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def check_types(data: Mapping[str, Any], schema: Mapping[str, tuple[type, ...]], source: str) -> None:
+    """Each key of schema that data has must hold one of the types listed (int excludes
+    bool; float accepts integers)."""
+    for key, kinds in schema.items():
+        if key in data and not any(_is(data[key], k) for k in kinds):
+            wanted = " or ".join(_TYPE_NAMES[k] for k in kinds)
+            raise UsageError(
+                f"{source}: '{key}' must be {wanted}, got {json.dumps(data[key])[:60]}; the file is damaged"
+            )
+
+
+def expected_shapes(config: Any) -> dict[str, tuple[int, ...]]:
+    """The shape of every weight a GPT of this config saves, computed without allocating
+    (the model is built on the meta device)."""
+    from gptcli.model import GPT
+
+    with torch.device("meta"):
+        model = GPT(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+def header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (dtype, shape)} from a safetensors file's header, reading no tensor."""
+    from safetensors import SafetensorError, safe_open
+
+    if not file.is_file():
+        raise UsageError(f"{file} is missing; the checkpoint is incomplete")
+    try:
+        with safe_open(file, framework="pt") as f:
+            out = {}
+            for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                part = f.get_slice(name)
+                out[name] = (part.get_dtype(), tuple(part.get_shape()))
+            return out
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UsageError(f"{file} is corrupted ({e}); use another checkpoint (e.g. the run's last/)") from e
+
+
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+
+
+def check_shapes(
+    found: Mapping[str, tuple[str, tuple[int, ...]]], expected: Mapping[str, tuple[int, ...]], source: str
+) -> None:
+    """Every expected weight present, with its shape and a floating-point dtype."""
+    for name, shape in expected.items():
+        if name not in found:
+            raise UsageError(f"{source} lacks {name}; the checkpoint is incomplete")
+        dtype, got = found[name]
+        if got != shape:
+            raise UsageError(
+                f"{source}: {name} has shape {got} but the config needs {shape}; "
+                "the weights do not match the config"
+            )
+        if dtype not in FLOAT_DTYPES:
+            raise UsageError(f"{source}: {name} is {dtype}, not floating point; the weights are damaged")
+
+
+def check_finite(name: str, tensor: torch.Tensor, source: str) -> None:
+    if not torch.isfinite(tensor).all():
+        raise UsageError(f"{source}: {name} holds NaN or inf; the weights are damaged, use another one")
+
+
+def read_weights(file: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The expected weights of a safetensors file, checked against its header first, then
+    each one for NaN and inf."""
+    from safetensors import SafetensorError, safe_open
+
+    check_shapes(header(file), expected, str(file))
+    out = {}
+    try:
+        with safe_open(file, framework="pt") as f:
+            for name in expected:
+                out[name] = f.get_tensor(name)
+                check_finite(name, out[name], str(file))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise UsageError(f"{file} is corrupted ({e}); use another checkpoint (e.g. the run's last/)") from e
+    return out
