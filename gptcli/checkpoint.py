@@ -229,19 +229,36 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     )
 
 
-def newest_run(runs_dir: Path = RUNS_DIR) -> Path | None:
-    """The run under runs_dir whose latest checkpoint was written most recently."""
-    best: tuple[float, Path] | None = None
+TEXT_TASKS = ("lm", "sft")  # runs whose model writes text; classify and choice runs score options
+
+
+def newest_run(runs_dir: Path = RUNS_DIR, tasks: tuple[str, ...] | None = None) -> Path | None:
+    """The run under runs_dir whose latest checkpoint was written most recently; with
+    tasks, the newest run trained for one of them (a run's task is in its checkpoint.json)."""
+    found: list[tuple[float, Path]] = []
     if not runs_dir.is_dir():
         return None
     for run in runs_dir.iterdir():
-        for name in (LAST, BEST):
-            meta = run / name / META_FILE
-            if meta.is_file():
-                mtime = meta.stat().st_mtime
-                if best is None or mtime > best[0]:
-                    best = (mtime, run)
-    return best[1] if best else None
+        metas = [run / n / META_FILE for n in (LAST, BEST)]
+        times = [m.stat().st_mtime for m in metas if m.is_file()]
+        if times:
+            found.append((max(times), run))
+    for _, run in sorted(found, key=lambda x: x[0], reverse=True):
+        if tasks is None or run_task(run) in tasks:
+            return run
+    return None
+
+
+def run_task(run: Path) -> str | None:
+    """What a run was trained for (lm, sft, classify, choice), or None if unreadable."""
+    for name in (LAST, BEST):
+        try:
+            meta = json.loads((run / name / META_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        task = meta.get("task", "lm") if isinstance(meta, dict) else None
+        return task if isinstance(task, str) else None
+    return None
 
 
 # the types of what gptcli reads from checkpoint.json (other keys are kept, not read)
@@ -341,4 +358,10 @@ def load_train_state(ckpt_dir: Path, skip: str | None = None) -> dict[str, Any]:
                 tensors[name] = None if skip and name.startswith(skip) else f.get_tensor(name)
     except (OSError, ValueError, SafetensorError) as e:
         raise UsageError(f"{ckpt_dir} has no readable training state ({e}); it cannot be resumed") from e
-    return join_tensors(skeleton, tensors)
+    try:
+        return join_tensors(skeleton, tensors)
+    except (KeyError, TypeError) as e:
+        raise UsageError(
+            f"{ckpt_dir / STATE_JSON} names tensor {e} that {STATE_TENSORS} does not hold; "
+            "the training state is damaged, so the run cannot continue exactly"
+        ) from None

@@ -42,13 +42,18 @@ class Range:
         return not (self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)))
 
     def describe(self) -> str:
+        lo, hi = _number(self.lo), _number(self.hi)
         if self.lo is not None and self.hi is not None:
-            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+            return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
         if self.lo is not None:
-            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+            return f"{'>' if self.lo_open else '>='} {lo}"
         if self.hi is not None:
-            return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+            return f"{'<' if self.hi_open else '<='} {hi}"
         return "a finite number"
+
+
+def _number(x: float | None) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}" if x is not None else ""
 
 
 POSITIVE = Range(1)  # integers >= 1
@@ -80,18 +85,21 @@ def key_name(section: str, name: str) -> str:
     return f"{section}.{name}" + (f" ({flag})" if flag else "")
 
 
-def check_fields(obj: Any, section: str) -> None:
-    """Every field of a config dataclass against its declared range or choices."""
+def check_fields(obj: Any, section: str | None = None) -> None:
+    """Every field of a config dataclass against its declared range or choices; errors
+    name section.key (and its flag), or the flag alone for settings that only come from
+    the command line (section None)."""
     for f in fields(obj):
         value = getattr(obj, f.name)
         if value is None or isinstance(value, bool):
             continue
+        name = key_name(section, f.name) if section else f.metadata.get("flag") or f.name
         check, choices = f.metadata.get("check"), f.metadata.get("choices")
         if check is not None and isinstance(value, (int, float)) and not check.admits(value):
-            raise UsageError(f"{key_name(section, f.name)} must be {check.describe()}, got {value}")
+            raise UsageError(f"{name} must be {check.describe()}, got {value}")
         if choices and value not in choices:
             listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
-            raise UsageError(f"{key_name(section, f.name)} must be {listed}, got {value!r}")
+            raise UsageError(f"{name} must be {listed}, got {value!r}")
 
 
 @dataclass
@@ -206,6 +214,40 @@ class TrainConfig:
             raise UsageError(
                 f"{key_name('train', 'device')} must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}"
             )
+
+
+@dataclass
+class SampleConfig:
+    """How `gptcli sample` draws tokens (command-line flags only)."""
+
+    temp: float = knob(1.0, check=NON_NEGATIVE, flag="--temp")
+    top_k: int | None = knob(None, check=POSITIVE, flag="--top-k")
+    top_p: float | None = knob(None, check=Range(0, 1, lo_open=True), flag="--top-p")
+    max_new_tokens: int = knob(200, check=POSITIVE, flag="--max-new-tokens")
+    num_samples: int = knob(1, check=POSITIVE, flag="--num-samples")
+    show_probs: int = knob(0, check=NON_NEGATIVE, flag="--show-probs")
+    seed: int | None = knob(None, check=Range(0, SEED_MAX), flag="--seed")
+
+    def validate(self) -> SampleConfig:
+        check_fields(self)
+        return self
+
+
+@dataclass
+class BeamConfig:
+    """How `gptcli beam` searches (command-line flags only)."""
+
+    beams: int = knob(4, check=POSITIVE, flag="--beams")
+    max_new_tokens: int | None = knob(None, check=POSITIVE, flag="--max-new-tokens")
+    length_penalty: float = knob(1.0, check=Range(), flag="--length-penalty")
+    n_best: int | None = knob(None, check=POSITIVE, flag="--n-best")
+    no_repeat_ngram: int = knob(0, check=NON_NEGATIVE, flag="--no-repeat-ngram")
+
+    def validate(self) -> BeamConfig:
+        check_fields(self)
+        if self.n_best is not None and self.n_best > self.beams:
+            raise UsageError(f"--n-best must be between 1 and --beams ({self.beams}), got {self.n_best}")
+        return self
 
 
 @dataclass

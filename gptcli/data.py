@@ -667,6 +667,21 @@ class Record:
     source: str  # "file:line"
 
 
+def _csv_error(path: Path, lines: list[str], start: int, end: int, what: str) -> UsageError:
+    """A CSV error at the line that caused it: where a quote opened and was not closed at
+    the end of its line, if the row ran on past it; else where the row starts."""
+    quoted = False
+    for lineno in range(start, min(end, len(lines)) + 1):
+        opened_here = False
+        for ch in lines[lineno - 1]:
+            if ch == '"':
+                quoted = not quoted
+                opened_here = quoted
+        if quoted and (opened_here or lineno == start):
+            return UsageError(f'{path}:{lineno}: a quote (") opened on this line is not closed ({what})')
+    return UsageError(f"{path}:{start}: {what}")
+
+
 def read_records(path: str | os.PathLike) -> list[Record]:
     """Rows of a JSONL file (one JSON object per line) or a CSV file with a header row."""
     import csv
@@ -677,18 +692,29 @@ def read_records(path: str | os.PathLike) -> list[Record]:
         raise UsageError(f"{path}: no such file")
     records: list[Record] = []
     if path.suffix.lower() == ".csv":
-        reader = csv.reader(io.StringIO("".join(iter_file_text(path)), newline=""))
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise UsageError(f"{path}: empty file; it needs a header row and at least one record") from None
-        for row in reader:
-            lineno = reader.line_num  # the last line of the row: quoted cells may span lines
+        text = "".join(iter_file_text(path))
+        reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+        lines = text.splitlines()
+        header: list[str] | None = None
+        while True:
+            start = reader.line_num + 1  # quoted cells may span lines: a row starts here
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as e:
+                raise _csv_error(path, lines, start, reader.line_num, str(e)) from None
+            if header is None:
+                header = [h.strip() for h in row]
+                continue
             if not any(cell.strip() for cell in row):
                 continue
             if len(row) != len(header):
-                raise UsageError(f"{path}:{lineno}: {len(row)} columns, but the header has {len(header)}")
-            records.append(Record(dict(zip(header, row, strict=True)), f"{path}:{lineno}"))
+                what = f"{len(row)} columns, but the header has {len(header)}"
+                raise _csv_error(path, lines, start, reader.line_num, what)
+            records.append(Record(dict(zip(header, row, strict=True)), f"{path}:{start}"))
+        if header is None:
+            raise UsageError(f"{path}: empty file; it needs a header row and at least one record")
     else:
         for lineno, obj in iter_jsonl(path, "one JSON object"):
             records.append(Record(obj, f"{path}:{lineno}"))

@@ -69,7 +69,10 @@ def sampling_distribution(
     logits = logits.float()
     if temperature == 0:
         return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
-    # subtract the max first: dividing by a tiny temperature then stays finite
+    # subtract the max first, so the largest logit is 0 and the others only fall towards
+    # -inf as the temperature shrinks; below float32's smallest normal number a temperature
+    # would round to 0 (0/0 = NaN), and its distribution is already all on the argmax
+    temperature = max(temperature, torch.finfo(torch.float32).tiny)
     logits = filter_logits((logits - logits.max(dim=-1, keepdim=True).values) / temperature, top_k, top_p)
     return logits.softmax(-1)
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from gptcli.errors import UsageError
+from gptcli.errors import GptcliError, UsageError
 from gptcli.paths import cache_dir
 
 T = TypeVar("T")
@@ -162,6 +162,64 @@ def pick_inference_dtype(device: torch.device, requested: str, n_params: int) ->
     if device.type == "cpu" and cpu_bf16_feature() and n_params >= BF16_DECODE_MIN_PARAMS:
         return torch.bfloat16, f"bf16 weights: a large model on a CPU with native bf16 ({cpu_bf16_feature()})"
     return torch.float32, "fp32 weights"
+
+
+# --- memory: refuse what cannot fit before allocating it --------------------------------------
+
+
+class OutOfMemory(GptcliError):
+    """What a command needs is more memory than the device has free (found before
+    allocating: a request far beyond the machine would otherwise get the process killed)."""
+
+    exit_code = 2
+
+    def __init__(self, what: str, needed: int, free: int, device: torch.device) -> None:
+        self.where = "the GPU" if device.type == "cuda" else "this machine"
+        self.what, self.needed, self.free = what, needed, free
+        super().__init__(
+            f"out of memory on {self.where}: {what} needs at least {needed / 1e9:.1f} GB, "
+            f"{free / 1e9:.1f} GB are free"
+        )
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on device (the CPU: MemAvailable), None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits(needed: int, device: torch.device, what: str) -> None:
+    """Raise OutOfMemory if needed bytes cannot fit in what device has free."""
+    free = free_memory(device)
+    if free is not None and needed > free:
+        raise OutOfMemory(what, needed, free, device)
+
+
+def decoding_bytes(config: Any, rows: int, dtype: torch.dtype) -> int:
+    """A lower bound on what decoding rows sequences at once needs beyond the weights: the
+    KV cache, and the float32 logits that sampling works on."""
+    item = torch.empty((), dtype=dtype).element_size()
+    cache = 2 * config.n_layer * rows * config.block_size * config.n_embd * item
+    return cache + 4 * rows * (config.vocab_size or 0) * 4
+
+
+def training_bytes(config: Any, params: int, batch_size: int, precision: Precision) -> int:
+    """A lower bound on what training needs beyond the weights: gradients and AdamW's two
+    moments (float32), and one micro-batch's activations (Korthikanti et al. 2022:
+    s*b*h*(34 + 5*a*s/h) bytes per layer in 16 bits) and logits."""
+    s, h, a = config.block_size, config.n_embd, config.n_head
+    per_layer = batch_size * s * h * (34 + 5 * a * s / h) * (2 if precision.name == "fp32" else 1)
+    logits = 2 * batch_size * s * (config.vocab_size or 0) * 4
+    return int(12 * params + config.n_layer * per_layer + logits)
 
 
 # glibc's malloc hands large freed blocks straight back to the kernel (munmap, heap

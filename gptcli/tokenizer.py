@@ -66,6 +66,13 @@ class Tokenizer(ABC):
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one token (a BPE token may hold part of a character)."""
 
+    @property
+    def max_token_bytes(self) -> int:
+        """The most bytes of text one token stands for."""
+        if not hasattr(self, "_max_token_bytes"):
+            self._max_token_bytes = max(len(self.token_bytes(i)) for i in range(self.vocab_size))
+        return self._max_token_bytes
+
     def piece(self, token_id: int) -> str:
         """The text of one token; bytes that are only part of a character become U+FFFD."""
         return self.token_bytes(token_id).decode("utf-8", errors="replace")

@@ -40,6 +40,7 @@ from gptcli.model import GPT
 from gptcli.parallel import Sharded, Whole
 from gptcli.runtime import (
     Precision,
+    check_fits,
     dist_from_env,
     init_distributed,
     keep_freed_memory,
@@ -47,9 +48,11 @@ from gptcli.runtime import (
     pick_precision,
     rank_device,
     record_achieved,
+    training_bytes,
 )
 from gptcli.tasks import Batch, Task
 from gptcli.tokenizer import Tokenizer
+from gptcli.validate import check_types
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -204,6 +207,42 @@ class TrainState:
     decay_from: list[float] | None = None  # see lr_at; set when a resume changed the schedule
 
 
+_STATE_SCHEMA: dict[str, tuple[type, ...]] = {
+    "step": (int,), "tokens": (int,), "elapsed": (float,), "best_val_loss": (float, type(None)),
+    "last_eval_step": (int,), "schedule": (list, type(None)), "decay_from": (list, type(None)),
+}  # fmt: skip
+
+
+def check_train_state(
+    saved: Any, optimizer: torch.optim.Optimizer, source: str = "the training state"
+) -> None:
+    """Raise ValueError unless a saved training state has the parts resume reads, with an
+    optimizer state for exactly this model's parameters (every moment the shape of its
+    parameter)."""
+    if not isinstance(saved, dict) or not all(k in saved for k in ("state", "optimizer", "data_rng")):
+        raise ValueError("it lacks the state, optimizer or data_rng part")
+    if not isinstance(saved["state"], dict) or set(saved["state"]) - set(TrainState.__dataclass_fields__):
+        raise ValueError("its state part holds unknown fields")
+    check_types(saved["state"], _STATE_SCHEMA, source)
+    optim = saved["optimizer"]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    groups = optim.get("param_groups") if isinstance(optim, dict) else None
+    if not isinstance(groups, list) or [len(g.get("params", [])) for g in groups] != [
+        len(g["params"]) for g in optimizer.param_groups
+    ]:
+        raise ValueError("its optimizer has other parameter groups than this model")
+    for index, moments in (optim.get("state") or {}).items():
+        i = int(index)
+        if not 0 <= i < len(params) or not isinstance(moments, dict):
+            raise ValueError(f"its optimizer state names parameter {index}, which this model lacks")
+        for name, value in moments.items():
+            if name != "step" and isinstance(value, torch.Tensor) and value.shape != params[i].shape:
+                raise ValueError(
+                    f"optimizer {name} of parameter {i} has shape {tuple(value.shape)}, "
+                    f"the parameter {tuple(params[i].shape)}"
+                )
+
+
 def _per_rank(rng: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
     """RNG states by rank (early single-process checkpoints saved one state, not a list)."""
     return [rng] if isinstance(rng, torch.Tensor) else rng
@@ -296,6 +335,11 @@ class Trainer:
         self.precision: Precision = pick_precision(self.device, cfg.dtype)
         sharding = dist.enabled and cfg.fsdp
         if not sharding:  # sharded, each block goes to the device as it is split: never whole
+            params = sum(p.numel() for p in self.model.parameters())
+            needed = training_bytes(self.model.config, params, cfg.batch_size, self.precision)
+            if self.device.type != "cpu":
+                needed += 4 * params  # the weights, still on the CPU
+            check_fits(needed, self.device, f"training with --batch-size {cfg.batch_size}")
             self.model.to(self.device)
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults on every step's fresh activations
@@ -342,9 +386,22 @@ class Trainer:
         return t
 
     def _restore(self) -> None:
-        """Continue exactly where the last/ checkpoint left off."""
+        """Continue exactly where the last/ checkpoint left off. The saved state is data
+        from disk: anything in it that does not fit this run is a one-line error."""
         skip = None if self.dist.is_main else self.placement.skip_on_load
-        saved = load_train_state(checkpoint_in(self.run_dir, LAST) or self.run_dir / LAST, skip)
+        ckpt = checkpoint_in(self.run_dir, LAST) or self.run_dir / LAST
+        saved = load_train_state(ckpt, skip)
+        try:
+            if self.dist.is_main:
+                check_train_state(saved, self.optimizer, f"{ckpt}/train_state.json")
+            self._load_state(saved)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
+            raise UsageError(
+                f"{ckpt}/train_state.json and its tensors do not fit this run ({type(e).__name__}: {e}); "
+                "the training state is damaged, so the run cannot continue exactly"
+            ) from None
+
+    def _load_state(self, saved: dict[str, Any]) -> None:
         optim = saved["optimizer"]
         optim["state"] = {int(k): v for k, v in optim["state"].items()}
         self.placement.load_optimizer_state(self.optimizer, optim)

@@ -98,7 +98,7 @@ CASES = [
     ("prompt outside vocab", ["sample", "--ckpt", "{trained}", "-p", "Zebra ~ 東"], "'Z' '~' '東'"),
     ("top-p zero", ["sample", "--ckpt", "{trained}", "--top-p", "0"], "--top-p must be in (0, 1]"),
     ("top-p above one", ["sample", "--ckpt", "{trained}", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
-    ("temp negative", ["sample", "--ckpt", "{trained}", "--temp", "-0.5"], "--temp must be a number >= 0"),
+    ("temp negative", ["sample", "--ckpt", "{trained}", "--temp", "-0.5"], "--temp must be >= 0, got -0.5"),
     ("beams zero", ["beam", "The", "--ckpt", "{trained}", "--beams", "0"], "--beams must be >= 1"),
     ("ckpt missing", ["sample", "--ckpt", "nowhere"], "--ckpt nowhere: no such file or directory"),
     ("ckpt not a run", ["sample", "--ckpt", "emptydir"], "is not a gptcli run or checkpoint"),

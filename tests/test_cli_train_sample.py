@@ -151,7 +151,7 @@ def test_sample_uses_the_newest_run(trained, tmp_path):
     cwd = os.getcwd()
     try:
         os.chdir(tmp_path)
-        assert_usage_error(run("sample"), "no trained model found under ./runs", "gptcli pretrain")
+        assert_usage_error(run("sample"), "no model that writes text found under ./runs", "gptcli pretrain")
         (tmp_path / "runs").mkdir()
         os.symlink(trained, tmp_path / "runs" / "mine")
         result = run("sample", "-n", "5", "--seed", "1")
@@ -164,10 +164,10 @@ def test_sample_uses_the_newest_run(trained, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--temp", "-1"], "--temp must be a number >= 0"),
-        (["--temp", "nan"], "--temp must be a number >= 0"),
-        (["--seed", "99999999999999999999"], "--seed must be between 0 and"),
-        (["--prompt-file", "/"], "--prompt-file /: Is a directory"),
+        (["--temp", "-1"], "--temp must be >= 0, got -1.0"),
+        (["--temp", "nan"], "--temp must be >= 0, got nan"),
+        (["--seed", "99999999999999999999"], "--seed must be in [0, 9223372036854775807]"),
+        (["--prompt-file", "/"], "--prompt-file /: a directory, not a file"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
         (["--top-k", "0"], "--top-k must be >= 1"),

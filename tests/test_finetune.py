@@ -367,7 +367,7 @@ def test_read_records_multiline_csv_and_jsonl_line_separators(tmp_path):
         {"text": "two\nlines", "label": "a"},
         {"text": "plain", "label": "b"},
     ]
-    assert [r.source.rsplit(":", 1)[1] for r in records] == ["3", "5"]
+    assert [r.source.rsplit(":", 1)[1] for r in records] == ["2", "5"]  # where each row starts
 
     jsonl = tmp_path / "rows.jsonl"  # U+2028 is a line separator to str.splitlines, not to JSONL
     jsonl.write_text(json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\r\n\n[1]\n", encoding="utf-8")

@@ -8,6 +8,7 @@ the core lazily, so `gptcli --help` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -67,7 +68,8 @@ class _Boundary(TyperGroup):
         except GptcliError as e:
             if _debug:
                 raise
-            render.error(str(e))
+            oom = _out_of_memory(e, args) if type(e).__name__ == "OutOfMemory" else None
+            render.error(oom or str(e))
             code = e.exit_code
         except typer.Abort:
             code = 130
@@ -116,12 +118,17 @@ def _out_of_memory(e: BaseException, args: Any) -> str | None:
         or (oom_type and isinstance(e, oom_type))
         or "out of memory" in text.lower()
         or "can't allocate memory" in text
+        or "bad_alloc" in text
+        or hasattr(e, "needed")
     ):
         return None
     argv = list(args) if args is not None else sys.argv[1:]
     verb = next((a for a in argv if a in _MEMORY_KNOBS), "")
+    knobs = _MEMORY_KNOBS.get(verb, "use a smaller model or batch")
+    if hasattr(e, "needed"):  # found before allocating: say how much
+        return f"{e}; {knobs}"
     where = "the GPU" if "CUDA" in text or "cuda" in text else "this machine"
-    return f"out of memory on {where}: {_MEMORY_KNOBS.get(verb, 'use a smaller model or batch')}"
+    return f"out of memory on {where}: {knobs}"
 
 
 app = typer.Typer(
@@ -167,4 +174,9 @@ app.command("export")(export)
 
 
 def main() -> None:
+    # a terminal that is not UTF-8 (a Latin-1 locale, PYTHONIOENCODING=ascii) gets "?" for
+    # what it cannot show, from every writer (help screens included), never a traceback
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="replace")
     app()

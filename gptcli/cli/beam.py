@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from typing import Annotated
 
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg, warn_if_cut
+from gptcli.cli.common import (
+    Ckpt,
+    Device,
+    Dtype,
+    Json,
+    check_decoding_fits,
+    load_model,
+    text_arg,
+    warn_if_cut,
+)
+from gptcli.config import BeamConfig
 from gptcli.errors import UsageError
 
 
@@ -61,19 +70,11 @@ def beam(
     """
     from gptcli.completion import beam_complete, encode_prompt
 
-    if beams < 1:
-        raise UsageError(f"--beams must be >= 1, got {beams}")
+    BeamConfig(beams, max_new_tokens, length_penalty, n_best, no_repeat_ngram).validate()
     n_best = beams if n_best is None else n_best
-    if not 1 <= n_best <= beams:
-        raise UsageError(f"--n-best must be between 1 and --beams ({beams}), got {n_best}")
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if not math.isfinite(length_penalty):
-        raise UsageError(f"--length-penalty must be a finite number, got {length_penalty}")
-    if no_repeat_ngram < 0:
-        raise UsageError(f"--no-repeat-ngram must be >= 0, got {no_repeat_ngram}")
 
     loaded = load_model(ckpt, device, dtype)
+    check_decoding_fits(loaded.model, beams, f"--beams {beams}")
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     if max_new_tokens is None:
         max_new_tokens = min(40, block // 2)

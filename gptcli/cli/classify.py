@@ -49,7 +49,7 @@ def classify(
         raise UsageError("give a text to classify, or --file F.jsonl (one of the two)")
     if file is not None and (text_b is not None or choice):
         raise UsageError("--text-b and --choice go with a text argument; in --file they are record fields")
-    loaded = load_model(ckpt, device, dtype, decode=False)
+    loaded = load_model(ckpt, device, dtype, decode=False, classifier=True)
     kind = loaded.meta.get("task")
     if kind not in ("classify", "choice"):
         raise UsageError(

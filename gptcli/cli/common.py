@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gptcli.cli import render
-from gptcli.config import SEED_MAX
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -62,27 +61,32 @@ def text_arg(text: str, what: str = "the text") -> str:
     return text
 
 
-def check_seed(seed: int | None) -> None:
-    if seed is not None and not 0 <= seed <= SEED_MAX:
-        raise UsageError(f"--seed must be between 0 and {SEED_MAX}, got {seed}")
-
-
-def load_model(ckpt: str | None, device: str = "auto", dtype: str = "auto", decode: bool = True) -> Loaded:
-    """Load --ckpt, or the newest run under ./runs (and say which), onto the device in the
+def load_model(
+    ckpt: str | None, device: str = "auto", dtype: str = "auto", decode: bool = True, classifier: bool = False
+) -> Loaded:
+    """Load --ckpt, or the newest run under ./runs that fits the verb (one that writes
+    text, or with classifier a classify/choice run) and say which, onto the device in the
     dtype for inference; say where it runs and why. decode: the verb generates token by
     token, so bf16 CPU models take the compiled decoding kernels (gptcli/kernels.py)."""
-    from gptcli.checkpoint import load_checkpoint, newest_run
+    from gptcli.checkpoint import TEXT_TASKS, load_checkpoint, newest_run
     from gptcli.kernels import use_fast_decode
     from gptcli.runtime import pick_device, pick_inference_dtype
 
     if ckpt is None:
-        run = newest_run()
+        tasks = ("classify", "choice") if classifier else TEXT_TASKS
+        run = newest_run(tasks=tasks)
         if run is None:
-            raise UsageError(
-                "no trained model found under ./runs; train one with `gptcli pretrain CORPUS` "
-                "(or `make demo`), or pass --ckpt"
-            )
-        render.info(f"using the newest run: {run}")
+            other = newest_run()
+            if classifier:
+                hint = "make one with `gptcli finetune --ckpt RUN DATA --task classify`, or pass --ckpt"
+            else:
+                hint = "train one with `gptcli pretrain CORPUS` (or `make demo`), or pass --ckpt"
+            found = f" ({other} is a {'language model' if classifier else 'classifier'})" if other else ""
+            want = "classifier" if classifier else "model that writes text"
+            raise UsageError(f"no {want} found under ./runs{found}; {hint}")
+        skipped = newest_run()
+        also = f" (the newer {skipped} is not one)" if skipped is not None and skipped != run else ""
+        render.info(f"using the newest {'classifier' if classifier else 'run'}: {run}{also}")
         ckpt = str(run)
     dev, why_device = pick_device(device)
     loaded = load_checkpoint(ckpt, dev)
@@ -92,6 +96,14 @@ def load_model(ckpt: str | None, device: str = "auto", dtype: str = "auto", deco
         why_dtype += " (compiled decoding kernels)"
     render.note(f"{why_device}; {why_dtype}")
     return loaded
+
+
+def check_decoding_fits(model: Any, rows: int, what: str) -> None:
+    """Refuse, before allocating, to decode more sequences at once than memory holds."""
+    from gptcli.runtime import check_fits, decoding_bytes
+
+    weights = next(model.parameters())
+    check_fits(decoding_bytes(model.config, rows, weights.dtype), weights.device, what)
 
 
 def warn_if_cut(prompt: Prompt, room: str) -> None:

@@ -26,12 +26,14 @@ from rich.text import Text
 class Stream(io.TextIOBase):
     """sys.stdout or sys.stderr (whichever it is at the time of writing), made safe for a
     long run: characters the stream's encoding cannot show become "?", and once the reader
-    has gone (`gptcli pretrain | head`, a closed terminal) output is dropped instead of
-    raising, so a training carries on to its end and saves its checkpoints."""
+    has gone (`gptcli pretrain | head`, a closed terminal), a training carries on to its
+    end and saves its checkpoints, dropping what it would print (carry_on); other verbs
+    just stop, quietly, as `head` meant."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.lost = False
+        self.carry_on = False  # on a lost reader: False stops the command (quietly), True drops output
 
     @property
     def target(self) -> Any:
@@ -83,8 +85,16 @@ class Stream(io.TextIOBase):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, self.target.fileno())
             os.close(devnull)
+        if not self.carry_on:
+            raise BrokenPipeError(errno.EPIPE, "the reader of the output went away")
         if self.name == "stdout":
-            warning("the output was closed (its reader went away); carrying on without printing to it")
+            warning("the output was closed (its reader went away); training carries on without printing")
+
+
+def carry_on_without_output() -> None:
+    """From now on, a closed stdout or stderr drops output instead of stopping the command
+    (for training, whose checkpoints matter more than its progress lines)."""
+    STDOUT.carry_on = STDERR.carry_on = True
 
 
 # under torchrun only rank 0 talks (errors excepted); every process runs this same CLI

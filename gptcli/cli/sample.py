@@ -3,14 +3,26 @@ next-token probabilities at every step."""
 
 from __future__ import annotations
 
-import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gptcli import files
 from gptcli.cli import render
-from gptcli.cli.common import Ckpt, Device, Dtype, Json, Seed, check_seed, load_model, text_arg, warn_if_cut
+from gptcli.cli.common import (
+    Ckpt,
+    Device,
+    Dtype,
+    Json,
+    Seed,
+    check_decoding_fits,
+    load_model,
+    text_arg,
+    warn_if_cut,
+)
+from gptcli.config import SampleConfig
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -18,40 +30,49 @@ if TYPE_CHECKING:
     from gptcli.tokenizer import Tokenizer
 
 
-def check_sampling(
-    temp: float,
-    top_k: int | None,
-    top_p: float | None,
-    max_new_tokens: int,
-    num_samples: int,
-    seed: int | None,
-) -> None:
-    if not math.isfinite(temp) or temp < 0:
-        raise UsageError(f"--temp must be a number >= 0 (0 = greedy), got {temp}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise UsageError(f"--top-p must be in (0, 1], got {top_p}")
-    if top_k is not None and top_k < 1:
-        raise UsageError(f"--top-k must be >= 1, got {top_k}")
-    if max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if num_samples < 1:
-        raise UsageError(f"--num-samples must be >= 1, got {num_samples}")
-    check_seed(seed)
-
-
-def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
+def check_prompt(prompt: str | None, prompt_file: Path | None) -> None:
+    """Refuse a bad --prompt / --prompt-file before the model is loaded."""
     if prompt is not None and prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
-    if prompt_file is None:
-        return None if prompt is None else text_arg(prompt, "--prompt")
+    if prompt is not None:
+        text_arg(prompt, "--prompt")
+    if prompt_file is not None:
+        if not prompt_file.exists():
+            raise UsageError(f"--prompt-file {prompt_file}: no such file")
+        if prompt_file.is_dir():
+            raise UsageError(f"--prompt-file {prompt_file}: a directory, not a file")
+
+
+def read_prompt(prompt_file: Path, limit: int) -> str:
+    """The text of a prompt file: at most its last `limit` bytes (the model sees only its
+    last block_size tokens), and from a device or pipe at most its first `limit`."""
     try:
-        return prompt_file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"--prompt-file {prompt_file}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise UsageError(f"--prompt-file {prompt_file}: not UTF-8 text (byte offset {e.start})") from None
+        with open(prompt_file, "rb") as f:
+            if files.is_regular_file(prompt_file):
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, size - limit))
+                data = f.read(limit)
+                if size > limit:
+                    data = data.lstrip(bytes(range(0x80, 0xC0)))[:limit]  # start on a whole character
+                    render.warning(
+                        f"--prompt-file {prompt_file} is {size:,} bytes; read its last {len(data):,}, "
+                        "more than the model's context holds"
+                    )
+            else:
+                data = f.read(limit + 1)
+                if len(data) > limit:
+                    data = data[:limit]
+                    render.warning(
+                        f"--prompt-file {prompt_file} is not a plain file; read its first {limit:,} bytes"
+                    )
     except OSError as e:
         raise UsageError(f"--prompt-file {prompt_file}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start >= len(data) - 3 and e.reason == "unexpected end of data":  # cut mid-character
+            return data[: e.start].decode("utf-8")
+        raise UsageError(f"--prompt-file {prompt_file}: not UTF-8 text (byte offset {e.start})") from None
 
 
 def sample(
@@ -99,12 +120,14 @@ def sample(
     """
     from gptcli.completion import complete, encode_prompt
 
-    check_sampling(temp, top_k, top_p, max_new_tokens, num_samples, seed)
-    if show_probs < 0:
-        raise UsageError(f"--show-probs must be >= 0, got {show_probs}")
-    text = read_prompt(prompt, prompt_file)
+    SampleConfig(temp, top_k, top_p, max_new_tokens, num_samples, show_probs, seed).validate()
+    check_prompt(prompt, prompt_file)
     loaded = load_model(ckpt, device, dtype)
+    check_decoding_fits(loaded.model, num_samples, f"--num-samples {num_samples}")
     tok = loaded.tokenizer
+    text = prompt
+    if prompt_file is not None:  # enough bytes for a full context, and a little more
+        text = read_prompt(prompt_file, (loaded.model.config.block_size + 16) * tok.max_token_bytes)
     p = encode_prompt(tok, text, loaded.model.config.block_size)
     warn_if_cut(p, f"the model's block_size {loaded.model.config.block_size}")
     live = (render.out.is_terminal if stream is None else stream) and not json_out

@@ -93,6 +93,7 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = Fals
     """Train with the live view, print the summary and loss.png; exit 130 with a resume hint
     if interrupted. json_out: progress as plain lines on stderr, the summary as JSON on stdout."""
     title = f"gptcli {verb} →"
+    render.carry_on_without_output()
     trainer.reporter = render.TrainLog(title, render.err) if json_out else render.train_reporter(title)
     summary = trainer.run(resume=resume)
     png = trainer.run_dir / "loss.png"
