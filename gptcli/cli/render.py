@@ -37,7 +37,10 @@ class Stream(io.TextIOBase):
 
     @property
     def target(self) -> Any:
-        return getattr(sys, self.name)
+        stream = getattr(sys, self.name)
+        # Rich's live display swaps in a proxy that prints through the console, which
+        # prints here: write to the stream it proxies, not round in a circle
+        return getattr(stream, "rich_proxied_file", stream)
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
@@ -269,7 +272,7 @@ class TrainView:
 
     def __init__(self, title: str) -> None:
         from rich.live import Live
-        from rich.progress import MofNCompleteColumn, TimeElapsedColumn
+        from rich.progress import MofNCompleteColumn
 
         self.title = title
         self.progress = Progress(
@@ -277,21 +280,21 @@ class TrainView:
             BarColumn(),
             MofNCompleteColumn(),
             "[progress.percentage]{task.percentage:>3.0f}%",
-            TimeElapsedColumn(),
+            "[progress.elapsed]{task.fields[elapsed]}",  # the run's time, as the summary counts it
             "left",
             TimeRemainingColumn(),
             console=out,
         )
-        self.task = self.progress.add_task("step", total=1)
-        # the live view asks for the whole picture at every refresh, so the bar and the
-        # numbers under it always show the same step
-        self.live = Live(console=out, refresh_per_second=4, transient=False, get_renderable=self._render)
+        self.task = self.progress.add_task("step", total=1, elapsed=_duration(0))
         self.train: list[tuple[int, float]] = []
         self.val: list[tuple[int, float]] = []
         self.stats: dict[str, Any] = {}
         self.header = Text("")
         self.max_time: float | None = None
         self.chart: Text | None = None
+        # the live view asks for the whole picture at every refresh, so the bar and the
+        # numbers under it always show the same step
+        self.live = Live(console=out, refresh_per_second=4, transient=False, get_renderable=self._render)
 
     def on_start(self, info: Any) -> None:
         self.header = Text.assemble(
@@ -343,7 +346,7 @@ class TrainView:
         from rich.console import Group
 
         s = dict(self.stats)  # one consistent reading, whatever the training thread does meanwhile
-        self.progress.update(self.task, completed=s.get("step", 0))
+        self.progress.update(self.task, completed=s.get("step", 0), elapsed=_duration(s.get("elapsed", 0)))
         numbers = Table.grid(padding=(0, 3))
         for _ in range(4):
             numbers.add_column()
@@ -450,7 +453,7 @@ def train_summary(summary: Any, loss_png: str | None) -> None:
         ("stopped", reasons.get(summary.stop_reason, summary.stop_reason)),
         ("time", _duration(summary.elapsed)),
         ("tokens", f"{summary.tokens:,}"),
-        ("tokens/s", _fmt(summary.tokens_per_s, ",.0f") + " (training steps only, as while training)"),
+        ("tokens/s", _fmt(summary.tokens_per_s, ",.0f") + " (mean over the training steps)"),
         ("best val loss", _fmt(summary.best_val_loss)),
     ]
     if summary.last_eval:

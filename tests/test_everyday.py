@@ -1,0 +1,259 @@
+"""The commands users actually type: resume with the same command, the newest run that
+fits the verb, true numbers on screen, hints that paste, output that goes away."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gptcli.cli.app import app
+from tests.conftest import TINY, make_corpus
+
+ROOT = Path(__file__).parents[1]
+runner = CliRunner()
+SHORT = [*TINY, "--max-iters", "10", "--eval-interval", "5"]
+
+
+def run(*args: object) -> object:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> Path:
+    """A run trained for 10 steps with TINY flags, plus the corpus and a config beside it."""
+    tmp = tmp_path_factory.mktemp("resume")
+    make_corpus(tmp / "corpus.txt")
+    (tmp / "same.yaml").write_text("model:\n  n_layer: 1\n  n_embd: 32\ntrain:\n  lr: 3.0e-3\n")
+    result = run("pretrain", tmp / "corpus.txt", "--out", tmp / "R", *SHORT)
+    assert result.exit_code == 0, result.output
+    return tmp
+
+
+@pytest.mark.parametrize(
+    ("extra", "refusal"),
+    [
+        ([], None),  # the very same command, plus --resume
+        (["--max-iters", "15", "--eval-interval", "3", "--log-interval", "2"], None),  # budgets, reporting
+        (["-c", "{tmp}/same.yaml"], None),  # a config file that repeats the run's values
+        (["-t", "char"], None),
+        (["--lr", "1e-2"], "train.lr (--lr) is 0.01, the run's is 0.003"),
+        (["--n-layer", "2"], "model.n_layer (--n-layer) is 2, the run's is 1"),
+        (["--dtype", "bf16"], "train.dtype (--dtype) is 'bf16', the run's is 'fp32'"),
+        (["-t", "gpt2"], "data.tokenizer (--tokenizer) is 'gpt2', the run's is 'char'"),
+        (
+            ["--batch-size", "4", "--seed", "7"],
+            "--batch-size) is 4, the run's is 8; train.seed (--seed) is 7",
+        ),
+    ],
+    ids=["same", "budgets", "same-config", "same-tokenizer", "lr", "n-layer", "dtype", "tokenizer", "two"],
+)
+def test_resume_takes_the_same_command(first_run, tmp_path, extra, refusal):
+    shutil.copytree(first_run / "R", tmp_path / "R")
+    extra = [a.replace("{tmp}", str(first_run)) for a in extra]
+    args = ["pretrain", first_run / "corpus.txt", "--out", tmp_path / "R", *SHORT, *extra, "--resume"]
+    if "--max-iters" not in extra:
+        args += ["--max-iters", "12"]
+    result = run(*args)
+    if refusal is None:
+        assert result.exit_code == 0, result.output
+        assert "resumed at 10" in result.output
+    else:
+        assert result.exit_code == 2, result.output
+        line = result.output.strip()
+        assert line.startswith("error: ") and "\n" not in line
+        assert refusal in line and "a resumed run continues exactly" in line
+
+
+def test_a_config_that_differs_is_named_on_resume(first_run, tmp_path):
+    shutil.copytree(first_run / "R", tmp_path / "R")
+    (tmp_path / "other.yaml").write_text("train:\n  warmup_iters: 50\n")
+    result = run("pretrain", "--resume", "--out", tmp_path / "R", "-c", tmp_path / "other.yaml")
+    assert result.exit_code == 2
+    assert (
+        f"train.warmup_iters (--warmup-iters) in {tmp_path / 'other.yaml'} is 50, the run's is 3"
+        in result.output
+    )
+
+
+def test_the_run_header_says_how_the_global_batch_is_formed(first_run):
+    lines = run(
+        "pretrain", first_run / "corpus.txt", "--out", first_run / "B", *SHORT, "--grad-accum", "3"
+    ).output
+    assert "global batch = 8 x 3 = 384 tokens" in lines
+
+
+# --- the newest run that fits the verb -----------------------------------------------------
+
+
+def test_verbs_without_ckpt_take_the_newest_run_that_fits(trained, tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    shutil.copytree(trained, runs / "lm")
+    shutil.copytree(trained, runs / "cls")
+    for name in ("best", "last"):  # a classifier, trained after the language model
+        path = runs / "cls" / name / "checkpoint.json"
+        path.write_text(
+            json.dumps({**json.loads(path.read_text()), "task": "classify", "labels": ["a", "b"]})
+        )
+    later = (runs / "lm" / "last" / "checkpoint.json").stat().st_mtime + 10
+    for name in ("best", "last"):
+        os.utime(runs / "cls" / name / "checkpoint.json", (later, later))
+    monkeypatch.chdir(tmp_path)
+    for verb in (["sample", "-n", "3"], ["beam", "The", "-n", "2"], ["inspect-attn", "The"]):
+        result = run(*verb)
+        assert result.exit_code == 0, result.output
+        assert "using the newest run: runs/lm (the newer runs/cls is not one)" in result.output
+    result = run("classify", "The fox.")
+    assert "using the newest classifier: runs/cls" in result.output
+
+
+# --- numbers on screen -----------------------------------------------------------------------
+
+
+def test_mfu_never_exceeds_100_percent_and_a_low_peak_is_raised(tmp_path, monkeypatch):
+    """A peak measured on a busy machine (here: absurdly low) is raised to what the run
+    achieves, and remembered."""
+    from gptcli import runtime
+
+    monkeypatch.setattr(runtime, "measured_peak_flops", lambda device, dtype, seconds=0.5: 1e3)
+    make_corpus(tmp_path / "c.txt")
+    result = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "R", *SHORT, "--log-interval", "1")
+    assert result.exit_code == 0, result.output
+    mfus = [json.loads(x).get("mfu") for x in (tmp_path / "R" / "metrics.jsonl").read_text().splitlines()]
+    mfus = [m for m in mfus if m is not None]
+    assert mfus and max(mfus) <= 1.0 and max(mfus) == 1.0  # the first log step set the peak
+    peaks = json.loads((runtime.cache_dir() / "peak_flops.json").read_text())
+    assert max(peaks.values()) > 1e3
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+        ("NVIDIA H100 PCIe", "bf16", 756e12),  # the same family, another part
+        ("NVIDIA A100-SXM4-40GB", "fp16", 312e12),
+        ("NVIDIA H100 80GB HBM3", "fp32", None),  # TF32 or not: no honest figure
+        ("NVIDIA GeForce GTX 1080", "fp16", None),  # not in the table
+        ("Some H100 lookalike", "bf16", None),
+    ],
+)
+def test_gpu_peaks_come_from_the_exact_device_name(monkeypatch, name, dtype, peak):
+    from gptcli.runtime import Precision, peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops(torch.device("cuda", 0), Precision(dtype, "cuda", "")) == peak
+
+
+def test_the_progress_bar_and_the_numbers_show_the_same_step():
+    from rich.console import Console
+
+    from gptcli.cli import render
+    from gptcli.train import RunInfo, StepReport
+
+    view = render.TrainView("gptcli pretrain →")
+    view.live.start = lambda *a, **k: None  # draw by hand, not from the refresh thread
+    info = RunInfo(Path("r"), "cpu", "CPU", "fp32", "fp32", 1000, 128, 8, 1, 1, 0, 100, None, False)
+    view.on_start(info)
+    for step in range(1, 8):  # a log line only every 5 steps
+        view.on_step(StepReport(step, 100, 0.1 * step, 1e-3, loss=2.0 if step % 5 == 0 else None))
+    console = Console(width=120, record=True, color_system=None)
+    console.print(view._render())
+    text = console.export_text()
+    assert "7/100" in text and "step 7" in text and "global batch = 8 x 1 = 128 tokens" in text
+    assert "0:00 left" in text  # the run's elapsed time (0.7 s), as the summary counts it
+
+
+def test_the_live_view_runs_in_a_terminal(tmp_path):
+    """Under a terminal the live view draws (and Rich's stdout redirection does not loop)."""
+    import pty
+
+    make_corpus(tmp_path / "c.txt")
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", "TERM": "xterm"}
+    args = [sys.executable, "-m", "gptcli", "pretrain", "c.txt", "--out", "R", *SHORT]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdin=secondary, stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # the terminal closed: the process is gone
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(timeout=120) == 0, out[-2000:]
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.decode("utf-8", "replace"))
+    assert "10/10" in text and "training finished" in text and "step 10" in text
+
+
+def test_the_summary_names_its_figures_as_the_log_does(first_run):
+    out = run("pretrain", first_run / "corpus.txt", "--out", first_run / "S", *SHORT).output
+    assert "(mean over the training steps)" in out
+    assert "final eval train / val" in out
+
+
+# --- hints to paste, and errors that say what is wrong -------------------------------------------
+
+
+def test_hints_are_shell_quoted(tmp_path):
+    make_corpus(tmp_path / "c.txt")
+    out = tmp_path / "my run"
+    result = run("pretrain", tmp_path / "c.txt", "--out", out, *SHORT)
+    assert result.exit_code == 0
+    assert f"next: gptcli sample --ckpt '{out}'" in result.output
+    gone = run("pretrain", "--resume", "--out", out)
+    shutil.rmtree(json.loads((out / "last" / "checkpoint.json").read_text())["data_dir"])
+    gone = run("pretrain", "--resume", "--out", out, "--max-iters", "12")
+    assert f"gptcli pretrain CORPUS --resume --out '{out}'" in gone.output
+
+
+def test_a_tokenizer_path_that_does_not_exist_says_so():
+    result = run("tokenize", "hello", "-t", "nowhere/tokenizer.json")
+    assert result.exit_code == 2
+    assert "tokenizer 'nowhere/tokenizer.json': no such file or directory" in result.output
+
+
+# --- output that goes away --------------------------------------------------------------------
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gptcli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_training_survives_its_reader_going_away(tmp_path):
+    """`gptcli pretrain ... | head -1`: the run carries on to its last step and saves it."""
+    make_corpus(tmp_path / "c.txt")
+    proc = start(
+        ["pretrain", "c.txt", "--out", "R", *TINY, "--max-iters", "60", "--log-interval", "1"], tmp_path
+    )
+    proc.stdout.readline()
+    proc.stdout.close()  # what head does after its line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "training carries on without printing" in err
+    saved = json.loads((tmp_path / "R" / "last" / "checkpoint.json").read_text())
+    assert saved["step"] == 60
+
+
+def test_other_verbs_stop_quietly_when_their_reader_goes_away(trained, tmp_path):
+    proc = start(
+        ["sample", "--ckpt", str(trained), "-n", "100", "--num-samples", "50", "--seed", "1"], tmp_path
+    )
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) != 0
+    assert err == ""
