@@ -35,6 +35,7 @@ from gptcli.tokenizer import (
 )
 
 META_FILE = "meta.json"
+PUBLISHING = ".publishing"  # present while a tokenize moves its files into place
 FORMAT = "gptcli-tokens"
 VERSION = 2  # 2: a corpus that is one long last document still gets a val split
 READ_BYTES = 1 << 20  # bytes read per step while streaming a file
@@ -363,9 +364,9 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
                 "choose another --out or pass --force to replace it"
             )
         return False
-    # shards without meta.json: a tokenize that died while publishing, safe to redo
-    unfinished = {p.name for p in out.iterdir()} <= {"train.bin", "val.bin", TOKENIZER_FILE}
-    if not unfinished and not force:
+    # a tokenize that died while publishing its files left its marker: safe to redo
+    unfinished = (out / PUBLISHING).is_file()
+    if not unfinished and any(out.iterdir()) and not force:
         raise UsageError(f"{out} is not empty; choose another --out or pass --force to write into it")
     return False
 
@@ -563,8 +564,9 @@ def _encode(
 
 def _publish(out: Path, writer: _ShardWriter, tok: Tokenizer, meta: dict) -> None:
     """Move the new files into place. meta.json goes first (removed) and last (written), so a
-    crash in between leaves a directory that is plainly unfinished, never new shards under an
-    old description; a concurrent writer of the same cache entry writes the same files."""
+    crash in between leaves a directory that is plainly unfinished (and marked so: the same
+    command then redoes it), never new shards under an old description; a concurrent
+    writer of the same cache entry writes the same files."""
     tok_tmp, meta_tmp = files.temp_path(out / TOKENIZER_FILE), files.temp_path(out / META_FILE)
     try:
         for tmp, text in ((tok_tmp, tok.dumps()), (meta_tmp, json.dumps(meta, indent=2))):
@@ -577,11 +579,13 @@ def _publish(out: Path, writer: _ShardWriter, tok: Tokenizer, meta: dict) -> Non
         if files.is_full(e):
             raise files.disk_full(out / META_FILE, None) from None
         raise
+    files.write_file(out / PUBLISHING, str(os.getpid()))
     (out / META_FILE).unlink(missing_ok=True)
     for split in ("train", "val"):
         os.replace(writer.tmp[split], out / f"{split}.bin")
     os.replace(tok_tmp, out / TOKENIZER_FILE)
     os.replace(meta_tmp, out / META_FILE)
+    (out / PUBLISHING).unlink()
 
 
 def _check_val_fraction(val_fraction: float) -> None:

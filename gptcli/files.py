@@ -255,6 +255,7 @@ def new_dir(final: Path, *, publish: bool = True, size: int | None = None) -> It
     """A fresh private directory beside final to fill; published as final (see
     publish_dir) when the block ends without an error, removed otherwise."""
     tmp = final.with_name(f".{final.name.lstrip('.')}.{_tag()}.tmpdir")
+    final.parent.mkdir(parents=True, exist_ok=True)
     os.mkdir(tmp, 0o777 & ~_umask())  # exclusive: fails on anything already there, links included
     try:
         yield tmp

@@ -59,13 +59,24 @@ def save_attention_png(
     path: Path, tokens: list[str], attention: Any, layers: list[int], heads: list[str], replace: bool = False
 ) -> bool:
     """A grid of heatmaps, one row per layer and one column per head (or the head mean);
-    attention: (len(layers), len(heads), T, T). tokens are drawn exactly as given (no
-    mathtext: a "$" is a dollar sign). False if matplotlib is missing."""
-    import numpy as np
-
+    attention: (len(layers), len(heads), T, T). False if matplotlib is missing."""
     plt = _pyplot()
     if plt is None:
         return False
+    fig = attention_figure(plt, tokens, attention, layers, heads)
+    try:
+        with files.writing(path, replace=replace) as f:
+            fig.savefig(f, format="png", bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return True
+
+
+def attention_figure(plt: Any, tokens: list[str], attention: Any, layers: list[int], heads: list[str]) -> Any:
+    """The figure of save_attention_png. tokens are drawn exactly as given (no mathtext: a
+    "$" is a dollar sign)."""
+    import numpy as np
+
     L, H, T = len(layers), len(heads), len(tokens)
     size = 1.2 + 0.22 * T if T <= 24 else 2.4
     fig, axes = plt.subplots(
@@ -92,12 +103,7 @@ def save_attention_png(
             if left:
                 ax.set_ylabel("query", fontsize=7)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
-    try:
-        with files.writing(path, replace=replace) as f:
-            fig.savefig(f, format="png", bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    return True
+    return fig
 
 
 def script_json(data: Any) -> str:

@@ -1,0 +1,465 @@
+"""Files from elsewhere are data, never a way in: sizes come from the weights, nothing is
+written through a link or over a file not meant to be replaced, the attention page stays a
+page, plot labels are literal, malformed files and numbers are one-line errors, and
+terminals and inputs of any kind are handled."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from gptcli.cli.app import app
+from tests.conftest import TINY, make_corpus
+
+ROOT = Path(__file__).parents[1]
+runner = CliRunner()
+
+
+def run(*args: object):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, message: str, code: int = 2) -> None:
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == code, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert message in lines[0], lines[0]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        target = data
+        *parents, last = key.split(".")
+        for p in parents:
+            target = target[p]
+        target[last] = value
+    path.write_text(json.dumps(data))
+
+
+def gptcli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run([sys.executable, "-m", "gptcli", *args], cwd=cwd, env=environ, capture_output=True,
+                          text=True, errors="replace", timeout=300, check=False)  # fmt: skip
+
+
+# --- sizes come from the weights -----------------------------------------------------------------
+
+
+def peak_rss_mb(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """Run gptcli in a child and return its result and the largest resident size of any
+    child so far (MB): enough to show gigabytes were never allocated."""
+    result = gptcli(args, cwd)
+    return result, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+@pytest.mark.parametrize("where", ["gptcli", "hf"])
+def test_a_config_claiming_a_huge_model_is_refused_before_allocating(trained, tmp_path, where):
+    if where == "gptcli":
+        shutil.copytree(trained / "best", tmp_path / "m")
+        # 1,024 layers of 4,096 dims: about 200 billion parameters, 800 GB to build
+        edit_json(tmp_path / "m" / "checkpoint.json", **{"model.n_layer": 1024, "model.n_embd": 4096})
+    else:
+        run("export", trained, tmp_path / "m")
+        edit_json(tmp_path / "m" / "config.json", n_layer=1024, n_embd=4096)
+    result, rss = peak_rss_mb(["sample", "--ckpt", "m", "-n", "2"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "has shape" in result.stderr and "but the config needs" in result.stderr
+    assert rss < 2000
+
+
+# --- links and files nobody asked to replace ------------------------------------------------------
+
+
+@pytest.fixture
+def outside(tmp_path) -> Path:
+    """A file outside the run that a planted link points to."""
+    target = tmp_path / "precious.txt"
+    target.write_text("not yours\n")
+    return target
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.yaml", "loss.png"])
+def test_resume_never_writes_through_a_link_planted_in_the_run(trained, tmp_path, outside, name):
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    if (run_dir / name).exists():
+        shutil.copy(run_dir / name, tmp_path / "copy")  # keep the run's content where the link points
+        outside.write_bytes((tmp_path / "copy").read_bytes())
+    (run_dir / name).unlink(missing_ok=True)
+    (run_dir / name).symlink_to(outside)
+    before = digest(outside)
+    make_corpus(tmp_path / "animals.txt", n_sentences=300)
+    result = run("pretrain", tmp_path / "animals.txt", "--resume", "--out", run_dir, "--max-iters", "125")
+    assert result.exit_code == 0, result.output
+    assert digest(outside) == before  # the link was replaced by the run's own file, never followed
+    assert not (run_dir / name).is_symlink()
+
+
+def test_a_lock_file_that_is_a_link_is_refused(trained, tmp_path, outside):
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    (run_dir / ".lock").symlink_to(outside)
+    before = digest(outside)
+    result = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "125")
+    one_line_error(result, ".lock is a symbolic link; gptcli does not write through links")
+    assert digest(outside) == before
+
+
+def test_inspect_attn_save_replaces_only_with_force(trained, tmp_path, outside):
+    page = tmp_path / "attn.html"
+    page.write_text("mine")
+    one_line_error(
+        run("inspect-attn", "The fox", "--ckpt", trained, "--save", page), "attn.html already exists"
+    )
+    assert page.read_text() == "mine"
+    assert run("inspect-attn", "The fox", "--ckpt", trained, "--save", page, "--force").exit_code == 0
+    assert page.read_text().startswith("<!DOCTYPE html>")
+    link = tmp_path / "link.json"  # --force replaces a link itself, never the file behind it
+    link.symlink_to(outside)
+    before = digest(outside)
+    assert run("inspect-attn", "The fox", "--ckpt", trained, "--save", link, "--force").exit_code == 0
+    assert digest(outside) == before and not link.is_symlink()
+
+
+@pytest.mark.parametrize("into", ["run", "best", "best/sub"])
+def test_export_never_writes_into_a_run_or_checkpoint(trained, tmp_path, into):
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    target = run_dir if into == "run" else run_dir / into
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    one_line_error(run("export", trained, target, "--force"), "is a gptcli run or checkpoint")
+    assert sorted(p.name for p in run_dir.rglob("*")) == before
+
+
+def test_tokenize_force_replaces_a_planted_link_not_its_target(tmp_path, outside):
+    make_corpus(tmp_path / "c.txt")
+    out = tmp_path / "tok"
+    out.mkdir()
+    (out / "train.bin").symlink_to(outside)
+    before = digest(outside)
+    one_line_error(run("tokenize", tmp_path / "c.txt", "--out", out), "is not empty")
+    assert run("tokenize", tmp_path / "c.txt", "--out", out, "--force").exit_code == 0
+    assert digest(outside) == before and not (out / "train.bin").is_symlink()
+
+
+# --- the attention page stays a page ------------------------------------------------------------
+
+HOSTILE = [
+    "</script><script>document.body.dataset.pwned='1'</script>",
+    "<!--<script>",
+    '<img src=x onerror="document.body.dataset.pwned=1">',
+    "</SCRIPT ><b>bold</b>",
+    "&amp; &lt; ]]> \u2028\u2029 ${x} `tick` \"quote\" 'single'",
+]
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(tmp_path_factory) -> Path:
+    """A tiny model on GPT-2's byte-level BPE: any text is a prompt it can read."""
+    from gptcli.checkpoint import save_checkpoint
+    from gptcli.config import ModelConfig
+    from gptcli.model import GPT
+    from gptcli.tokenizer import gpt2_tokenizer
+
+    torch.manual_seed(0)
+    run_dir = tmp_path_factory.mktemp("gpt2") / "run"
+    model = GPT(ModelConfig(vocab_size=50257, block_size=128, n_layer=1, n_head=2, n_embd=8))
+    save_checkpoint(run_dir, "best", model, gpt2_tokenizer(), {"task": "lm"})
+    return run_dir
+
+
+def page_for(gpt2_run: Path, tmp_path: Path, prompt: str) -> tuple[str, dict]:
+    page = tmp_path / "attn.html"
+    result = run("inspect-attn", prompt, "--ckpt", gpt2_run, "--save", page, "--force")
+    assert result.exit_code == 0, result.output
+    data = json.loads(run("inspect-attn", prompt, "--ckpt", gpt2_run, "--json").stdout)
+    return page.read_text(encoding="utf-8"), data
+
+
+@pytest.mark.parametrize("prompt", HOSTILE)
+def test_the_page_parses_as_written_whatever_the_prompt(gpt2_run, tmp_path, prompt):
+    html5lib = pytest.importorskip("html5lib")
+    html, data = page_for(gpt2_run, tmp_path, prompt)
+    doc = html5lib.parse(html, namespaceHTMLElements=False)
+    scripts = doc.findall(".//script")
+    assert [s.get("id") for s in scripts] == ["data", None]  # the data, then the page's code
+    assert json.loads(scripts[0].text) == data  # the prompt came through whole, as data
+    assert data["prompt"] == prompt
+    assert doc.findall(".//img") == [] and doc.findall(".//b") == []  # none of it became markup
+    for ch in "<>&":
+        assert ch not in scripts[0].text
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no chromium (.ci/run installs it)")
+def test_the_page_shows_every_token_and_runs_nothing_from_the_prompt(gpt2_run, tmp_path):
+    html5lib = pytest.importorskip("html5lib")
+    prompt = "".join(HOSTILE)
+    _, data = page_for(gpt2_run, tmp_path, prompt)
+    cmd = [
+        _chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (tmp_path / "attn.html").as_uri(),
+    ]  # fmt: skip
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False).stdout
+    body = html5lib.parse(dom, namespaceHTMLElements=False).find(".//body")
+    assert body.get("data-ready") == "1" and body.get("data-pwned") is None
+    shown = [span.text or "" for span in body.iter("span") if span.get("class") == "tok"]
+    visible = {" ": "\u00b7", "\n": "\u21b5", "\t": "\u2192"}
+    assert shown == ["".join(visible.get(c, c) for c in t) for t in data["tokens"]]
+
+
+# --- plot labels are literal ----------------------------------------------------------------------
+
+
+def test_png_token_labels_are_drawn_as_written():
+    pytest.importorskip("matplotlib")
+    from gptcli.cli import figures
+
+    plt = figures._pyplot()
+    tokens = ["$x^2$", "$", "\\frac{1}{", "a_b", "50%", "$$"]
+    T = len(tokens)
+    attention = [[[[1.0 / (q + 1) if k <= q else 0.0 for k in range(T)] for q in range(T)]]]
+    fig = figures.attention_figure(plt, tokens, attention, [0], ["0"])
+    try:
+        ax = fig.axes[0]
+        for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+            assert [t.get_text() for t in labels] == tokens
+            assert not any(t.get_parse_math() for t in labels)
+        fig.savefig(io.BytesIO(), format="png")  # draws without a mathtext parse error
+    finally:
+        plt.close(fig)
+
+
+# --- malformed files: exit 2, one line --------------------------------------------------------------
+
+
+def _tensors(path: Path, change) -> None:
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path)
+
+
+def _nan_weight(t: dict) -> None:
+    t["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("nan")
+
+
+def _int_weight(t: dict) -> None:
+    t["transformer.ln_f.weight"] = t["transformer.ln_f.weight"].long()
+
+
+def _wrong_moment(t: dict) -> None:
+    key = next(k for k in t if k.endswith("exp_avg"))
+    t[key] = torch.zeros(3, 3)
+
+
+def _drop_tensor(t: dict) -> None:
+    del t[next(k for k in t if k.endswith("exp_avg_sq"))]
+
+
+MALFORMED = [
+    # (id, file to change, how, verb, what the line says)
+    ("version is a string", "best/checkpoint.json", {"version": "1"}, "sample",
+     "'version' must be an integer, got \"1\""),
+    ("version is a list", "best/checkpoint.json", {"version": [1]}, "sample", "'version' must be an integer"),
+    ("step is text", "best/checkpoint.json", {"step": "ten"}, "sample", "'step' must be an integer"),
+    ("labels of objects", "best/checkpoint.json", {"task": "classify", "labels": [{}, {}]}, "classify",
+     "'labels' holds values of the wrong type"),
+    ("n_embd is text", "best/checkpoint.json", {"model.n_embd": "32"}, "sample",
+     "model.n_embd must be an integer"),
+    ("tokenizer version", "best/tokenizer.json", {"version": "x"}, "sample", "'version' must be an integer"),
+    ("NaN weight", "best/model.safetensors", _nan_weight, "sample",
+     "transformer.h.0.mlp.c_fc.weight holds NaN or inf"),
+    ("integer weight", "best/model.safetensors", _int_weight, "sample",
+     "transformer.ln_f.weight is I64, not floating point"),
+    ("moment of another shape", "last/train_state.safetensors", _wrong_moment, "resume",
+     "do not fit this run (ValueError: optimizer exp_avg"),
+    ("tensor missing", "last/train_state.safetensors", _drop_tensor, "resume",
+     "train_state.json names tensor"),
+    ("state field of wrong type", "last/train_state.json", {"state.step": "12"}, "resume",
+     "'step' must be an integer"),
+    ("state field unknown", "last/train_state.json", {"state.epoch": 3}, "resume",
+     "its state part holds unknown fields"),
+]  # fmt: skip
+
+VERBS = {
+    "sample": ["sample", "--ckpt", "{run}", "-n", "2"],
+    "classify": ["classify", "--ckpt", "{run}", "some text"],
+    "resume": ["pretrain", "--resume", "--out", "{run}", "--max-iters", "200"],
+}
+
+
+@pytest.mark.parametrize(("file", "change", "verb", "message"), [c[1:] for c in MALFORMED],
+                         ids=[c[0] for c in MALFORMED])  # fmt: skip
+def test_a_malformed_file_is_one_line_and_exit_2(trained, tmp_path, file, change, verb, message):
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    if callable(change):
+        _tensors(run_dir / file, change)
+    else:
+        edit_json(run_dir / file, **change)
+    one_line_error(run(*[a.format(run=run_dir) for a in VERBS[verb]]), message)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"n_embd": "32"}, "'n_embd' must be an integer, got \"32\""),
+        ({"layer_norm_epsilon": "1e-5"}, "'layer_norm_epsilon' must be a number"),
+        ({"n_layer": True}, "'n_layer' must be an integer, got true"),
+        ({"scale_attn_weights": "yes"}, "'scale_attn_weights' must be true or false"),
+        ({"model_type": ["gpt2"]}, "model_type is ['gpt2']; only GPT-2 models can be loaded"),
+    ],
+)
+def test_a_malformed_hugging_face_config_is_one_line_and_exit_2(trained, tmp_path, change, message):
+    run("export", trained, tmp_path / "hf")
+    edit_json(tmp_path / "hf" / "config.json", **change)
+    one_line_error(run("sample", "--ckpt", tmp_path / "hf", "-n", "2"), message)
+
+
+def test_a_tokenized_dir_with_a_bad_meta_is_refused(tmp_path):
+    make_corpus(tmp_path / "c.txt")
+    assert run("tokenize", tmp_path / "c.txt", "--out", tmp_path / "tok").exit_code == 0
+    edit_json(tmp_path / "tok" / "meta.json", dtype="object")
+    one_line_error(
+        run("pretrain", tmp_path / "tok", "--out", tmp_path / "R"), "'dtype' must be uint16 or uint32"
+    )
+
+
+# --- numbers: finite and in range, for every verb ----------------------------------------------------
+
+NUMBERS = [
+    (["pretrain", "{corpus}", "--max-time", "nan"], "train.max_time (--max-time) must be > 0, got nan"),
+    (["pretrain", "{corpus}", "--lr", "inf"], "train.lr (--lr) must be > 0, got inf"),
+    (["pretrain", "{corpus}", "--dropout", "nan"], "model.dropout (--dropout) must be in [0, 1), got nan"),
+    (["pretrain", "{corpus}", "--grad-clip", "-inf"], "train.grad_clip (--grad-clip) must be >= 0, got -inf"),
+    (["pretrain", "{corpus}", "--grad-accum", "0"], "train.grad_accum (--grad-accum) must be >= 1, got 0"),
+    (["finetune", "--ckpt", "{run}", "{corpus}", "--aux-lm-weight", "nan"], "--aux-lm-weight must be >= 0"),
+    (
+        ["finetune", "--ckpt", "{run}", "{corpus}", "--val-fraction", "nan"],
+        "--val-fraction must be in (0, 1)",
+    ),
+    (["finetune", "--ckpt", "{run}", "{corpus}", "--weight-decay", "inf"], "must be >= 0, got inf"),
+    (["sample", "--ckpt", "{run}", "--temp", "inf"], "--temp must be >= 0, got inf"),
+    (["sample", "--ckpt", "{run}", "--top-p", "nan"], "--top-p must be in (0, 1], got nan"),
+    (["sample", "--ckpt", "{run}", "--top-k", "0"], "--top-k must be >= 1, got 0"),
+    (["sample", "--ckpt", "{run}", "--show-probs", "-1"], "--show-probs must be >= 0, got -1"),
+    (
+        ["beam", "The", "--ckpt", "{run}", "--length-penalty", "nan"],
+        "--length-penalty must be a finite number",
+    ),
+    (["beam", "The", "--ckpt", "{run}", "--no-repeat-ngram", "-2"], "--no-repeat-ngram must be >= 0"),
+    (["inspect-attn", "The", "--ckpt", "{run}", "--top-k", "0"], "--top-k must be >= 1"),
+    (["tokenize", "{corpus}", "--out", "o", "--val-fraction", "nan"], "--val-fraction must be in [0, 1)"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), NUMBERS, ids=[" ".join(a[:1] + a[-2:]) for a, _ in NUMBERS])
+def test_numbers_are_checked_for_every_verb(trained, tmp_path, monkeypatch, args, message):
+    make_corpus(tmp_path / "c.txt")
+    monkeypatch.chdir(tmp_path)
+    result = run(*[a.format(run=trained, corpus=tmp_path / "c.txt") for a in args])
+    one_line_error(result, message)
+    assert (
+        sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "gptcli-cache"]
+        or not (tmp_path / "o").exists()
+    )
+
+
+@pytest.mark.parametrize("temp", ["1e-300", "5e-324", "1e-40", "1e300"])
+def test_sampling_is_safe_at_any_allowed_temperature(trained, temp):
+    result = run("sample", "--ckpt", trained, "-p", "The fox", "-n", "8", "--temp", temp, "--seed", "1",
+                 "--json", "--show-probs", "3")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    sample = json.loads(result.stdout)["samples"][0]
+    if float(temp) < 1e-30:  # the limit: the argmax, every time
+        greedy = json.loads(run("sample", "--ckpt", trained, "-p", "The fox", "-n", "8", "--temp", "0",
+                                "--json").stdout)  # fmt: skip
+        assert sample["ids"] == greedy["samples"][0]["ids"]
+    for step in sample["top_k"]:
+        assert all(0.0 <= c["q"] <= 1.0 for c in step["candidates"] if "q" in c)
+
+
+# --- terminals that are not UTF-8 ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tokenize", "naïve → 東京", "-t", "gpt2"],
+        ["sample", "--ckpt", "{run}", "-p", "The fox", "-n", "3", "--show-probs", "3", "--seed", "1"],
+        ["inspect-attn", "The fox", "--ckpt", "{run}"],
+        ["beam", "The fox", "--ckpt", "{run}", "-n", "3"],
+        ["tokenize", "--help"],
+        ["sample", "--ckpt", "nowhere/東京"],
+    ],
+    ids=["tokenize", "sample", "inspect-attn", "beam", "help", "error"],
+)
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_terminal_that_is_not_utf8_gets_replacements_not_a_traceback(trained, tmp_path, args, encoding):
+    result = gptcli([a.format(run=trained) for a in args], tmp_path, PYTHONIOENCODING=encoding)
+    assert "Traceback" not in result.stderr and "UnicodeEncodeError" not in result.stderr
+    assert result.returncode == (2 if "nowhere/東京" in args else 0), result.stderr
+    if args[0] == "tokenize" and "--help" not in args:
+        assert "?" in result.stdout  # what the terminal cannot show
+
+
+# --- unbounded inputs are bounded ------------------------------------------------------------------------
+
+
+def test_a_prompt_file_reads_only_what_the_model_can_use(trained, tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_text("The fox dug a den. " * 200_000)  # 3.8 MB
+    result = run("sample", "--ckpt", trained, "--prompt-file", big, "-n", "3", "--json")
+    assert result.exit_code == 0, result.output
+    assert "read its last" in result.output
+    assert json.loads(result.stdout)["prompt"] == ("The fox dug a den. " * 2)[-16:]
+
+
+def test_a_prompt_file_that_never_ends_is_bounded(trained, tmp_path):
+    result = gptcli(["sample", "--ckpt", str(trained), "--prompt-file", "/dev/zero", "-n", "2"], tmp_path)
+    assert result.returncode == 2  # the NUL characters are not in the vocabulary: the read ended
+    assert "is not a plain file; read its first" in result.stderr and "'\\x00'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (
+            ["sample", "--ckpt", "{run}", "--num-samples", "1000000000000"],
+            "--num-samples 1000000000000 needs",
+        ),
+        (["beam", "The", "--ckpt", "{run}", "--beams", "1000000000000"], "--beams 1000000000000 needs"),
+        (
+            ["pretrain", "{corpus}", *TINY, "--batch-size", "1000000000000"],
+            "--batch-size 1000000000000 needs",
+        ),
+    ],
+    ids=["num-samples", "beams", "batch-size"],
+)
+def test_what_cannot_fit_is_refused_before_allocating(trained, tmp_path, args, flag):
+    make_corpus(tmp_path / "c.txt")
+    result = gptcli([a.format(run=trained, corpus=tmp_path / "c.txt") for a in args], tmp_path)
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert line.startswith("error: out of memory on this machine: ") and flag in line and "\n" not in line
