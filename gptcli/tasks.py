@@ -317,23 +317,32 @@ def holdout(n: int, val_fraction: float, seed: int, source: str) -> tuple[list[i
 def stratified_holdout(
     classes: Sequence[int], val_fraction: float, seed: int, source: str
 ) -> tuple[list[int], list[int]]:
-    """Like holdout, class by class (classes: each record's class), so that training keeps
-    every class: val_fraction of each class, rounded, and never its last record."""
+    """Like holdout (as many records held out), class by class (classes: each record's
+    class), so that training keeps every class: each class gives its share of the held-out
+    records, rounded by largest remainder, and never its last record."""
     rng = random.Random(seed)
     by_class: dict[int, list[int]] = {}
     for i, c in enumerate(classes):
         by_class.setdefault(c, []).append(i)
-    train, val = [], []
-    for members in by_class.values():
-        rng.shuffle(members)
-        n_val = min(len(members) - 1, round(len(members) * val_fraction))
-        val += members[:n_val]
-        train += members[n_val:]
-    if not val:
+    room = sum(len(m) - 1 for m in by_class.values())  # records that can go without emptying a class
+    if room == 0:
         raise UsageError(
             f"{source}: too few records to hold some out for validation and still train on every "
-            "class; add records, raise --val-fraction, or give --val-data"
+            "class; add records, or give --val-data"
         )
+    n_val = min(room, max(1, round(len(classes) * val_fraction)))
+    share = {c: len(m) * n_val / len(classes) for c, m in by_class.items()}
+    take = {c: min(int(q), len(by_class[c]) - 1) for c, q in share.items()}
+    order = sorted(by_class, key=lambda c: (int(share[c]) - share[c], c))  # largest remainder first
+    while sum(take.values()) < n_val:  # ends: n_val <= room
+        for c in order:
+            if sum(take.values()) < n_val and take[c] < len(by_class[c]) - 1:
+                take[c] += 1
+    train, val = [], []
+    for c, members in by_class.items():
+        rng.shuffle(members)
+        val += members[: take[c]]
+        train += members[take[c] :]
     return sorted(train), sorted(val)
 
 

@@ -41,6 +41,12 @@ def runs(tmp_path_factory) -> Path:
     for name, procs, extra in (("single", 1, []), ("ddp", 2, []), ("fsdp", 2, ["--fsdp"])):
         result = gptcli(["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "20", *extra], tmp, procs)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    # torchrun with the defaults: no --grad-accum, so one micro-step per process
+    assert TINY[-2:] == ["--grad-accum", "2"]
+    defaults = TINY[:-2]
+    result = gptcli(["pretrain", "c.txt", "--out", "defaults", *defaults, "--max-iters", "20"], tmp, 2)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (tmp / "defaults.out").write_text(result.stdout)
     return tmp
 
 
@@ -58,6 +64,18 @@ def test_two_processes_follow_the_single_process_trajectory(runs, mode):
     assert_same_trajectory(records(runs / "single"), records(runs / mode))
 
 
+def test_torchrun_with_the_defaults_trains_one_micro_step_per_process(runs):
+    """No --grad-accum under torchrun: the global batch is one micro-batch per process, and
+    the run follows one process given that batch (--grad-accum 2)."""
+    assert (
+        "global batch = 8 x 2 = 256 tokens (2 processes x 1 micro-step each)"
+        in (runs / "defaults.out").read_text()
+    )
+    assert_same_trajectory(records(runs / "single"), records(runs / "defaults"))
+    saved = json.loads((runs / "defaults" / "last" / "checkpoint.json").read_text())
+    assert saved["config"]["train"]["grad_accum"] == 2  # resolved, so a resume continues alike
+
+
 def test_mfu_counts_every_process(runs):
     """tokens/s is the whole job's, so MFU divides by every process's peak, not one's."""
 
@@ -72,7 +90,7 @@ def test_mfu_counts_every_process(runs):
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_only_rank_zero_writes(runs, mode):
     dirs = sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name != "cache")
-    assert dirs == ["ddp", "fsdp", "single"]  # one run dir for the two processes
+    assert dirs == ["ddp", "defaults", "fsdp", "single"]  # one run dir for the two processes
     assert sorted(p.name for p in (runs / mode).iterdir()) == [
         "best",
         "config.yaml",

@@ -1,0 +1,288 @@
+"""Runs and data stay consistent: resume checks the data, labels are one type and every class
+is trained, crashes and full disks leave nothing in the way, CSV errors point at the cause."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gptcli import files
+from gptcli.cli.app import app
+from tests.conftest import TINY, make_corpus
+
+ROOT = Path(__file__).parents[1]
+runner = CliRunner()
+SHORT = [*TINY, "--max-iters", "10", "--eval-interval", "5"]
+FT = ["--max-iters", "10", "--eval-interval", "5", "--eval-iters", "2", "--batch-size", "4",
+      "--log-interval", "5", "--device", "cpu", "--dtype", "fp32"]  # fmt: skip
+
+
+def run(*args: object):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, message: str, code: int = 2) -> str:
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == code, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert message in lines[0], lines[0]
+    return lines[0]
+
+
+def meta(run_dir: Path) -> dict:
+    return json.loads((run_dir / "last" / "checkpoint.json").read_text())
+
+
+# --- resume checks the data -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def lm_run(tmp_path) -> Path:
+    make_corpus(tmp_path / "corpus.txt", seed=0)
+    make_corpus(tmp_path / "other.txt", seed=1)  # the same kind of text, other sentences
+    assert run("pretrain", tmp_path / "corpus.txt", "--out", tmp_path / "R", *SHORT).exit_code == 0
+    return tmp_path
+
+
+def test_resume_refuses_other_text_unless_asked(lm_run):
+    saved = meta(lm_run / "R")["data_sha256"]
+    refused = run("pretrain", lm_run / "other.txt", "--resume", "--out", lm_run / "R", "--max-iters", "15")
+    one_line_error(refused, "is not the data this run was trained on")
+    assert "--new-data" in refused.output and meta(lm_run / "R")["step"] == 10
+    # the same text by another path is the same data
+    shutil.copy(lm_run / "corpus.txt", lm_run / "copy.txt")
+    same = run("pretrain", lm_run / "copy.txt", "--resume", "--out", lm_run / "R", "--max-iters", "12")
+    assert same.exit_code == 0, same.output
+    on_purpose = run(
+        "pretrain", lm_run / "other.txt", "--resume", "--out", lm_run / "R", "--max-iters", "15", "--new-data"
+    )
+    assert on_purpose.exit_code == 0, on_purpose.output
+    assert "continuing on new data" in on_purpose.output
+    after = meta(lm_run / "R")
+    assert after["data_sha256"] != saved
+    assert after["data_changes"] == [{"step": 12, "data_sha256": after["data_sha256"], "previous": saved}]
+
+
+def test_resume_notices_a_tokenized_dir_that_was_redone_with_other_text(tmp_path):
+    make_corpus(tmp_path / "a.txt", seed=0)
+    make_corpus(tmp_path / "b.txt", seed=1)
+    assert run("tokenize", tmp_path / "a.txt", "--out", tmp_path / "tok").exit_code == 0
+    assert run("pretrain", tmp_path / "tok", "--out", tmp_path / "R", *SHORT).exit_code == 0
+    assert run("tokenize", tmp_path / "b.txt", "--out", tmp_path / "tok", "--force").exit_code == 0
+    refused = run("pretrain", "--resume", "--out", tmp_path / "R", "--max-iters", "15")
+    one_line_error(refused, "the tokens in")
+
+
+def test_new_data_only_goes_with_resume(tmp_path):
+    make_corpus(tmp_path / "c.txt")
+    one_line_error(run("pretrain", tmp_path / "c.txt", "--new-data"), "--new-data goes with --resume")
+
+
+# --- labels are one type, every class trained --------------------------------------------------------
+
+
+ANIMALS = ["fox", "mole", "otter", "badger"]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        ([0, "0", 1, "1"], ':2: label "0" is a string, but'),
+        (["a", "b", None, "a"], ":3: label null is not a string or an integer"),
+        (["a", True, "b", "a"], ":2: label true is not a string or an integer"),
+        ([0, 1, 0.5, 1], ":3: label 0.5 is not a string or an integer"),
+        ([0, 1, [1], 0], ":3: label [1] is not a string or an integer"),
+        (["cat", "dog"], "too few records to hold some out for validation"),  # one record per class
+    ],
+    ids=["int-and-str", "null", "bool", "float", "list", "two-records"],
+)
+def test_classification_labels_are_checked(trained, tmp_path, labels, message):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": f"The {ANIMALS[i % 4]} dug a den.", "label": x}
+                                               for i, x in enumerate(labels)])  # fmt: skip
+    one_line_error(run("finetune", "--ckpt", trained, data, "--task", "classify", *FT), message)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_validation_class_with_no_training_record_is_refused(trained, tmp_path):
+    train = write_jsonl(tmp_path / "t.jsonl", [{"text": "The fox dug.", "label": x} for x in "abab"])
+    val = write_jsonl(tmp_path / "v.jsonl", [{"text": "The mole dug.", "label": x} for x in "ac"])
+    one_line_error(
+        run("finetune", "--ckpt", trained, train, "--task", "classify", "--val-data", val, *FT),
+        "v.jsonl:2: label 'c' is not one of the training labels",
+    )
+
+
+def test_the_held_out_split_keeps_every_class_in_training():
+    from gptcli.tasks import stratified_holdout
+
+    classes = [0] * 40 + [1] * 9 + [2] * 2 + [3]  # a rare class, and one seen once
+    train, val = stratified_holdout(classes, 0.25, seed=1, source="d.jsonl")
+    assert sorted(train + val) == list(range(len(classes)))
+    assert {classes[i] for i in train} == {0, 1, 2, 3}
+    assert len(val) == 13  # as many as the plain holdout: a quarter of 52
+    assert [sum(classes[i] == c for i in val) for c in range(4)] == [10, 2, 1, 0]
+    # 12 records of 4 classes at 10%: one held out, not none
+    train, val = stratified_holdout([0, 1, 2, 3] * 3, 0.1, seed=1, source="d.jsonl")
+    assert len(val) == 1 and {c for c in [0, 1, 2, 3] * 3} == {([0, 1, 2, 3] * 3)[i] for i in train}
+
+
+def test_a_new_classifier_run_records_its_split(trained, tmp_path):
+    rows = [{"text": f"The {a} dug {t}.", "label": a} for t in ("a den", "a hole", "a nest") for a in ANIMALS]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    result = run("finetune", "--ckpt", trained, data, "--task", "classify", "--out", tmp_path / "C", *FT)
+    assert result.exit_code == 0, result.output
+    saved = meta(tmp_path / "C")
+    assert (
+        saved["split"] == "stratified"
+        and saved["labels"] == sorted(ANIMALS)
+        and len(saved["data_sha256"]) == 64
+    )
+
+
+# --- crashes and full disks leave nothing in the way ----------------------------------------------------
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temp_files_of_dead_processes_are_removed_on_the_next_start(trained, tmp_path):
+    pid = dead_pid()
+    make_corpus(tmp_path / "c.txt")
+    out = tmp_path / "tok"
+    out.mkdir()
+    leftovers = [
+        f".train.bin.{files._HOST}-{pid}-abc123.tmp",  # this version's names
+        f".meta.json.{files._HOST}-{pid}-abc123.tmp",
+        f".val.bin.{pid}-0a1b2c3d.tmp",  # an earlier version's
+    ]
+    for name in leftovers:
+        (out / name).write_bytes(b"half")
+    assert run("tokenize", tmp_path / "c.txt", "--out", out).exit_code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    for name in (f".last.tmp-{pid}", f".best.{files._HOST}-{pid}-abc.tmpdir"):
+        (run_dir / name).mkdir()
+        (run_dir / name / "model.safetensors").write_bytes(b"half")
+    (run_dir / f".config.yaml.{pid}.tmp").write_text("half")
+    mine = run_dir / f".last.{files._HOST}-{os.getpid()}-abc.tmpdir"  # a live process's: kept
+    mine.mkdir()
+    make_corpus(tmp_path / "animals.txt", n_sentences=300)
+    result = run("pretrain", tmp_path / "animals.txt", "--resume", "--out", run_dir, "--max-iters", "122")
+    assert result.exit_code == 0, result.output
+    hidden = sorted(p.name for p in run_dir.iterdir() if p.name.startswith("."))
+    assert hidden == [mine.name]
+
+
+def test_the_same_tokenize_works_again_after_kill_9(tmp_path):
+    big = tmp_path / "big.txt"
+    line = "The rabbit dug a hole because winter was coming, and the fox watched it dig.\n"
+    big.write_text(line * 200_000)  # 16 MB: long enough to kill halfway
+    out = tmp_path / "tok"
+    args = [sys.executable, "-m", "gptcli", "tokenize", str(big), "--out", str(out), "-t", "gpt2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(out.glob(".train.bin.*.tmp")):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "meta.json").exists()  # killed before it finished
+    again = subprocess.run(
+        args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+
+
+class _Full:
+    """A file whose writes fail as on a full disk, after the first few bytes."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+
+    def write(self, data) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.f.close()
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_temp_files(tmp_path, monkeypatch):
+    make_corpus(tmp_path / "c.txt")
+    out = tmp_path / "tok"
+    real_open = files.open_new
+    monkeypatch.setattr(files, "open_new", lambda path, mode=0o666: _Full(real_open(path, mode)))
+    for _ in range(2):  # failed retries do not pile up
+        line = one_line_error(
+            run("tokenize", tmp_path / "c.txt", "--out", out), "no space left on the device", 1
+        )
+        assert str(out / "train.bin") in line and "needed" in line and "free" in line
+        assert [p.name for p in out.iterdir()] == []
+
+
+def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(trained, tmp_path, monkeypatch):
+    import gptcli.checkpoint as checkpoint
+
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    before = meta(run_dir)["step"]
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    make_corpus(tmp_path / "animals.txt", n_sentences=300)
+    result = run("pretrain", tmp_path / "animals.txt", "--resume", "--out", run_dir, "--max-iters", "130")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    line = result.output.strip().splitlines()[-1]  # after the progress lines
+    assert line.startswith("error: no space left on the device to write") and str(run_dir / "last") in line
+    assert meta(run_dir)["step"] == before
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]
+
+
+# --- CSV errors point at the cause ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            'text,label\nhello,a\n"unclosed,b\nfine,a\nmore,b\n',
+            'd.csv:3: a quote (") opened on this line is not closed',
+        ),
+        ('text,label\n"two\nlines",a\nx,"y\nz,b\n', 'd.csv:4: a quote (") opened on this line is not closed'),
+        ("text,label\nhello,a\ntoo,many,cells\n", "d.csv:3: 3 columns, but the header has 2"),
+        ('text,label\nhello,a\n"x""y",b,c\n', "d.csv:3: 3 columns, but the header has 2"),
+        ("", "d.csv: empty file; it needs a header row"),
+    ],
+    ids=["unclosed", "unclosed-after-multiline", "columns", "escaped-quote", "empty"],
+)
+def test_csv_errors_point_at_the_line_that_causes_them(trained, tmp_path, text, message):
+    (tmp_path / "d.csv").write_text(text)
+    one_line_error(run("finetune", "--ckpt", trained, tmp_path / "d.csv", "--task", "classify", *FT), message)
