@@ -45,6 +45,9 @@ demo: $(STAMP)
 	$(BIN)/gptcli sample --ckpt $(DEMO_RUN) --num-samples 3 --seed 1
 	$(BIN)/gptcli sample --ckpt $(DEMO_RUN) --prompt "The rabbit dug a" --show-probs 5 \
 	  --max-new-tokens 1 --temp 0
+	@echo
+	@echo "gptcli is installed in $(VENV)/bin. To type the README's commands as they are, activate it:"
+	@echo "  . $(VENV)/bin/activate        (then: gptcli sample --ckpt $(DEMO_RUN) --prompt \"The fox\")"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -5,6 +5,7 @@
 - needs.jsonl    classify: what an animal did -> why ("shelter", "food", "rest", "play")
 - reasons.jsonl  choice: "The fox dug a den because" -> the right reason among three
 - why.jsonl      sft: "Why did the fox dig a den?" -> " Because winter was coming."
+- needs-test.jsonl  more records like needs.jsonl, drawn after it, to score a classifier on
 """
 
 from __future__ import annotations
@@ -67,7 +68,13 @@ def main() -> None:
                 json.dumps({"prompt": question(animal, action) + "\n", "completion": f"Because {reason}."})
                 + "\n"
             )
-    print(f"wrote {OUT}/needs.jsonl, reasons.jsonl, why.jsonl")
+    # drawn last, so the files above stay as they were
+    with open(OUT / "needs-test.jsonl", "w", encoding="utf-8") as f:
+        for _ in range(20):
+            animal = rng.choice(animals)
+            action, need = act(rng, animal)
+            f.write(json.dumps({"text": f"The {animal} {action}.", "label": need}) + "\n")
+    print(f"wrote {OUT}/needs.jsonl, reasons.jsonl, why.jsonl, needs-test.jsonl")
 
 
 if __name__ == "__main__":

@@ -337,6 +337,7 @@ class TrainView:
         self.stats[f"saved_{name}"] = step
 
     def on_end(self, summary: Any) -> None:
+        self.stats.update(step=summary.steps, elapsed=summary.elapsed)  # the summary's own figures
         self.live.refresh()
 
     def close(self) -> None:
