@@ -29,8 +29,11 @@ $(STAMP): pyproject.toml
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# two workers (pytest-xdist): on a 2-core machine the suite takes about 6 minutes
+PYTEST_ARGS ?= -n 2
+
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 DEMO_RUN ?= runs/demo
 

@@ -70,7 +70,7 @@ def main() -> None:
             )
     # drawn last, so the files above stay as they were
     with open(OUT / "needs-test.jsonl", "w", encoding="utf-8") as f:
-        for _ in range(20):
+        for _ in range(8):
             animal = rng.choice(animals)
             action, need = act(rng, animal)
             f.write(json.dumps({"text": f"The {animal} {action}.", "label": need}) + "\n")

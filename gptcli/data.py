@@ -585,7 +585,7 @@ def _publish(out: Path, writer: _ShardWriter, tok: Tokenizer, meta: dict) -> Non
         os.replace(writer.tmp[split], out / f"{split}.bin")
     os.replace(tok_tmp, out / TOKENIZER_FILE)
     os.replace(meta_tmp, out / META_FILE)
-    (out / PUBLISHING).unlink()
+    (out / PUBLISHING).unlink(missing_ok=True)  # a concurrent writer of the same entry may have gone first
 
 
 def _check_val_fraction(val_fraction: float) -> None:

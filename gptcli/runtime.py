@@ -212,13 +212,18 @@ def decoding_bytes(config: Any, rows: int, dtype: torch.dtype) -> int:
     return cache + 4 * rows * (config.vocab_size or 0) * 4
 
 
-def training_bytes(config: Any, params: int, batch_size: int, precision: Precision) -> int:
+def training_bytes(
+    config: Any, params: int, batch_size: int, precision: Precision, fused_attention: bool
+) -> int:
     """A lower bound on what training needs beyond the weights: gradients and AdamW's two
-    moments (float32), and one micro-batch's activations (Korthikanti et al. 2022:
-    s*b*h*(34 + 5*a*s/h) bytes per layer in 16 bits) and logits."""
+    moments (float32); one micro-batch's activations, at least the 32 bytes per token and
+    width that each block saves for backward in 16 bits (Korthikanti et al. 2022, without
+    dropout masks), plus the softmaxed attention matrix where attention is not fused
+    (2*a*s/h); and the logits in float32."""
     s, h, a = config.block_size, config.n_embd, config.n_head
-    per_layer = batch_size * s * h * (34 + 5 * a * s / h) * (2 if precision.name == "fp32" else 1)
-    logits = 2 * batch_size * s * (config.vocab_size or 0) * 4
+    per_token = 32 + (0 if fused_attention else 2 * a * s / h)
+    per_layer = batch_size * s * h * per_token * (2 if precision.name == "fp32" else 1)
+    logits = batch_size * s * (config.vocab_size or 0) * 4
     return int(12 * params + config.n_layer * per_layer + logits)
 
 

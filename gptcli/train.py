@@ -334,17 +334,18 @@ class Trainer:
         init_distributed(self.device)
         self.precision: Precision = pick_precision(self.device, cfg.dtype)
         sharding = dist.enabled and cfg.fsdp
-        if not sharding:  # sharded, each block goes to the device as it is split: never whole
-            params = sum(p.numel() for p in self.model.parameters())
-            needed = training_bytes(self.model.config, params, cfg.batch_size, self.precision)
-            if self.device.type != "cpu":
-                needed += 4 * params  # the weights, still on the CPU
-            check_fits(needed, self.device, f"training with --batch-size {cfg.batch_size}")
-            self.model.to(self.device)
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults on every step's fresh activations
             if self.precision.name == "bf16":
                 self.model.set_attention("explicit")  # faster than the CPU's fused kernel in bf16
+        if not sharding:  # sharded, each block goes to the device as it is split: never whole
+            params = sum(p.numel() for p in self.model.parameters())
+            fused = not self.model.transformer.h[0].attn.explicit  # SDPA keeps no attention matrix
+            needed = training_bytes(self.model.config, params, cfg.batch_size, self.precision, fused)
+            if self.device.type != "cpu":
+                needed += 4 * params  # the weights, still on the CPU
+            check_fits(needed, self.device, f"training with --batch-size {cfg.batch_size}")
+            self.model.to(self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
         # the same data stream on every rank (each takes its slice of the global batch), but
         # its own dropout masks

@@ -71,3 +71,31 @@ def test_kept_memory_is_reused_without_page_faults():
     pages = 5 * (30 << 22) // 4096  # what 5 steps of fresh blocks would fault in
     assert faults("default") > pages // 2  # glibc returns the large blocks, then faults them in again
     assert faults("keep") < pages // 50
+
+
+def test_the_training_memory_estimate_is_a_lower_bound():
+    """What training_bytes counts for activations and logits is at most what autograd really
+    saves for backward (measured with saved-tensor hooks), so a refusal is never wrong."""
+    from gptcli.config import ModelConfig
+    from gptcli.model import GPT
+    from gptcli.runtime import Precision, training_bytes
+
+    config = ModelConfig(vocab_size=101, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    model = GPT(config).train()
+    x = torch.randint(0, 101, (4, 32))
+    params = sum(p.numel() for p in model.parameters())
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    for kind in ("sdpa", "explicit"):  # the explicit path keeps every attention matrix too
+        model.set_attention(kind)
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor, saved: dict[int, int] = saved) -> torch.Tensor:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(x, x)
+        activations = sum(n for ptr, n in saved.items() if ptr not in weights)
+        fused = kind == "sdpa"
+        estimate = training_bytes(config, params, 4, Precision("fp32", "cpu", ""), fused) - 12 * params
+        assert 0.5 * activations < estimate <= activations, kind
