@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import socket
 import time
@@ -35,7 +36,7 @@ from gptcli.errors import UsageError
 from gptcli.model import GPT
 from gptcli.paths import RUNS_DIR
 from gptcli.tokenizer import TOKENIZER_FILE, Tokenizer, gpt2_tokenizer, load_tokenizer
-from gptcli.validate import check_types, expected_shapes, read_weights
+from gptcli.validate import check_types, read_weights
 
 FORMAT = "gptcli-checkpoint"
 VERSION = 1
@@ -280,16 +281,29 @@ def read_meta(ckpt_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{ckpt_dir / META_FILE} is unreadable ({e}); the checkpoint is damaged") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise UsageError(f"{ckpt_dir / META_FILE} is not a gptcli checkpoint file")
-    check_types(meta, META_SCHEMA, str(ckpt_dir / META_FILE))
-    for key in ("labels", "data", "sources"):
-        items = meta.get(key, [])
-        if not all(isinstance(x, str) or (key == "labels" and _is_int(x)) for x in items):
-            raise UsageError(f"{ckpt_dir / META_FILE}: '{key}' holds values of the wrong type; it is damaged")
+    source = str(ckpt_dir / META_FILE)
+    check_types(meta, {"version": (int,)}, source)  # first: a newer format may have other fields
     if meta.get("version", 0) > VERSION:
         raise UsageError(
             f"{ckpt_dir} was written by a newer gptcli (checkpoint format {meta['version']}, "
             f"this gptcli reads {VERSION}); upgrade gptcli"
         )
+    check_types(meta, META_SCHEMA, source)
+    for key in ("labels", "data", "sources"):
+        items = meta.get(key, [])
+        if not all(isinstance(x, str) or (key == "labels" and _is_int(x)) for x in items):
+            raise UsageError(f"{source}: '{key}' holds values of the wrong type; it is damaged")
+    bad = (
+        ("val_fraction", lambda v: 0 < v < 1),
+        ("aux_lm_weight", lambda v: 0 <= v < math.inf),
+        ("data", lambda v: len(v) > 0),
+        ("split", lambda v: v in (None, "stratified")),
+        ("labels", lambda v: len(set(map(json.dumps, v))) == len(v)),
+    )
+    for key, ok in bad:
+        if key in meta and not ok(meta[key]):
+            shown = json.dumps(meta[key])[:60]
+            raise UsageError(f"{source}: '{key}' is {shown}, which cannot be; the checkpoint is damaged")
     return meta
 
 
@@ -332,6 +346,11 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu")
         raise UsageError(f"{ckpt / META_FILE} has no model config; the checkpoint is damaged")
     config = merge(Config(), {"model": meta["model"]}, str(ckpt / META_FILE)).model
     config.validate()
+    if meta.get("task") == "classify" and len(meta.get("labels", [])) != config.n_classes:
+        raise UsageError(
+            f"{ckpt / META_FILE}: {len(meta.get('labels', []))} labels for a head of {config.n_classes} "
+            "classes; the checkpoint is damaged"
+        )
     tokenizer = load_tokenizer(ckpt / TOKENIZER_FILE)
     if config.vocab_size is None or config.vocab_size < tokenizer.vocab_size:
         raise UsageError(
@@ -340,7 +359,7 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu")
         )
     # the weights' shapes are checked against the config from the file's header, before
     # anything the size of the model is allocated
-    state = read_weights(ckpt / MODEL_FILE, expected_shapes(config))
+    state = read_weights(ckpt / MODEL_FILE, config)
     model = GPT(config)
     model.load_state_dict(state, strict=False)
     model.to(device).eval()

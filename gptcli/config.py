@@ -35,7 +35,7 @@ class Range:
     hi_open: bool = False
 
     def admits(self, value: float) -> bool:
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):  # (an int may be too big for a float)
             return False
         if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
             return False
@@ -57,6 +57,7 @@ def _number(x: float | None) -> str:
 
 
 POSITIVE = Range(1)  # integers >= 1
+SIZE = Range(1, 2**31 - 1)  # a model dimension: positive, and an index torch can take
 NON_NEGATIVE = Range(0)
 GREATER_THAN_ZERO = Range(0, lo_open=True)
 FRACTION = Range(0, 1, hi_open=True)  # [0, 1)
@@ -109,21 +110,21 @@ class ModelConfig:
     vocab_size is taken from the tokenizer when left unset; a larger value pads the
     embedding (e.g. 50304 for GPU-friendly shapes) and the extra ids are never sampled."""
 
-    vocab_size: int | None = knob(None, check=POSITIVE)
-    block_size: int = knob(256, check=POSITIVE, flag="--block-size")
-    n_layer: int = knob(6, check=POSITIVE, flag="--n-layer")
-    n_head: int = knob(6, check=POSITIVE, flag="--n-head")
-    n_embd: int = knob(384, check=POSITIVE, flag="--n-embd")
+    vocab_size: int | None = knob(None, check=SIZE)
+    block_size: int = knob(256, check=SIZE, flag="--block-size")
+    n_layer: int = knob(6, check=SIZE, flag="--n-layer")
+    n_head: int = knob(6, check=SIZE, flag="--n-head")
+    n_embd: int = knob(384, check=SIZE, flag="--n-embd")
     dropout: float = knob(0.0, check=FRACTION, flag="--dropout")
     bias: bool = knob(True, flag="--bias")
-    n_classes: int = knob(0, check=NON_NEGATIVE)  # > 0: a classification head (set by finetune)
+    n_classes: int = knob(0, check=Range(0, 2**31 - 1))  # > 0: a classification head (set by finetune)
 
     def validate(self) -> None:
         check_fields(self, "model")
         if self.n_embd % self.n_head:
             raise UsageError(
                 f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
-                f"try n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}"
+                f"try n_embd={self.n_head * max(1, (self.n_embd + self.n_head // 2) // self.n_head)}"
             )
 
     @property

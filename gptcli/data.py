@@ -13,6 +13,7 @@ import codecs
 import hashlib
 import json
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +37,7 @@ from gptcli.tokenizer import (
 
 META_FILE = "meta.json"
 PUBLISHING = ".publishing"  # present while a tokenize moves its files into place
+OUTPUTS = ("train.bin", "val.bin", "tokenizer.json", META_FILE)  # what tokenize writes
 FORMAT = "gptcli-tokens"
 VERSION = 2  # 2: a corpus that is one long last document still gets a val split
 READ_BYTES = 1 << 20  # bytes read per step while streaming a file
@@ -95,9 +97,10 @@ def is_tokenized_dir(path: Path) -> bool:
     if not meta.is_file():
         return False
     try:
-        return json.loads(meta.read_text(encoding="utf-8")).get("format") == FORMAT
+        data = json.loads(meta.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
 
 
 def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = None) -> list[Path]:
@@ -319,11 +322,14 @@ def read_meta(path: Path) -> TokenizeReport:
         raise UsageError(f"{path} is not a directory made by `gptcli tokenize` (no valid {META_FILE})")
     from gptcli.validate import check_types
 
-    check_types(d, _META_SCHEMA, str(path / META_FILE))
+    check_types(d, {"version": (int,)}, str(path / META_FILE))  # first: a newer format may differ
     if d.get("version", 0) > VERSION:
         raise UsageError(f"{path} was written by a newer gptcli (format {d['version']}); upgrade gptcli")
+    check_types(d, _META_SCHEMA, str(path / META_FILE))
     if d.get("dtype") not in ("uint16", "uint32"):
         raise UsageError(f"{path / META_FILE}: 'dtype' must be uint16 or uint32; re-run gptcli tokenize")
+    if not all(isinstance(f, str) for f in d.get("files", [])):
+        raise UsageError(f"{path / META_FILE}: 'files' must be a list of paths; re-run gptcli tokenize")
     fields = {k: d[k] for k in TokenizeReport.__dataclass_fields__ if k in d}
     try:
         return TokenizeReport(**fields)
@@ -337,7 +343,7 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
         return False
     if not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a directory")
-    files.clean_stale(out)  # what a killed tokenize left behind
+    files.clean_stale(out, OUTPUTS)  # what a killed tokenize left behind
     meta = _existing_meta(out)
     if meta is not None:
         same = (
@@ -386,13 +392,11 @@ class _ShardWriter:
             self.abort()
             raise
         self.counts = {"train": 0, "val": 0}
-
-    @property
-    def written(self) -> int:
-        return (self.counts["train"] + self.counts["val"]) * self.dtype.itemsize
+        self.attempted = 0  # bytes of ids handed to write, including one that failed
 
     def write(self, split: str, ids: Sequence[int] | np.ndarray) -> None:
         arr = np.asarray(ids, dtype=self.dtype)
+        self.attempted += arr.nbytes  # counted first: a failed write needed it too
         self.files[split].write(arr.tobytes())
         self.counts[split] += len(arr)
 
@@ -534,9 +538,8 @@ def _encode(
         writer.finish()
     except BaseException as e:
         writer.abort()
-        if files.is_full(e):
-            needed = int(writer.written * scan.bytes / max(1, done))  # at this rate, for the whole corpus
-            raise files.disk_full(out / "train.bin", needed) from None
+        if files.is_full(e):  # the whole size is not known until the end: what it had come to
+            raise files.disk_full(out / "train.bin", writer.attempted, at_least=True) from None
         raise
     if progress is not None:
         progress(scan.bytes, scan.bytes)
@@ -572,6 +575,8 @@ def _publish(out: Path, writer: _ShardWriter, tok: Tokenizer, meta: dict) -> Non
         for tmp, text in ((tok_tmp, tok.dumps()), (meta_tmp, json.dumps(meta, indent=2))):
             with files.open_new(tmp) as f:
                 f.write(text.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
     except BaseException as e:
         writer.abort()
         for tmp in (tok_tmp, meta_tmp):
@@ -585,6 +590,7 @@ def _publish(out: Path, writer: _ShardWriter, tok: Tokenizer, meta: dict) -> Non
         os.replace(writer.tmp[split], out / f"{split}.bin")
     os.replace(tok_tmp, out / TOKENIZER_FILE)
     os.replace(meta_tmp, out / META_FILE)
+    files.fsync_dir(out)  # the renames reach the disk before the marker goes
     (out / PUBLISHING).unlink(missing_ok=True)  # a concurrent writer of the same entry may have gone first
 
 
@@ -651,9 +657,15 @@ def load_split(path: str | os.PathLike, split: str) -> np.ndarray:
     file = path / f"{split}.bin"
     if not file.is_file():
         raise UsageError(f"{file} is missing; re-run gptcli tokenize")
-    if file.stat().st_size == 0:
-        return np.zeros(0, dtype=np.dtype(report.dtype))
-    return np.memmap(file, dtype=np.dtype(report.dtype), mode="r")
+    dtype = np.dtype(report.dtype)
+    size = file.stat().st_size
+    if size % dtype.itemsize:
+        raise UsageError(
+            f"{file} is {size} bytes, not a whole number of {dtype.name} ids; re-run gptcli tokenize"
+        )
+    if size == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(file, dtype=dtype, mode="r")
 
 
 def load_data_tokenizer(path: str | os.PathLike) -> Tokenizer:
@@ -698,7 +710,7 @@ def read_records(path: str | os.PathLike) -> list[Record]:
     if path.suffix.lower() == ".csv":
         text = "".join(iter_file_text(path))
         reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-        lines = text.splitlines()
+        lines = re.split(r"\r\n|\r|\n", text)  # the line ends csv counts (not str.splitlines' \u2028 ...)
         header: list[str] | None = None
         while True:
             start = reader.line_num + 1  # quoted cells may span lines: a row starts here

@@ -26,7 +26,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -67,14 +67,17 @@ def _sizes(n: int | None) -> str:
     return f"{n} bytes"
 
 
-def disk_full(path: Path, needed: int | None) -> DiskFull:
+def disk_full(path: Path, needed: int | None, at_least: bool = False) -> DiskFull:
+    """The one-line error for a full disk: the path, what it needed (or at least needed,
+    when the whole size is not known), and what is free."""
     try:
         free = shutil.disk_usage(path.parent if not path.is_dir() else path).free
         room = f", {_sizes(free)} free"
     except OSError:
         room = ""
+    need = f"{'at least ' if at_least and needed else ''}{_sizes(needed)} needed"
     return DiskFull(
-        f"no space left on the device to write {path} ({_sizes(needed)} needed{room}); "
+        f"no space left on the device to write {path} ({need}{room}); "
         "free some space, or write somewhere else, and retry"
     )
 
@@ -102,7 +105,7 @@ def check_writable(path: Path, replace: bool, flag: str = "--force") -> None:
         raise UsageError(f"the directory {path.parent} does not exist; create it first")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -158,7 +161,7 @@ def _publish_file(tmp: Path, path: Path, replace: bool, flag: str) -> None:
             os.replace(tmp, path)
         else:
             os.unlink(tmp)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def write_file(
@@ -224,7 +227,7 @@ def _fsync_tree(path: Path) -> None:
     for f in path.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
-    _fsync_dir(path)
+    fsync_dir(path)
 
 
 def _remove(path: Path) -> None:
@@ -245,7 +248,7 @@ def publish_dir(tmp: Path, final: Path) -> None:
             _remove(old)
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if os.path.lexists(old):
         _remove(old)
 
@@ -280,17 +283,18 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 
 def fix_permissions(path: Path) -> None:
-    """The permissions of any other new file (some writers make files private)."""
-    os.chmod(path, 0o666 & ~_umask(), follow_symlinks=False)
+    """The permissions of any other new file (some writers make files private). Only for
+    files in a directory gptcli has just made, where no link can be."""
+    os.chmod(path, 0o666 & ~_umask())
 
 
 # --- what dead processes left behind ---------------------------------------------------
 
 # this version's names, and the names earlier versions used:
-# .NAME.HOST-PID-RAND.tmp[dir], .NAME.PID.tmp, .NAME.PID-RAND.tmp, .NAME.tmp-PID
+# .NAME.HOST-PID-RAND.tmp[dir], .NAME.PID.tmp, .NAME.PID-RAND.tmp, .NAME.tmp-PID (directories)
 _TEMP = re.compile(
-    r"^\..+?\.(?:(?P<host>[0-9a-f]{6})-(?P<pid>\d+)-[0-9a-f]+\.tmp(?:dir)?"
-    r"|(?P<old_pid>\d+)(?:-[0-9a-f]+)?\.tmp|tmp-(?P<old_pid2>\d+))$"
+    r"^\.(?P<name>.+?)\.(?:(?P<host>[0-9a-f]{6})-(?P<pid>\d+)-[0-9a-f]+\.(?P<kind>tmp|tmpdir)"
+    r"|(?P<old_pid>\d+)(?:-[0-9a-f]+)?\.tmp|tmp-(?P<old_dir_pid>\d+))$"
 )
 
 
@@ -304,12 +308,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def is_stale(entry: Path) -> bool:
-    """Whether entry is a temporary file or directory of a process that is gone."""
+def is_stale(entry: Path, names: Collection[str]) -> bool:
+    """Whether entry is a temporary file or directory that gptcli made for one of names (the
+    files it writes there) in a process that is gone."""
     m = _TEMP.match(entry.name)
-    if m is None:
+    if m is None or m["name"] not in names:
         return False
-    pid = int(m["pid"] or m["old_pid"] or m["old_pid2"])
+    is_dir = m["kind"] == "tmpdir" or m["old_dir_pid"] is not None
+    try:
+        if stat.S_ISDIR(entry.lstat().st_mode) != is_dir:
+            return False
+    except OSError:
+        return False
+    pid = int(m["pid"] or m["old_pid"] or m["old_dir_pid"])
     if m["host"] is not None and m["host"] != _HOST:
         try:
             return time.time() - entry.lstat().st_mtime > STALE_AFTER
@@ -318,15 +329,17 @@ def is_stale(entry: Path) -> bool:
     return pid != os.getpid() and not _alive(pid)
 
 
-def clean_stale(directory: Path) -> list[Path]:
-    """Remove the temporary files and directories that dead processes left in directory."""
+def clean_stale(directory: Path, names: Collection[str]) -> list[Path]:
+    """Remove what dead processes left in directory while writing one of names: temporary
+    files, and temporary directories (of checkpoints). Nothing else is touched, whatever
+    its name."""
     removed = []
     try:
         entries = list(directory.iterdir())
     except OSError:
         return removed
     for entry in entries:
-        if is_stale(entry):
+        if is_stale(entry, names):
             _remove(entry)
             removed.append(entry)
     return removed

@@ -24,7 +24,7 @@ from gptcli.config import ModelConfig
 from gptcli.errors import UsageError
 from gptcli.model import GPT
 from gptcli.tokenizer import ENDOFTEXT, _gpt2_data_dir
-from gptcli.validate import check_finite, check_shapes, check_types, expected_shapes, header
+from gptcli.validate import check_against, check_finite, check_types, header
 
 # hub names and the repositories that hold them (the short names are the old aliases)
 HUB_MODELS = {
@@ -35,6 +35,9 @@ HUB_MODELS = {
     "distilgpt2": ("distilbert/distilgpt2", "distilgpt2"),
 }
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# every file export may write
+EXPORTED = ("config.json", "model.safetensors", "vocab.json", "merges.txt", "special_tokens_map.json",
+            "tokenizer_config.json", "gptcli_tokenizer.json")  # fmt: skip
 GPTCLI_TOKENIZER = "gptcli_tokenizer.json"  # our tokenizer, for models not on GPT-2's BPE
 
 # Hugging Face's GPT-2 stores these projections as Conv1D, i.e. weight (in, out): the
@@ -187,20 +190,21 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
     return config
 
 
-def read_hf_weights(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+def read_hf_weights(path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     """The weights of a Hugging Face directory in our layout, checked against the shapes
     the config implies before they are read: safetensors by its header; a .bin through
     torch.load(weights_only=True) memory-mapped, so its tensors are not read until checked."""
     st = path / "model.safetensors"
     if st.is_file():
-        found = {hf_name(k): (dtype, _hf_shape(k, shape)) for k, (dtype, shape) in header(st).items()}
-        check_shapes(found, expected, str(st))
-        names = {hf_name(k): k for k in header(st)}
+        on_disk = header(st)
+        found = {hf_name(k): (dtype, _hf_shape(k, shape)) for k, (dtype, shape) in on_disk.items()}
+        expected = check_against(found, config, str(st))
+        names = {hf_name(k): k for k in on_disk}
         raw = read_weights_named(st, {names[k]: k for k in expected})
     else:
         raw = _read_bin(path / "pytorch_model.bin")
         found = {hf_name(k): (_dtype_name(t), _hf_shape(k, tuple(t.shape))) for k, t in raw.items()}
-        check_shapes(found, expected, str(path / "pytorch_model.bin"))
+        expected = check_against(found, config, str(path / "pytorch_model.bin"))
         raw = {k: t for k, t in raw.items() if hf_name(k) in expected}
     state = hf_to_gptcli_state_dict(raw)
     for name in expected:
@@ -260,10 +264,9 @@ def load_hf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[s
     except (OSError, ValueError) as e:
         raise UsageError(f"{path / 'config.json'} is unreadable ({e})") from e
     config = config_from_hf(cfg, str(path))
-    expected = expected_shapes(config)
-    state = read_hf_weights(path, expected)
+    state = read_hf_weights(path, config)
     model = GPT(config)
-    model.load_state_dict({k: state[k].float() for k in expected}, strict=False)
+    model.load_state_dict({k: v.float() for k, v in state.items() if k != "lm_head.weight"}, strict=False)
     model.to(device).eval()
     meta = {"task": "lm", "source": "huggingface", "hf_path": str(path), "model": vars(config)}
     return model, meta
@@ -304,7 +307,7 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
         "torch_dtype": "float32",
     }
     out.mkdir(parents=True, exist_ok=True)
-    files.clean_stale(out)
+    files.clean_stale(out, EXPORTED)
     state = gptcli_to_hf_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
     save_tensors(state, out / "model.safetensors", metadata={"format": "pt"})
     contents: dict[str, str | bytes] = {"config.json": json.dumps(config, indent=2)}

@@ -177,23 +177,46 @@ class OutOfMemory(GptcliError):
         self.where = "the GPU" if device.type == "cuda" else "this machine"
         self.what, self.needed, self.free = what, needed, free
         super().__init__(
-            f"out of memory on {self.where}: {what} needs at least {needed / 1e9:.1f} GB, "
-            f"{free / 1e9:.1f} GB are free"
+            f"out of memory on {self.where}: {what} needs at least {_gigabytes(needed)}, "
+            f"{_gigabytes(free)} are free"
         )
+
+
+def _gigabytes(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n < 10**18 else "more than a billion GB"  # (a float cannot hold every int)
 
 
 def free_memory(device: torch.device) -> int | None:
     """Bytes free for new tensors on device (the CPU: MemAvailable), None if unknown."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cuda":  # what PyTorch holds in its cache but no tensor uses is free to it too
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0]) + cached
     if device.type != "cpu":
         return None
+    free = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                free = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    room = _cgroup_room()
+    return room if free is None else free if room is None else min(free, room)
+
+
+def _cgroup_room() -> int | None:
+    """Bytes the process's memory cgroup (a container's limit) still allows, if it has one."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:  # "max", or v1's "no limit" of about 2**63
+            return max(0, int(limit) - usage)
     return None
 
 
@@ -204,11 +227,13 @@ def check_fits(needed: int, device: torch.device, what: str) -> None:
         raise OutOfMemory(what, needed, free, device)
 
 
-def decoding_bytes(config: Any, rows: int, dtype: torch.dtype) -> int:
+def decoding_bytes(config: Any, rows: int, dtype: torch.dtype, length: int | None = None) -> int:
     """A lower bound on what decoding rows sequences at once needs beyond the weights: the
-    KV cache, and the float32 logits that sampling works on."""
+    KV cache (length positions, default the model's block_size), and the float32 logits
+    that sampling works on."""
     item = torch.empty((), dtype=dtype).element_size()
-    cache = 2 * config.n_layer * rows * config.block_size * config.n_embd * item
+    positions = min(length or config.block_size, config.block_size)
+    cache = 2 * config.n_layer * rows * positions * config.n_embd * item
     return cache + 4 * rows * (config.vocab_size or 0) * 4
 
 
@@ -322,7 +347,7 @@ def _remember_peak(key: str, flops: float) -> None:
     if flops <= known.get(key, 0.0):
         return
     known[key] = flops
-    with contextlib.suppress(OSError, UsageError):
+    with contextlib.suppress(OSError, GptcliError):  # a cache that cannot be written is no reason to stop
         _peak_file().parent.mkdir(parents=True, exist_ok=True)
         write_file(_peak_file(), json.dumps(known, indent=1))
 

@@ -77,7 +77,9 @@ class LMTask(NextTokenTask):
 
     fixed_length = True  # every batch is batch_size x block_size tokens
 
-    def __init__(self, train: np.ndarray, val: np.ndarray, block_size: int) -> None:
+    def __init__(
+        self, train: np.ndarray, val: np.ndarray, block_size: int, vocab_size: int | None = None
+    ) -> None:
         for split, data in (("train", train), ("val", val)):
             if len(data) == 0 and split == "val":
                 raise UsageError(
@@ -91,6 +93,7 @@ class LMTask(NextTokenTask):
                 )
         self.data = {"train": train, "val": val}
         self.block_size = block_size
+        self.vocab_size = vocab_size  # ids at or beyond it are refused (a damaged or foreign shard)
 
     def num_examples(self, split: str) -> int:
         return len(self.data[split]) - self.block_size
@@ -98,6 +101,11 @@ class LMTask(NextTokenTask):
     def batch(self, split: str, indices: torch.Tensor, device: torch.device) -> Batch:
         data, T = self.data[split], self.block_size
         rows = np.stack([np.asarray(data[i : i + T + 1], dtype=np.int64) for i in indices.tolist()])
+        if self.vocab_size is not None and rows.max() >= self.vocab_size:  # checked here, on the CPU
+            raise UsageError(
+                f"the {split} tokens hold id {int(rows.max())}, beyond the vocabulary of {self.vocab_size}; "
+                "the tokenized data is damaged or of another tokenizer: tokenize the text again"
+            )
         xy = torch.from_numpy(rows)  # (B, T + 1)
         return {"x": to_device(xy[:, :-1], device), "y": to_device(xy[:, 1:], device)}
 

@@ -321,10 +321,22 @@ def tokenizer_from_dict(d: dict, source: str = "tokenizer") -> Tokenizer:
             return gpt2_tokenizer()
         if kind == "bpe":
             ranks = [base64.b64decode(r, validate=True) for r in d["ranks"]]
+            _check_ranks(ranks, d.get("vocab_size"), source)
+            if not isinstance(d["pattern"], str):
+                raise TypeError("the pattern is not a string")
             return _bpe_from_ranks(ranks, d["pattern"])
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{source} is corrupted ({type(e).__name__}: {e}); re-create it") from e
     raise UsageError(f"{source} has unknown tokenizer kind {kind!r}")
+
+
+def _check_ranks(ranks: list[bytes], vocab_size: object, source: str) -> None:
+    """A byte-level BPE's merge list must hold every single byte (else tiktoken aborts on
+    text that needs a missing one), each token once, and agree with its vocab_size."""
+    missing = [b for b in range(256) if bytes([b]) not in set(ranks)]
+    if missing or len(set(ranks)) != len(ranks) or (vocab_size is not None and vocab_size != len(ranks) + 1):
+        what = f"byte 0x{missing[0]:02X} has no token" if missing else "its tokens and vocab_size disagree"
+        raise UsageError(f"{source} is corrupted ({what}); re-create it")
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:

@@ -56,6 +56,7 @@ from gptcli.validate import check_types
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
+RUN_FILES = (LAST, "best", CONFIG_FILE, METRICS_FILE, "loss.png")  # what a run writes in its directory
 
 
 class Diverged(GptcliError):
@@ -188,7 +189,9 @@ class MetricsLog:
                 rec = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a crash
-            s = rec.get("step", 0)
+            s = rec.get("step", 0) if isinstance(rec, dict) else None
+            if not isinstance(s, int) or isinstance(s, bool):
+                continue  # not a record of ours
             if s < step or (s == step and (rec.get("kind") != "eval" or keep_eval_at_step)):
                 kept.append(line)
         files.write_file(self.path, "".join(k + "\n" for k in kept))
@@ -224,6 +227,24 @@ def check_train_state(
     if not isinstance(saved["state"], dict) or set(saved["state"]) - set(TrainState.__dataclass_fields__):
         raise ValueError("its state part holds unknown fields")
     check_types(saved["state"], _STATE_SCHEMA, source)
+    state = saved["state"]
+    if not all(state.get(k, 0) >= 0 for k in ("step", "tokens", "elapsed")) or not math.isfinite(
+        state.get("elapsed", 0.0)
+    ):
+        raise ValueError("its step, tokens or elapsed time is negative or not finite")
+    best = state.get("best_val_loss")
+    if best is not None and not math.isfinite(best):
+        raise ValueError(f"its best_val_loss is {best}")
+    schedule, decay = state.get("schedule"), state.get("decay_from")
+    if schedule is not None and not (
+        len(schedule) == 2
+        and _is_int(schedule[0])
+        and schedule[0] >= 1
+        and (schedule[1] is None or (_is_number(schedule[1]) and 0 < schedule[1] < math.inf))
+    ):
+        raise ValueError(f"its schedule {schedule} is not [max_iters, max_time or null]")
+    if decay is not None and not (len(decay) == 3 and all(_is_number(x) and math.isfinite(x) for x in decay)):
+        raise ValueError(f"its decay_from {decay} is not three numbers")
     optim = saved["optimizer"]
     params = [p for group in optimizer.param_groups for p in group["params"]]
     groups = optim.get("param_groups") if isinstance(optim, dict) else None
@@ -241,6 +262,14 @@ def check_train_state(
                     f"optimizer {name} of parameter {i} has shape {tuple(value.shape)}, "
                     f"the parameter {tuple(params[i].shape)}"
                 )
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _per_rank(rng: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
@@ -401,6 +430,7 @@ class Trainer:
                 f"{ckpt}/train_state.json and its tensors do not fit this run ({type(e).__name__}: {e}); "
                 "the training state is damaged, so the run cannot continue exactly"
             ) from None
+        self.metrics.truncate(self.state.step, keep_eval_at_step=self.state.last_eval_step == self.state.step)
 
     def _load_state(self, saved: dict[str, Any]) -> None:
         optim = saved["optimizer"]
@@ -419,7 +449,6 @@ class Trainer:
         if self.device.type == "cuda" and saved.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(_per_rank(saved["cuda_rng"])[self.dist.rank], self.device)
         self.state = TrainState(**saved["state"])
-        self.metrics.truncate(self.state.step, keep_eval_at_step=self.state.last_eval_step == self.state.step)
 
     def _refit_schedule(self) -> None:
         """Record the schedule's end; a resume that moves it decays on from the current LR."""
@@ -541,7 +570,7 @@ class Trainer:
         try:
             with lock:
                 if self.dist.is_main:  # what a killed run left half-written (we hold the lock)
-                    files.clean_stale(self.run_dir)
+                    files.clean_stale(self.run_dir, RUN_FILES)
                 return self._run(resume)
         finally:
             self.reporter.close()

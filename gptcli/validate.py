@@ -11,6 +11,7 @@ not floating point or hold NaN or inf (the message names the tensor).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -94,12 +95,32 @@ def check_finite(name: str, tensor: torch.Tensor, source: str) -> None:
         raise UsageError(f"{source}: {name} holds NaN or inf; the weights are damaged, use another one")
 
 
-def read_weights(file: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """The expected weights of a safetensors file, checked against its header first, then
-    each one for NaN and inf."""
+def check_against(
+    found: Mapping[str, tuple[str, tuple[int, ...]]], config: Any, source: str
+) -> dict[str, tuple[int, ...]]:
+    """The weights a model of config needs, after checking that found ({name: (dtype,
+    shape)} in our names) holds them. The blocks are counted first, from the names alone:
+    a config claiming a million layers is refused before a model of any size is laid out."""
+    blocks = {int(m[1]) for name in found if (m := _BLOCK.match(name))}
+    if blocks != set(range(config.n_layer)):
+        raise UsageError(
+            f"{source} holds {len(blocks)} blocks but the config says n_layer = {config.n_layer}; "
+            "the weights do not match the config"
+        )
+    expected = expected_shapes(config)
+    check_shapes(found, expected, source)
+    return expected
+
+
+_BLOCK = re.compile(r"^transformer\.h\.(\d+)\.")
+
+
+def read_weights(file: Path, config: Any) -> dict[str, torch.Tensor]:
+    """The weights a model of config needs from a safetensors file, checked against its
+    header first (see check_against), then each one for NaN and inf."""
     from safetensors import SafetensorError, safe_open
 
-    check_shapes(header(file), expected, str(file))
+    expected = check_against(header(file), config, str(file))
     out = {}
     try:
         with safe_open(file, framework="pt") as f:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -111,7 +112,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     ],
     ids=["int-and-str", "null", "bool", "float", "list", "two-records"],
 )
-def test_classification_labels_are_checked(trained, tmp_path, labels, message):
+def test_classification_labels_are_checked(trained, tmp_path, monkeypatch, labels, message):
+    monkeypatch.chdir(tmp_path)
     data = write_jsonl(tmp_path / "d.jsonl", [{"text": f"The {ANIMALS[i % 4]} dug a den.", "label": x}
                                                for i, x in enumerate(labels)])  # fmt: skip
     one_line_error(run("finetune", "--ckpt", trained, data, "--task", "classify", *FT), message)
@@ -242,7 +244,9 @@ def test_a_full_disk_is_one_line_and_leaves_no_temp_files(tmp_path, monkeypatch)
         line = one_line_error(
             run("tokenize", tmp_path / "c.txt", "--out", out), "no space left on the device", 1
         )
-        assert str(out / "train.bin") in line and "needed" in line and "free" in line
+        assert str(out / "train.bin") in line and "free" in line
+        needed = re.search(r"\(at least ([\d.]+) (bytes|kB|MB)", line)
+        assert needed and float(needed[1]) > 0  # what the failed write itself asked for
         assert [p.name for p in out.iterdir()] == []
 
 
@@ -286,3 +290,79 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(trained, 
 def test_csv_errors_point_at_the_line_that_causes_them(trained, tmp_path, text, message):
     (tmp_path / "d.csv").write_text(text)
     one_line_error(run("finetune", "--ckpt", trained, tmp_path / "d.csv", "--task", "classify", *FT), message)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('text,label\n"a\u2028b",x\nhello,a,extra\n', "d.csv:3: 3 columns"),  # not a line end to csv
+        ('text,label\nhello\x0cworld,a\n"open,b\n', "d.csv:3: a quote"),
+    ],
+    ids=["line-separator", "form-feed"],
+)
+def test_csv_lines_are_counted_as_csv_counts_them(trained, tmp_path, text, message):
+    (tmp_path / "d.csv").write_text(text, encoding="utf-8")
+    one_line_error(run("finetune", "--ckpt", trained, tmp_path / "d.csv", "--task", "classify", *FT), message)
+
+
+def test_only_gptcli_s_own_leftovers_are_removed(tmp_path):
+    """A directory that is not gptcli's keeps every file, whatever its name looks like."""
+    pid = dead_pid()
+    make_corpus(tmp_path / "c.txt")
+    user = tmp_path / "userdir"
+    (user / f".draft.tmp-{pid}").mkdir(parents=True)
+    (user / f".draft.tmp-{pid}" / "chapter.txt").write_text("mine")
+    (user / f".notes.txt.{pid}.tmp").write_text("mine")
+    (user / f".train.bin.{pid}.tmp").mkdir()  # a directory where tokenize only leaves files
+    before = sorted(str(p.relative_to(user)) for p in user.rglob("*"))
+    one_line_error(run("tokenize", tmp_path / "c.txt", "--out", user), "is not empty")
+    assert sorted(str(p.relative_to(user)) for p in user.rglob("*")) == before
+
+
+def test_a_tokenized_dir_from_elsewhere_is_checked(trained, tmp_path):
+    make_corpus(tmp_path / "c.txt")
+    good = tmp_path / "tok"
+    assert run("tokenize", tmp_path / "c.txt", "--out", good).exit_code == 0
+    for name, change, message in (
+        ("files", lambda d: _edit(d / "meta.json", files=[1, 2]), "'files' must be a list of paths"),
+        ("odd size", lambda d: (d / "train.bin").write_bytes((d / "train.bin").read_bytes()[:-1]),
+         "not a whole number of uint16 ids"),
+        ("beyond vocab", lambda d: (d / "val.bin").write_bytes(b"\xff\xff" * 2000),
+         "the val tokens hold id 65535, beyond the vocabulary of"),
+    ):  # fmt: skip
+        shutil.copytree(good, tmp_path / name)
+        change(tmp_path / name)
+        result = run("pretrain", tmp_path / name, "--out", tmp_path / f"R-{name}", *SHORT)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert message in result.output.strip().splitlines()[-1]
+
+
+def _edit(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_a_bpe_tokenizer_missing_a_byte_is_refused(tmp_path):
+    from gptcli.tokenizer import train_bpe
+
+    data = json.loads(train_bpe(["the rabbit dug a hole, the fox dug a den. " * 40], 270).dumps())
+    data["ranks"], data["vocab_size"] = data["ranks"][1:], data["vocab_size"] - 1  # no token for byte 0x00
+    (tmp_path / "tok.json").write_text(json.dumps(data))
+    one_line_error(run("tokenize", "hello", "-t", tmp_path / "tok.json"), "byte 0x00 has no token")
+
+
+def test_a_prompt_file_behind_a_link_is_read_from_its_end(trained, tmp_path):
+    (tmp_path / "long.txt").write_text("The mole dug a den. " * 200 + "The fox dug a hole.")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "long.txt")
+    result = run("sample", "--ckpt", trained, "--prompt-file", tmp_path / "link.txt", "-n", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["prompt"].endswith("dug a hole.")  # the file's last words, not its first
+
+
+def test_a_foreign_line_in_metrics_jsonl_does_not_stop_a_resume(trained, tmp_path):
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('[1]\n{"step": "x"}\n')
+    make_corpus(tmp_path / "animals.txt", n_sentences=300)
+    result = run("pretrain", tmp_path / "animals.txt", "--resume", "--out", run_dir, "--max-iters", "125")
+    assert result.exit_code == 0, result.output

@@ -163,12 +163,12 @@ def test_the_progress_bar_and_the_numbers_show_the_same_step():
     info = RunInfo(Path("r"), "cpu", "CPU", "fp32", "fp32", 1000, 128, 8, 1, 1, 0, 100, None, False)
     view.on_start(info)
     for step in range(1, 8):  # a log line only every 5 steps
-        view.on_step(StepReport(step, 100, 0.1 * step, 1e-3, loss=2.0 if step % 5 == 0 else None))
+        view.on_step(StepReport(step, 100, 18.0 * step, 1e-3, loss=2.0 if step % 5 == 0 else None))
     console = Console(width=120, record=True, color_system=None)
     console.print(view._render())
     text = console.export_text()
     assert "7/100" in text and "step 7" in text and "global batch = 8 x 1 = 128 tokens" in text
-    assert "0:00 left" in text  # the run's elapsed time (0.7 s), as the summary counts it
+    assert "2:06 left" in text  # the run's elapsed time (126 s, not the wall clock), as the summary counts it
 
 
 def test_the_live_view_runs_in_a_terminal(tmp_path):

@@ -79,8 +79,8 @@ class _Boundary(TyperGroup):
                     raise
                 render.error(f"{e.strerror or e}: {e.filename or ''}".rstrip(": "))
             code = 1
-        except Exception as e:
-            if _debug:
+        except BaseException as e:  # Exception, and a Rust library's panic, which derives from BaseException
+            if _debug or (not isinstance(e, Exception) and type(e).__name__ != "PanicException"):
                 raise
             oom = _out_of_memory(e, args)
             if oom:

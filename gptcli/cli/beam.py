@@ -74,7 +74,6 @@ def beam(
     n_best = beams if n_best is None else n_best
 
     loaded = load_model(ckpt, device, dtype)
-    check_decoding_fits(loaded.model, beams, f"--beams {beams}")
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     if max_new_tokens is None:
         max_new_tokens = min(40, block // 2)
@@ -84,6 +83,7 @@ def beam(
         )
     p = encode_prompt(tok, text_arg(prompt, "the prompt"), block - max_new_tokens)
     warn_if_cut(p, f"the model's block_size {block} less the {max_new_tokens} new tokens")
+    check_decoding_fits(loaded.model, beams, f"--beams {beams}", len(p.ids) + max_new_tokens)
     hyps = beam_complete(
         loaded.model,
         tok,

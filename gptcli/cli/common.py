@@ -98,12 +98,13 @@ def load_model(
     return loaded
 
 
-def check_decoding_fits(model: Any, rows: int, what: str) -> None:
-    """Refuse, before allocating, to decode more sequences at once than memory holds."""
+def check_decoding_fits(model: Any, rows: int, what: str, length: int | None = None) -> None:
+    """Refuse, before allocating, to decode more sequences at once than memory holds
+    (length: the positions each keeps, default the model's context)."""
     from gptcli.runtime import check_fits, decoding_bytes
 
     weights = next(model.parameters())
-    check_fits(decoding_bytes(model.config, rows, weights.dtype), weights.device, what)
+    check_fits(decoding_bytes(model.config, rows, weights.dtype, length), weights.device, what)
 
 
 def warn_if_cut(prompt: Prompt, room: str) -> None:

@@ -309,7 +309,9 @@ def _build_task(
     if settings["task"] == "lm":
         config.model.n_classes = 0
         data_dir, report = prepare_text([Path(p) for p in settings["data"]], tok, settings["val_fraction"])
-        task = LMTask(load_split(data_dir, "train"), load_split(data_dir, "val"), block)
+        task = LMTask(
+            load_split(data_dir, "train"), load_split(data_dir, "val"), block, config.model.vocab_size
+        )
         return task, {"data_dir": str(data_dir), "data_sha256": report.source_sha256}
     task, config.model.n_classes, extra = supervised_task(settings, tok, block, seed, labels, split)
     extra["data_sha256"] = content_sha256([settings["data"][0], settings["val_data"]])

@@ -190,7 +190,8 @@ def _load_task(data_dir: Path, config: Any) -> tuple[Any, Any]:
         raise UsageError(
             f"model.vocab_size {config.model.vocab_size} is smaller than the tokenizer's {tok.vocab_size}"
         )
-    task = LMTask(load_split(data_dir, "train"), load_split(data_dir, "val"), config.model.block_size)
+    train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
+    task = LMTask(train, val, config.model.block_size, config.model.vocab_size)
     return tok, task
 
 

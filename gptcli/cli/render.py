@@ -371,9 +371,12 @@ class TrainView:
         )
         parts: list[Any] = [self.header, self.progress, numbers]
         if self.train or self.val:
-            if self.chart is None:
-                self.chart = loss_chart(list(self.train), list(self.val), max(40, min(out.width, 110)), 16)
-            parts.append(self.chart)
+            chart = self.chart  # read once: the training thread may reset it meanwhile
+            if chart is None:
+                chart = self.chart = loss_chart(
+                    list(self.train), list(self.val), max(40, min(out.width, 110)), 16
+                )
+            parts.append(chart)
         return Group(*parts)
 
 

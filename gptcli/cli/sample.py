@@ -4,12 +4,12 @@ next-token probabilities at every step."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gptcli import files
 from gptcli.cli import render
 from gptcli.cli.common import (
     Ckpt,
@@ -46,18 +46,20 @@ def check_prompt(prompt: str | None, prompt_file: Path | None) -> None:
 def read_prompt(prompt_file: Path, limit: int) -> str:
     """The text of a prompt file: at most its last `limit` bytes (the model sees only its
     last block_size tokens), and from a device or pipe at most its first `limit`."""
+    offset = 0  # where in the file the bytes read start
     try:
         with open(prompt_file, "rb") as f:
-            if files.is_regular_file(prompt_file):
+            if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # the file itself, also behind a link
                 size = os.fstat(f.fileno()).st_size
                 f.seek(max(0, size - limit))
                 data = f.read(limit)
                 if size > limit:
-                    data = data.lstrip(bytes(range(0x80, 0xC0)))[:limit]  # start on a whole character
+                    data = data.lstrip(bytes(range(0x80, 0xC0)))  # start on a whole character
                     render.warning(
                         f"--prompt-file {prompt_file} is {size:,} bytes; read its last {len(data):,}, "
                         "more than the model's context holds"
                     )
+                offset = size - len(data)
             else:
                 data = f.read(limit + 1)
                 if len(data) > limit:
@@ -72,7 +74,9 @@ def read_prompt(prompt_file: Path, limit: int) -> str:
     except UnicodeDecodeError as e:
         if e.start >= len(data) - 3 and e.reason == "unexpected end of data":  # cut mid-character
             return data[: e.start].decode("utf-8")
-        raise UsageError(f"--prompt-file {prompt_file}: not UTF-8 text (byte offset {e.start})") from None
+        raise UsageError(
+            f"--prompt-file {prompt_file}: not UTF-8 text (byte offset {offset + e.start})"
+        ) from None
 
 
 def sample(
