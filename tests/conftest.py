@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import TINY, make_corpus, run
 
 
 @pytest.fixture(autouse=True)
@@ -20,48 +21,21 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("COLUMNS", "120")
 
 
-def make_corpus(path: Path, n_sentences: int = 400, seed: int = 0) -> Path:
-    """Write a small grammatical corpus (deterministic) and return its path."""
-    rng = random.Random(seed)
-    animals = ["rabbit", "fox", "badger", "mole", "otter", "hedgehog"]
-    verbs = ["dug", "found", "built", "left"]
-    things = ["a hole", "a den", "a burrow", "a nest"]
-    reasons = ["it needed shelter", "winter was coming", "it was tired", "the rain began"]
-    lines = [
-        f"The {rng.choice(animals)} {rng.choice(verbs)} {rng.choice(things)} because {rng.choice(reasons)}."
-        for _ in range(n_sentences)
-    ]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     return make_corpus(tmp_path / "corpus.txt")
 
 
-# flags for a model small enough to train in a second
-TINY = [
-    "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
-    "--max-iters", "30", "--eval-interval", "15", "--eval-iters", "2", "--log-interval", "5",
-    "--device", "cpu", "--dtype", "fp32", "--warmup-iters", "3", "--lr", "3e-3",
-]  # fmt: skip
-
-
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One small char-level run trained through the CLI, shared by the decoding tests."""
-    from typer.testing import CliRunner
-
-    from gptcli.cli.app import app
-
     tmp = tmp_path_factory.mktemp("trained")
     mp = pytest.MonkeyPatch()
     mp.setenv("GPTCLI_CACHE_DIR", str(tmp / "cache"))
     try:
         corpus = make_corpus(tmp / "animals.txt", n_sentences=300)
         args = ["pretrain", str(corpus), "--out", str(tmp / "run"), *TINY, "--max-iters", "120"]
-        result = CliRunner().invoke(app, args)
+        result = run(*args)
         assert result.exit_code == 0, result.output
     finally:
         mp.undo()

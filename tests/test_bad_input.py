@@ -10,12 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gptcli.cli.app import app
-from tests.conftest import make_corpus
-
-runner = CliRunner()
+from tests.helpers import make_corpus, run
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +23,7 @@ def ws(tmp_path_factory, trained) -> Path:
     (w / "tiny.txt").write_text("The fox.\n" * 3)
     (w / "blob.bin").write_bytes(b"text\x00\x01\x02binary")
     (w / "latin1.txt").write_bytes("naïve text".encode("latin-1"))
-    assert (
-        runner.invoke(app, ["tokenize", str(w / "corpus.txt"), "--out", str(w / "tok-char")]).exit_code == 0
-    )
+    assert run("tokenize", str(w / "corpus.txt"), "--out", str(w / "tok-char")).exit_code == 0
     (w / "unknown-key.yaml").write_text("model:\n  n_layers: 4\n")
     (w / "wrong-type.yaml").write_text("train:\n  batch_size: twelve\n")
     (w / "heads.yaml").write_text("model:\n  n_embd: 100\n  n_head: 6\n")
@@ -121,7 +115,7 @@ CASES = [
 def test_bad_input(ws, trained, monkeypatch, args, message):
     monkeypatch.chdir(ws)
     before = snapshot(ws)
-    result = runner.invoke(app, [a.format(trained=trained) for a in args])
+    result = run(*[a.format(trained=trained) for a in args])
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert result.exit_code == 2, result.output
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
@@ -132,9 +126,7 @@ def test_bad_input(ws, trained, monkeypatch, args, message):
 
 def test_a_prompt_longer_than_the_context_is_cut_with_a_warning(ws, trained, monkeypatch):
     monkeypatch.chdir(ws)
-    result = runner.invoke(
-        app, ["sample", "--ckpt", str(trained), "-p", "The fox dug a den. " * 4, "-n", "2"]
-    )
+    result = run("sample", "--ckpt", trained, "-p", "The fox dug a den. " * 4, "-n", "2")
     assert result.exit_code == 0
     assert (
         "warning: the prompt is 76 tokens, more than the model's block_size 16; kept its last 16"
@@ -152,7 +144,7 @@ def test_running_out_of_memory_names_the_knob(ws, trained, monkeypatch):
 
     monkeypatch.setattr(Trainer, "run", oom)
     monkeypatch.chdir(ws)
-    result = runner.invoke(app, ["pretrain", "corpus.txt", "--out", "oom-run"])
+    result = run("pretrain", "corpus.txt", "--out", "oom-run")
     assert result.exit_code == 2
     assert result.output.strip() == (
         "error: out of memory on the GPU: lower --batch-size (raise --grad-accum to keep the same batch) "
@@ -165,7 +157,7 @@ def test_debug_shows_the_traceback(ws, monkeypatch):
 
     monkeypatch.setattr(cli_app, "_debug", False)
     monkeypatch.chdir(ws)
-    result = runner.invoke(app, ["--debug", "sample", "--ckpt", "nowhere"])
+    result = run("--debug", "sample", "--ckpt", "nowhere")
     assert result.exit_code != 0
     from gptcli.errors import UsageError
 

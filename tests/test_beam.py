@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from gptcli.config import ModelConfig
 from gptcli.generate import beam_search, generate
 from gptcli.model import GPT
-from tests.test_model import ours_from_hf
+from tests.helpers import ours_from_hf
 
 EOS = 7
 

@@ -8,16 +8,8 @@ import shutil
 import subprocess
 
 import pytest
-from typer.testing import CliRunner
 
-from gptcli.cli.app import app
-from tests.test_cli_tokenize import assert_usage_error
-
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
+from tests.helpers import assert_usage_error, run
 
 
 def test_beam_table_and_json(trained):

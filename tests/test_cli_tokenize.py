@@ -10,27 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from gptcli.cli.app import app
 from gptcli.data import load_split, read_meta
 from gptcli.tokenizer import load_tokenizer
-from tests.conftest import make_corpus
-
-runner = CliRunner()
-
-
-def run(*args: str):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def assert_usage_error(result, *fragments: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert "Traceback" not in result.output
-    for f in fragments:
-        assert f in lines[0], (f, lines[0])
+from tests.helpers import assert_usage_error, make_corpus, run
 
 
 def test_text_table_shows_positions_ids_and_visible_pieces():

@@ -7,17 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gptcli.cli.app import app
-from tests.conftest import TINY, make_corpus
-from tests.test_cli_tokenize import assert_usage_error
-
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
+from tests.helpers import TINY, assert_usage_error, make_corpus, run
 
 
 def test_pretrain_writes_a_run_and_reports(tmp_path):

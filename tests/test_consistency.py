@@ -15,29 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from gptcli import files
-from gptcli.cli.app import app
-from tests.conftest import TINY, make_corpus
+from tests.helpers import ROOT, TINY, assert_usage_error, checkpoint_meta, dead_pid, make_corpus, run
 
-ROOT = Path(__file__).parents[1]
-runner = CliRunner()
 SHORT = [*TINY, "--max-iters", "10", "--eval-interval", "5"]
 FT = ["--max-iters", "10", "--eval-interval", "5", "--eval-iters", "2", "--batch-size", "4",
       "--log-interval", "5", "--device", "cpu", "--dtype", "fp32"]  # fmt: skip
-
-
-def run(*args: object):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, message: str, code: int = 2) -> str:
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert result.exit_code == code, result.output
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert message in lines[0], lines[0]
-    return lines[0]
 
 
 def meta(run_dir: Path) -> dict:
@@ -56,10 +40,10 @@ def lm_run(tmp_path) -> Path:
 
 
 def test_resume_refuses_other_text_unless_asked(lm_run):
-    saved = meta(lm_run / "R")["data_sha256"]
+    saved = checkpoint_meta(lm_run / "R")["data_sha256"]
     refused = run("pretrain", lm_run / "other.txt", "--resume", "--out", lm_run / "R", "--max-iters", "15")
-    one_line_error(refused, "is not the data this run was trained on")
-    assert "--new-data" in refused.output and meta(lm_run / "R")["step"] == 10
+    assert_usage_error(refused, "is not the data this run was trained on")
+    assert "--new-data" in refused.output and checkpoint_meta(lm_run / "R")["step"] == 10
     # the same text by another path is the same data
     shutil.copy(lm_run / "corpus.txt", lm_run / "copy.txt")
     same = run("pretrain", lm_run / "copy.txt", "--resume", "--out", lm_run / "R", "--max-iters", "12")
@@ -69,7 +53,7 @@ def test_resume_refuses_other_text_unless_asked(lm_run):
     )
     assert on_purpose.exit_code == 0, on_purpose.output
     assert "continuing on new data" in on_purpose.output
-    after = meta(lm_run / "R")
+    after = checkpoint_meta(lm_run / "R")
     assert after["data_sha256"] != saved
     assert after["data_changes"] == [{"step": 12, "data_sha256": after["data_sha256"], "previous": saved}]
 
@@ -81,12 +65,12 @@ def test_resume_notices_a_tokenized_dir_that_was_redone_with_other_text(tmp_path
     assert run("pretrain", tmp_path / "tok", "--out", tmp_path / "R", *SHORT).exit_code == 0
     assert run("tokenize", tmp_path / "b.txt", "--out", tmp_path / "tok", "--force").exit_code == 0
     refused = run("pretrain", "--resume", "--out", tmp_path / "R", "--max-iters", "15")
-    one_line_error(refused, "the tokens in")
+    assert_usage_error(refused, "the tokens in")
 
 
 def test_new_data_only_goes_with_resume(tmp_path):
     make_corpus(tmp_path / "c.txt")
-    one_line_error(run("pretrain", tmp_path / "c.txt", "--new-data"), "--new-data goes with --resume")
+    assert_usage_error(run("pretrain", tmp_path / "c.txt", "--new-data"), "--new-data goes with --resume")
 
 
 # --- labels are one type, every class trained --------------------------------------------------------
@@ -116,14 +100,14 @@ def test_classification_labels_are_checked(trained, tmp_path, monkeypatch, label
     monkeypatch.chdir(tmp_path)
     data = write_jsonl(tmp_path / "d.jsonl", [{"text": f"The {ANIMALS[i % 4]} dug a den.", "label": x}
                                                for i, x in enumerate(labels)])  # fmt: skip
-    one_line_error(run("finetune", "--ckpt", trained, data, "--task", "classify", *FT), message)
+    assert_usage_error(run("finetune", "--ckpt", trained, data, "--task", "classify", *FT), message)
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_validation_class_with_no_training_record_is_refused(trained, tmp_path):
     train = write_jsonl(tmp_path / "t.jsonl", [{"text": "The fox dug.", "label": x} for x in "abab"])
     val = write_jsonl(tmp_path / "v.jsonl", [{"text": "The mole dug.", "label": x} for x in "ac"])
-    one_line_error(
+    assert_usage_error(
         run("finetune", "--ckpt", trained, train, "--task", "classify", "--val-data", val, *FT),
         "v.jsonl:2: label 'c' is not one of the training labels",
     )
@@ -148,7 +132,7 @@ def test_a_new_classifier_run_records_its_split(trained, tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", rows)
     result = run("finetune", "--ckpt", trained, data, "--task", "classify", "--out", tmp_path / "C", *FT)
     assert result.exit_code == 0, result.output
-    saved = meta(tmp_path / "C")
+    saved = checkpoint_meta(tmp_path / "C")
     assert (
         saved["split"] == "stratified"
         and saved["labels"] == sorted(ANIMALS)
@@ -157,12 +141,6 @@ def test_a_new_classifier_run_records_its_split(trained, tmp_path):
 
 
 # --- crashes and full disks leave nothing in the way ----------------------------------------------------
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 def test_temp_files_of_dead_processes_are_removed_on_the_next_start(trained, tmp_path):
@@ -241,9 +219,8 @@ def test_a_full_disk_is_one_line_and_leaves_no_temp_files(tmp_path, monkeypatch)
     real_open = files.open_new
     monkeypatch.setattr(files, "open_new", lambda path, mode=0o666: _Full(real_open(path, mode)))
     for _ in range(2):  # failed retries do not pile up
-        line = one_line_error(
-            run("tokenize", tmp_path / "c.txt", "--out", out), "no space left on the device", 1
-        )
+        result = run("tokenize", tmp_path / "c.txt", "--out", out)
+        line = assert_usage_error(result, "no space left on the device", code=1)
         assert str(out / "train.bin") in line and "free" in line
         needed = re.search(r"\(at least ([\d.]+) (bytes|kB|MB)", line)
         assert needed and float(needed[1]) > 0  # what the failed write itself asked for
@@ -255,7 +232,7 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(trained, 
 
     run_dir = tmp_path / "R"
     shutil.copytree(trained, run_dir)
-    before = meta(run_dir)["step"]
+    before = checkpoint_meta(run_dir)["step"]
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -266,7 +243,7 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(trained, 
     assert result.exit_code == 1 and "Traceback" not in result.output
     line = result.output.strip().splitlines()[-1]  # after the progress lines
     assert line.startswith("error: no space left on the device to write") and str(run_dir / "last") in line
-    assert meta(run_dir)["step"] == before
+    assert checkpoint_meta(run_dir)["step"] == before
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]
 
 
@@ -289,7 +266,8 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(trained, 
 )
 def test_csv_errors_point_at_the_line_that_causes_them(trained, tmp_path, text, message):
     (tmp_path / "d.csv").write_text(text)
-    one_line_error(run("finetune", "--ckpt", trained, tmp_path / "d.csv", "--task", "classify", *FT), message)
+    result = run("finetune", "--ckpt", trained, tmp_path / "d.csv", "--task", "classify", *FT)
+    assert_usage_error(result, message)
 
 
 @pytest.mark.parametrize(
@@ -302,7 +280,8 @@ def test_csv_errors_point_at_the_line_that_causes_them(trained, tmp_path, text, 
 )
 def test_csv_lines_are_counted_as_csv_counts_them(trained, tmp_path, text, message):
     (tmp_path / "d.csv").write_text(text, encoding="utf-8")
-    one_line_error(run("finetune", "--ckpt", trained, tmp_path / "d.csv", "--task", "classify", *FT), message)
+    result = run("finetune", "--ckpt", trained, tmp_path / "d.csv", "--task", "classify", *FT)
+    assert_usage_error(result, message)
 
 
 def test_only_gptcli_s_own_leftovers_are_removed(tmp_path):
@@ -315,7 +294,7 @@ def test_only_gptcli_s_own_leftovers_are_removed(tmp_path):
     (user / f".notes.txt.{pid}.tmp").write_text("mine")
     (user / f".train.bin.{pid}.tmp").mkdir()  # a directory where tokenize only leaves files
     before = sorted(str(p.relative_to(user)) for p in user.rglob("*"))
-    one_line_error(run("tokenize", tmp_path / "c.txt", "--out", user), "is not empty")
+    assert_usage_error(run("tokenize", tmp_path / "c.txt", "--out", user), "is not empty")
     assert sorted(str(p.relative_to(user)) for p in user.rglob("*")) == before
 
 
@@ -347,7 +326,7 @@ def test_a_bpe_tokenizer_missing_a_byte_is_refused(tmp_path):
     data = json.loads(train_bpe(["the rabbit dug a hole, the fox dug a den. " * 40], 270).dumps())
     data["ranks"], data["vocab_size"] = data["ranks"][1:], data["vocab_size"] - 1  # no token for byte 0x00
     (tmp_path / "tok.json").write_text(json.dumps(data))
-    one_line_error(run("tokenize", "hello", "-t", tmp_path / "tok.json"), "byte 0x00 has no token")
+    assert_usage_error(run("tokenize", "hello", "-t", tmp_path / "tok.json"), "byte 0x00 has no token")
 
 
 def test_a_prompt_file_behind_a_link_is_read_from_its_end(trained, tmp_path):

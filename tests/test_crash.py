@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,22 +17,13 @@ import torch
 from gptcli.checkpoint import LAST, RunLock, load_checkpoint, resolve_checkpoint
 from gptcli.errors import UsageError
 from gptcli.files import publish_dir
-from tests.conftest import make_corpus
+from tests.helpers import gptcli, make_corpus, start
 
-ROOT = Path(__file__).parents[1]
 TINY = [
     "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
     "--eval-interval", "10", "--eval-iters", "2", "--log-interval", "1", "--device", "cpu",
     "--dtype", "fp32", "--warmup-iters", "3", "--lr", "3e-3",
 ]  # fmt: skip
-
-
-def start(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "gptcli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
 
 
 def wait_for(proc: subprocess.Popen, marker: str, timeout: float = 120) -> list[str]:
@@ -48,12 +38,6 @@ def wait_for(proc: subprocess.Popen, marker: str, timeout: float = 120) -> list[
             return lines
     proc.kill()
     raise AssertionError(f"never saw {marker!r}: {''.join(lines)[-2000:]}")
-
-
-def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "gptcli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
 
 
 def train_steps(run_dir: Path, kind: str = "train") -> list[int]:
@@ -81,7 +65,7 @@ def test_a_signal_saves_and_says_how_to_resume(work, sig):
     assert f"{'final' if evaluated == stopped else f'step {evaluated}'} eval train / val" in out
     assert not (work / "run" / ".lock").exists()
 
-    again = run(["pretrain", "--resume", "--out", "run", "--max-iters", str(stopped + 5)], work)
+    again = gptcli(["pretrain", "--resume", "--out", "run", "--max-iters", str(stopped + 5)], work)
     assert again.returncode == 0, again.stderr
     assert "final eval train / val" in again.stdout  # the last step is evaluated
     assert train_steps(work / "run") == list(range(1, stopped + 6))
@@ -97,7 +81,7 @@ def test_kill_9_leaves_a_loadable_checkpoint_and_resume_fills_the_gap(work):
     assert last.meta["step"] in (20, 30)
     assert (work / "run" / ".lock").exists()  # left behind by the killed process ...
 
-    again = run(["pretrain", "--resume", "--out", "run", "--max-iters", "40"], work)
+    again = gptcli(["pretrain", "--resume", "--out", "run", "--max-iters", "40"], work)
     assert again.returncode == 0, again.stderr  # ... and taken over, since it is dead
     assert train_steps(work / "run") == list(range(1, 41))  # nothing missing, nothing twice
     assert train_steps(work / "run", "eval") == [0, 10, 20, 30, 40]
@@ -108,7 +92,7 @@ def test_a_second_training_in_the_same_run_dir_is_refused(work):
     proc = start(["pretrain", "c.txt", "--out", "run", *TINY, "--max-iters", "100000"], work)
     try:
         wait_for(proc, "eval step 10:")
-        second = run(["pretrain", "--resume", "--out", "run"], work)
+        second = gptcli(["pretrain", "--resume", "--out", "run"], work)
         assert second.returncode == 2
         assert f"is being trained by process {proc.pid} on" in second.stderr
     finally:
@@ -146,7 +130,7 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(work):
         "--max-iters",
         "50",
     ]
-    result = run(["pretrain", "c.txt", "--out", "run", *bad], work)
+    result = gptcli(["pretrain", "c.txt", "--out", "run", *bad], work)
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("error: training diverged at step ") and "Lower --lr" in line and "fp32" in line
@@ -182,10 +166,10 @@ def test_an_interrupted_publish_is_recovered_from_the_old_copy(tmp_path, trained
 
 
 def test_resume_after_a_crash_between_the_renames(work):
-    first = run(["pretrain", "c.txt", "--out", "run", *TINY, "--max-iters", "10"], work)
+    first = gptcli(["pretrain", "c.txt", "--out", "run", *TINY, "--max-iters", "10"], work)
     assert first.returncode == 0, first.stderr
     os.rename(work / "run" / "last", work / "run" / "last.old")  # the state such a crash leaves
-    again = run(["pretrain", "--resume", "--out", "run", "--max-iters", "15"], work)
+    again = gptcli(["pretrain", "--resume", "--out", "run", "--max-iters", "15"], work)
     assert again.returncode == 0, again.stderr
     assert train_steps(work / "run") == list(range(1, 16))
     assert load_checkpoint(work / "run" / LAST).meta["step"] == 15

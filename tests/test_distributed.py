@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import make_corpus
+from tests.helpers import gptcli, make_corpus
 
-ROOT = Path(__file__).parents[1]
 TINY = [
     "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
     "--eval-interval", "10", "--eval-iters", "2", "--log-interval", "1", "--device", "cpu",
@@ -23,11 +22,9 @@ TINY = [
 ]  # fmt: skip
 
 
-def gptcli(args: list[str], cwd: Path, procs: int = 1) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--standalone"]
-    cmd = [*launcher, "-m", "gptcli", *args] if procs > 1 else [sys.executable, "-m", "gptcli", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+def launch(args: list[str], cwd: Path, procs: int = 1):
+    """gptcli in a child process (procs > 1: under torchrun), one thread per process."""
+    return gptcli(args, cwd, procs, OMP_NUM_THREADS="1")
 
 
 def records(run: Path) -> list[dict]:
@@ -39,12 +36,12 @@ def runs(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("ddp")
     make_corpus(tmp / "c.txt", n_sentences=400)
     for name, procs, extra in (("single", 1, []), ("ddp", 2, []), ("fsdp", 2, ["--fsdp"])):
-        result = gptcli(["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "20", *extra], tmp, procs)
+        result = launch(["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "20", *extra], tmp, procs)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     # torchrun with the defaults: no --grad-accum, so one micro-step per process
     assert TINY[-2:] == ["--grad-accum", "2"]
     defaults = TINY[:-2]
-    result = gptcli(["pretrain", "c.txt", "--out", "defaults", *defaults, "--max-iters", "20"], tmp, 2)
+    result = launch(["pretrain", "c.txt", "--out", "defaults", *defaults, "--max-iters", "20"], tmp, 2)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     (tmp / "defaults.out").write_text(result.stdout)
     return tmp
@@ -129,7 +126,7 @@ def test_sharded_run_resumes_exactly_sharded_or_not(runs, tmp_path):
     """--resume of an FSDP run continues its trajectory, with --fsdp or as plain DDP."""
     import shutil
 
-    single = gptcli(["pretrain", "--resume", "--out", "single", "--max-iters", "25"], runs)
+    single = launch(["pretrain", "--resume", "--out", "single", "--max-iters", "25"], runs)
     assert single.returncode == 0, single.stderr[-2000:]
     expected = records(runs / "single")
     shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
@@ -162,10 +159,10 @@ def test_sharded_finetuning_with_a_classifier_head(runs):
 
 
 def test_resume_needs_the_same_number_of_processes(runs):
-    again = gptcli(["pretrain", "--resume", "--out", "ddp", "--max-iters", "25"], runs, procs=2)
+    again = launch(["pretrain", "--resume", "--out", "ddp", "--max-iters", "25"], runs, procs=2)
     assert again.returncode == 0, again.stderr[-2000:]
     assert [r["step"] for r in records(runs / "ddp") if r["kind"] == "train"] == list(range(1, 26))
-    alone = gptcli(["pretrain", "--resume", "--out", "ddp", "--max-iters", "30"], runs)
+    alone = launch(["pretrain", "--resume", "--out", "ddp", "--max-iters", "30"], runs)
     assert alone.returncode == 2
     assert "trained by 2 process(es); resume it with the same number (now 1)" in alone.stderr
 

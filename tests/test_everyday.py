@@ -13,18 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from gptcli.cli.app import app
-from tests.conftest import TINY, make_corpus
+from tests.helpers import ROOT, TINY, make_corpus, run, start
 
-ROOT = Path(__file__).parents[1]
-runner = CliRunner()
 SHORT = [*TINY, "--max-iters", "10", "--eval-interval", "5"]
-
-
-def run(*args: object) -> object:
-    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
@@ -223,14 +215,6 @@ def test_a_tokenizer_path_that_does_not_exist_says_so():
 
 
 # --- output that goes away --------------------------------------------------------------------
-
-
-def start(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "gptcli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
 
 
 def test_training_survives_its_reader_going_away(tmp_path):

@@ -9,17 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from gptcli.cli.app import app
 from gptcli.data import Record, read_records
 from gptcli.errors import UsageError
 from gptcli.model import IGNORE_INDEX
 from gptcli.tasks import SFTTask, predict_records, sft_examples, sft_targets
 from gptcli.tokenizer import CharTokenizer
-from tests.test_cli_tokenize import assert_usage_error
+from tests.helpers import assert_usage_error, run
 
-runner = CliRunner()
 NOUNS = ["cat", "dog", "fox", "owl", "bee", "elk"]
 VERBS = ["saw", "bit", "met", "fed"]
 FAST = [
@@ -34,10 +31,6 @@ FAST = [
     "--eval-iters",
     "4",
 ]
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def sentence(rng: random.Random) -> tuple[str, str]:

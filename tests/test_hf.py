@@ -8,20 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from gptcli.checkpoint import load_checkpoint
-from gptcli.cli.app import app
 from gptcli.errors import UsageError
 from gptcli.hf import export_hf
-from tests.test_cli_tokenize import assert_usage_error
+from tests.helpers import assert_usage_error, run
 
 transformers = pytest.importorskip("transformers")
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def logits_equal(hf_model, ours, ids: list[int]) -> None:

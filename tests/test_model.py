@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from gptcli.config import ModelConfig
-from gptcli.hf import gptcli_to_hf_state_dict, hf_to_gptcli_state_dict
+from gptcli.hf import gptcli_to_hf_state_dict
 from gptcli.model import GPT, IGNORE_INDEX, KVCache
+from tests.helpers import ours_from_hf
 
 ATOL = 1e-5
 
@@ -21,23 +22,6 @@ SHAPES = [
     ((3, 2, 48, 101, 40), (2, 40)),
     ((1, 1, 16, 13, 8), (4, 8)),
 ]
-
-
-def ours_from_hf(hf) -> GPT:
-    c = hf.config
-    cfg = ModelConfig(
-        vocab_size=c.vocab_size,
-        block_size=c.n_positions,
-        n_layer=c.n_layer,
-        n_head=c.n_head,
-        n_embd=c.n_embd,
-        dropout=0.0,
-        bias=True,
-    )
-    model = GPT(cfg).eval()
-    missing, unexpected = model.load_state_dict(hf_to_gptcli_state_dict(hf.state_dict()), strict=False)
-    assert not unexpected and not missing, (missing, unexpected)
-    return model
 
 
 @pytest.mark.parametrize(("arch", "shape"), SHAPES)

@@ -9,13 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gptcli.cli.app import app
 from gptcli.tasks import holdout
+from tests.helpers import checkpoint_meta, run
 
 FIXTURE = Path(__file__).parent / "fixtures" / "v0.1.0"
-runner = CliRunner()
 
 
 @pytest.fixture
@@ -30,25 +28,25 @@ def meta(run: Path) -> dict:
 
 
 def test_an_old_run_samples_and_classifies(old):
-    result = runner.invoke(app, ["sample", "--ckpt", "lm-run", "-n", "5", "--seed", "1", "--json"])
+    result = run("sample", "--ckpt", "lm-run", "-n", "5", "--seed", "1", "--json")
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.stdout)["samples"][0]["ids"]) == 5
-    result = runner.invoke(app, ["classify", "--ckpt", "cls-run", "The fox dug a hole.", "--json"])
+    result = run("classify", "--ckpt", "cls-run", "The fox dug a hole.", "--json")
     assert result.exit_code == 0, result.output
     assert set(json.loads(result.stdout)["predictions"][0]["probs"]) == {"badger", "fox", "mole", "rabbit"}
 
 
 def test_an_old_pretraining_run_resumes_and_then_records_its_data(old):
-    assert "data_sha256" not in meta(old / "lm-run")
+    assert "data_sha256" not in checkpoint_meta(old / "lm-run")
     for name in ("last", "best"):  # its tokens were in a cache of another machine
         path = old / "lm-run" / name / "checkpoint.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "data_dir": str(old / "gone")}))
-    gone = runner.invoke(app, ["pretrain", "--resume", "--out", "lm-run", "--max-iters", "9"])
+    gone = run("pretrain", "--resume", "--out", "lm-run", "--max-iters", "9")
     assert gone.exit_code == 2 and "pass the corpus again" in gone.output
-    result = runner.invoke(app, ["pretrain", "corpus.txt", "--resume", "--out", "lm-run", "--max-iters", "9"])
+    result = run("pretrain", "corpus.txt", "--resume", "--out", "lm-run", "--max-iters", "9")
     assert result.exit_code == 0, result.output
     assert "resumed at 6" in result.output
-    saved = meta(old / "lm-run")
+    saved = checkpoint_meta(old / "lm-run")
     assert saved["step"] == 9 and saved["config"]["train"]["grad_accum"] == 1
     assert len(saved["data_sha256"]) == 64  # recorded from now on
 
@@ -58,9 +56,9 @@ def test_an_old_classifier_resumes_with_its_plain_holdout(old, monkeypatch):
 
     used = []
     monkeypatch.setattr(tasks, "holdout", lambda *a: used.append(a) or holdout(*a))
-    assert "split" not in meta(old / "cls-run")
-    result = runner.invoke(app, ["finetune", "--resume", "--out", "cls-run", "--max-iters", "9"])
+    assert "split" not in checkpoint_meta(old / "cls-run")
+    result = run("finetune", "--resume", "--out", "cls-run", "--max-iters", "9")
     assert result.exit_code == 0, result.output
     assert "resumed at 6" in result.output
     assert used  # the random holdout it was made with, not the stratified one of new runs
-    assert meta(old / "cls-run")["step"] == 9
+    assert checkpoint_meta(old / "cls-run")["step"] == 9

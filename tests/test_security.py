@@ -10,11 +10,8 @@ import socket
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gptcli.cli.app import app
-
-runner = CliRunner()
+from tests.helpers import run
 
 
 class Payload:
@@ -42,12 +39,12 @@ def evil_bytes(marker: Path) -> bytes:
     ],
 )
 def test_a_pickle_in_place_of_a_file_is_refused_and_not_run(trained, tmp_path, monkeypatch, target, verb):
-    run = tmp_path / "run"
-    shutil.copytree(trained, run)
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
     marker = tmp_path / "pwned"
-    (run / target).write_bytes(evil_bytes(marker))
+    (run_dir / target).write_bytes(evil_bytes(marker))
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, [a.format(run=run) for a in verb])
+    result = run(*[a.format(run=run_dir) for a in verb])
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: ") and "Traceback" not in result.output
     assert not marker.exists()
@@ -56,7 +53,7 @@ def test_a_pickle_in_place_of_a_file_is_refused_and_not_run(trained, tmp_path, m
 def test_a_pickled_tokenizer_for_tokenize_is_refused(tmp_path):
     marker = tmp_path / "pwned"
     (tmp_path / "tokenizer.json").write_bytes(evil_bytes(marker))
-    result = runner.invoke(app, ["tokenize", "hello", "-t", str(tmp_path / "tokenizer.json")])
+    result = run("tokenize", "hello", "-t", str(tmp_path / "tokenizer.json"))
     assert result.exit_code == 2 and "not valid JSON" in result.output
     assert not marker.exists()
 
@@ -65,7 +62,7 @@ def test_yaml_configs_cannot_run_code(tmp_path):
     marker = tmp_path / "pwned"
     (tmp_path / "c.yaml").write_text(f"model: !!python/object/apply:os.system ['touch {marker}']\n")
     (tmp_path / "c.txt").write_text("some text\n" * 100)
-    result = runner.invoke(app, ["pretrain", str(tmp_path / "c.txt"), "-c", str(tmp_path / "c.yaml")])
+    result = run("pretrain", str(tmp_path / "c.txt"), "-c", str(tmp_path / "c.yaml"))
     assert result.exit_code == 2 and "not valid YAML" in result.output
     assert not marker.exists()
 
@@ -92,5 +89,5 @@ def test_no_verb_reaches_the_network(trained, tmp_path, no_network):
         ["export", str(trained), str(tmp_path / "hf")],
     ]
     for args in commands:
-        result = runner.invoke(app, args)
+        result = run(*args)
         assert result.exit_code == 0, (args, result.output)

@@ -21,7 +21,7 @@ from gptcli.tokenizer import (
     parse_spec,
     train_bpe,
 )
-from tests.conftest import make_corpus
+from tests.helpers import make_corpus
 
 SAMPLES = [
     "The rabbit dug a hole, because it needed shelter.",

@@ -17,7 +17,7 @@ from gptcli.model import GPT
 from gptcli.runtime import seed_everything
 from gptcli.tasks import LMTask
 from gptcli.train import NullReporter, Trainer, lr_at, make_optimizer
-from tests.conftest import make_corpus
+from tests.helpers import make_corpus
 
 
 def tiny_config(**train) -> Config:

@@ -5,59 +5,18 @@ terminals and inputs of any kind are handled."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import os
 import resource
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
-from gptcli.cli.app import app
-from tests.conftest import TINY, make_corpus
-
-ROOT = Path(__file__).parents[1]
-runner = CliRunner()
-
-
-def run(*args: object):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, message: str, code: int = 2) -> None:
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert result.exit_code == code, result.output
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert message in lines[0], lines[0]
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def edit_json(path: Path, **changes) -> None:
-    data = json.loads(path.read_text())
-    for key, value in changes.items():
-        target = data
-        *parents, last = key.split(".")
-        for p in parents:
-            target = target[p]
-        target[last] = value
-    path.write_text(json.dumps(data))
-
-
-def gptcli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
-    return subprocess.run([sys.executable, "-m", "gptcli", *args], cwd=cwd, env=environ, capture_output=True,
-                          text=True, errors="replace", timeout=300, check=False)  # fmt: skip
-
+from tests.helpers import TINY, assert_usage_error, digest, edit_json, gptcli, make_corpus, run
 
 # --- sizes come from the weights -----------------------------------------------------------------
 
@@ -119,14 +78,14 @@ def test_a_lock_file_that_is_a_link_is_refused(trained, tmp_path, outside):
     (run_dir / ".lock").symlink_to(outside)
     before = digest(outside)
     result = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "125")
-    one_line_error(result, ".lock is a symbolic link; gptcli does not write through links")
+    assert_usage_error(result, ".lock is a symbolic link; gptcli does not write through links")
     assert digest(outside) == before
 
 
 def test_inspect_attn_save_replaces_only_with_force(trained, tmp_path, outside):
     page = tmp_path / "attn.html"
     page.write_text("mine")
-    one_line_error(
+    assert_usage_error(
         run("inspect-attn", "The fox", "--ckpt", trained, "--save", page), "attn.html already exists"
     )
     assert page.read_text() == "mine"
@@ -145,7 +104,7 @@ def test_export_never_writes_into_a_run_or_checkpoint(trained, tmp_path, into):
     shutil.copytree(trained, run_dir)
     target = run_dir if into == "run" else run_dir / into
     before = sorted(p.name for p in run_dir.rglob("*"))
-    one_line_error(run("export", trained, target, "--force"), "is a gptcli run or checkpoint")
+    assert_usage_error(run("export", trained, target, "--force"), "is a gptcli run or checkpoint")
     assert sorted(p.name for p in run_dir.rglob("*")) == before
 
 
@@ -155,7 +114,7 @@ def test_tokenize_force_replaces_a_planted_link_not_its_target(tmp_path, outside
     out.mkdir()
     (out / "train.bin").symlink_to(outside)
     before = digest(outside)
-    one_line_error(run("tokenize", tmp_path / "c.txt", "--out", out), "is not empty")
+    assert_usage_error(run("tokenize", tmp_path / "c.txt", "--out", out), "is not empty")
     assert run("tokenize", tmp_path / "c.txt", "--out", out, "--force").exit_code == 0
     assert digest(outside) == before and not (out / "train.bin").is_symlink()
 
@@ -333,7 +292,7 @@ def test_a_malformed_file_is_one_line_and_exit_2(trained, tmp_path, file, change
         _tensors(run_dir / file, change)
     else:
         edit_json(run_dir / file, **change)
-    one_line_error(run(*[a.format(run=run_dir) for a in VERBS[verb]]), message)
+    assert_usage_error(run(*[a.format(run=run_dir) for a in VERBS[verb]]), message)
 
 
 @pytest.mark.parametrize(
@@ -349,14 +308,14 @@ def test_a_malformed_file_is_one_line_and_exit_2(trained, tmp_path, file, change
 def test_a_malformed_hugging_face_config_is_one_line_and_exit_2(trained, tmp_path, change, message):
     run("export", trained, tmp_path / "hf")
     edit_json(tmp_path / "hf" / "config.json", **change)
-    one_line_error(run("sample", "--ckpt", tmp_path / "hf", "-n", "2"), message)
+    assert_usage_error(run("sample", "--ckpt", tmp_path / "hf", "-n", "2"), message)
 
 
 def test_a_tokenized_dir_with_a_bad_meta_is_refused(tmp_path):
     make_corpus(tmp_path / "c.txt")
     assert run("tokenize", tmp_path / "c.txt", "--out", tmp_path / "tok").exit_code == 0
     edit_json(tmp_path / "tok" / "meta.json", dtype="object")
-    one_line_error(
+    assert_usage_error(
         run("pretrain", tmp_path / "tok", "--out", tmp_path / "R"), "'dtype' must be uint16 or uint32"
     )
 
@@ -399,7 +358,7 @@ def test_numbers_are_checked_for_every_verb(trained, tmp_path, monkeypatch, args
     make_corpus(tmp_path / "c.txt")
     monkeypatch.chdir(tmp_path)
     result = run(*[a.format(run=trained, corpus=tmp_path / "c.txt") for a in args])
-    one_line_error(result, message)
+    assert_usage_error(result, message)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]  # nothing made: no run, no tokens
 
 

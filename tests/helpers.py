@@ -1,0 +1,124 @@
+"""What many test files share: running the CLI (in process or as a child), checking its
+one-line errors, tiny corpora and models, and small file edits."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner, Result
+
+ROOT = Path(__file__).parents[1]
+
+# flags for a model small enough to train in a second
+TINY = [
+    "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
+    "--max-iters", "30", "--eval-interval", "15", "--eval-iters", "2", "--log-interval", "5",
+    "--device", "cpu", "--dtype", "fp32", "--warmup-iters", "3", "--lr", "3e-3",
+]  # fmt: skip
+
+_runner = CliRunner()
+
+
+def run(*args: object) -> Result:
+    """gptcli in this process (arguments may be paths or numbers)."""
+    from gptcli.cli.app import app
+
+    return _runner.invoke(app, [str(a) for a in args])
+
+
+def gptcli(args: list[str], cwd: Path, procs: int = 1, **env: str) -> subprocess.CompletedProcess:
+    """gptcli in a child process (under torchrun with procs > 1), to its end."""
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    if procs > 1:
+        launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--standalone"]
+        cmd = [sys.executable, *launcher, "-m", "gptcli", *args]
+    else:
+        cmd = [sys.executable, "-m", "gptcli", *args]
+    return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, errors="replace",
+                          timeout=300, check=False)  # fmt: skip
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    """gptcli in a child process, running on while the test reads its output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gptcli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def assert_usage_error(result: Result, *fragments: str, code: int = 2) -> str:
+    """The command failed with one line on stderr holding every fragment; returns it."""
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == code, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+def make_corpus(path: Path, n_sentences: int = 400, seed: int = 0) -> Path:
+    """Write a small grammatical corpus (deterministic) and return its path."""
+    rng = random.Random(seed)
+    animals = ["rabbit", "fox", "badger", "mole", "otter", "hedgehog"]
+    verbs = ["dug", "found", "built", "left"]
+    things = ["a hole", "a den", "a burrow", "a nest"]
+    reasons = ["it needed shelter", "winter was coming", "it was tired", "the rain began"]
+    lines = [
+        f"The {rng.choice(animals)} {rng.choice(verbs)} {rng.choice(things)} because {rng.choice(reasons)}."
+        for _ in range(n_sentences)
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def checkpoint_meta(run_dir: Path, name: str = "last") -> dict[str, Any]:
+    return json.loads((run_dir / name / "checkpoint.json").read_text())
+
+
+def edit_json(path: Path, **changes: Any) -> None:
+    """Set keys of a JSON file; a dotted key reaches into nested objects."""
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        target = data
+        *parents, last = key.split(".")
+        for p in parents:
+            target = target[p]
+        target[last] = value
+    path.write_text(json.dumps(data))
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def ours_from_hf(hf: Any) -> Any:
+    """A gptcli GPT with the weights of a Hugging Face GPT2LMHeadModel."""
+    from gptcli.config import ModelConfig
+    from gptcli.hf import hf_to_gptcli_state_dict
+    from gptcli.model import GPT
+
+    c = hf.config
+    cfg = ModelConfig(
+        vocab_size=c.vocab_size, block_size=c.n_positions, n_layer=c.n_layer, n_head=c.n_head,
+        n_embd=c.n_embd, dropout=0.0, bias=True,
+    )  # fmt: skip
+    model = GPT(cfg).eval()
+    missing, unexpected = model.load_state_dict(hf_to_gptcli_state_dict(hf.state_dict()), strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    return model
