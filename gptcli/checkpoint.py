@@ -35,7 +35,7 @@ from gptcli.config import Config, merge
 from gptcli.errors import UsageError
 from gptcli.model import GPT
 from gptcli.paths import RUNS_DIR
-from gptcli.tokenizer import TOKENIZER_FILE, Tokenizer, gpt2_tokenizer, load_tokenizer
+from gptcli.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from gptcli.validate import check_types, read_weights
 
 FORMAT = "gptcli-checkpoint"
@@ -45,18 +45,6 @@ META_FILE = "checkpoint.json"
 STATE_TENSORS = "train_state.safetensors"
 STATE_JSON = "train_state.json"
 BEST, LAST = "best", "last"
-
-
-def save_tensors(
-    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
-) -> None:
-    """safetensors' save_file into a file that replaces path atomically, with the
-    permissions of any other new file (save_file makes them private to the owner, which
-    breaks runs on shared storage)."""
-    size = sum(t.numel() * t.element_size() for t in tensors.values())
-    with files.writing_path(path, size=size) as tmp:
-        save_file(tensors, tmp, metadata=metadata)
-        files.fix_permissions(tmp)
 
 
 # --- one training per run directory -------------------------------------------------------
@@ -192,7 +180,7 @@ def copy_checkpoint(run_dir: Path, src: str, dst: str, meta_update: dict[str, An
 # --- finding and loading -------------------------------------------------------------------
 
 
-def _is_ckpt_dir(path: Path) -> bool:
+def is_checkpoint_dir(path: Path) -> bool:
     return (path / META_FILE).is_file()
 
 
@@ -201,7 +189,7 @@ def holds_checkpoints(path: Path) -> bool:
     tools must not write into."""
     path = Path(path)
     for p in (path, *path.parents[:2]):
-        if _is_ckpt_dir(p) or any(checkpoint_in(p, name) for name in (BEST, LAST)):
+        if is_checkpoint_dir(p) or any(checkpoint_in(p, name) for name in (BEST, LAST)):
             return True
         if (p / "metrics.jsonl").is_file() and (p / "config.yaml").is_file():
             return True
@@ -211,7 +199,7 @@ def holds_checkpoints(path: Path) -> bool:
 def checkpoint_in(run_dir: Path, name: str) -> Path | None:
     """run_dir/name (best or last), or its .old copy when a crash came between the two
     renames that replace a checkpoint; None if neither is there."""
-    return next((d for d in (run_dir / name, run_dir / f"{name}.old") if _is_ckpt_dir(d)), None)
+    return next((d for d in (run_dir / name, run_dir / f"{name}.old") if is_checkpoint_dir(d)), None)
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
@@ -219,8 +207,8 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     A checkpoint interrupted mid-replacement is recovered from its .old copy."""
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"--ckpt {p}: no such file or directory (nor a Hugging Face hub name: gpt2, ...)")
-    if _is_ckpt_dir(p):
+        raise UsageError(f"{p}: no such file or directory")
+    if is_checkpoint_dir(p):
         return p
     found = checkpoint_in(p, BEST) or checkpoint_in(p, LAST)
     if found is not None:
@@ -323,24 +311,8 @@ def _is_int(x: Any) -> bool:
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:
     """Load a model (eval mode, on device) with its tokenizer and metadata from a gptcli run
-    dir or checkpoint dir, a Hugging Face GPT-2 directory, or a hub name (gpt2, ...)."""
-    from gptcli import hf
-
-    p = Path(path)
-    if not p.exists() and str(path) in hf.HUB_MODELS:
-        p = hf.resolve_hub_name(str(path))
-    if p.is_dir() and not _is_ckpt_dir(p) and hf.is_hf_dir(p):
-        model, meta = hf.load_hf(p, device)
-        # a model exported by gptcli with its own tokenizer keeps it beside the weights
-        own = p / hf.GPTCLI_TOKENIZER
-        tokenizer = load_tokenizer(own) if own.is_file() else gpt2_tokenizer()
-        if tokenizer.vocab_size > model.config.vocab_size:
-            raise UsageError(
-                f"{p}: the model has {model.config.vocab_size} token embeddings, fewer than the "
-                f"{tokenizer.vocab_size} tokens of its tokenizer ({tokenizer.name})"
-            )
-        return Loaded(p, model, tokenizer, meta)
-    ckpt = resolve_checkpoint(p)
+    dir or checkpoint dir (gptcli.loading also takes Hugging Face directories and names)."""
+    ckpt = resolve_checkpoint(Path(path))
     meta = read_meta(ckpt)
     if not isinstance(meta.get("model"), dict):
         raise UsageError(f"{ckpt / META_FILE} has no model config; the checkpoint is damaged")

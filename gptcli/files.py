@@ -28,7 +28,7 @@ import stat
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from gptcli.errors import GptcliError, UsageError
 
@@ -188,6 +188,20 @@ def writing_path(path: str | os.PathLike, *, replace: bool = True, size: int | N
         with open(inner, "rb") as f:
             os.fsync(f.fileno())
         _publish_file(inner, path, replace, "--force")
+
+
+def save_tensors(
+    tensors: dict[str, Any], path: str | os.PathLike, metadata: dict[str, str] | None = None
+) -> None:
+    """safetensors' save_file into a file that replaces path atomically, with the
+    permissions of any other new file (save_file makes them private to the owner, which
+    breaks runs on shared storage)."""
+    from safetensors.torch import save_file
+
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    with writing_path(path, size=size) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
+        fix_permissions(tmp)
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from gptcli import files
-from gptcli.checkpoint import save_tensors
 from gptcli.config import ModelConfig
 from gptcli.errors import UsageError
 from gptcli.model import GPT
@@ -309,7 +308,7 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     files.clean_stale(out, EXPORTED)
     state = gptcli_to_hf_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
-    save_tensors(state, out / "model.safetensors", metadata={"format": "pt"})
+    files.save_tensors(state, out / "model.safetensors", metadata={"format": "pt"})
     contents: dict[str, str | bytes] = {"config.json": json.dumps(config, indent=2)}
     if tokenizer.name == "gpt2":
         data = _gpt2_data_dir()

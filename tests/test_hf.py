@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcli.checkpoint import load_checkpoint
 from gptcli.errors import UsageError
 from gptcli.hf import export_hf
+from gptcli.loading import load
 from tests.helpers import assert_usage_error, run
 
 transformers = pytest.importorskip("transformers")
@@ -26,7 +26,7 @@ def logits_equal(hf_model, ours, ids: list[int]) -> None:
 def test_a_hugging_face_directory_loads_with_equal_logits(hf_gpt2, tmp_path):
     hf = hf_gpt2(vocab_size=50257, n_embd=16, n_head=2)
     hf.save_pretrained(tmp_path / "st")
-    loaded = load_checkpoint(tmp_path / "st")
+    loaded = load(tmp_path / "st")
     assert loaded.tokenizer.name == "gpt2" and loaded.meta["source"] == "huggingface"
     ids = loaded.tokenizer.encode("The rabbit dug a hole")
     logits_equal(hf, loaded.model, ids)
@@ -35,7 +35,7 @@ def test_a_hugging_face_directory_loads_with_equal_logits(hf_gpt2, tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "config.json").write_text((tmp_path / "st" / "config.json").read_text())
     torch.save(hf.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
-    logits_equal(hf, load_checkpoint(tmp_path / "bin").model, ids)
+    logits_equal(hf, load(tmp_path / "bin").model, ids)
 
 
 def test_hub_names_come_from_the_local_cache(hf_gpt2, tmp_path, monkeypatch):
@@ -47,7 +47,7 @@ def test_hub_names_come_from_the_local_cache(hf_gpt2, tmp_path, monkeypatch):
     (snap.parents[1] / "refs" / "main").write_text("0123abc")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.chdir(tmp_path)
-    loaded = load_checkpoint("gpt2")
+    loaded = load("gpt2")
     assert loaded.path == snap
     logits_equal(hf, loaded.model, [464, 22746, 18735, 257])
     result = run("sample", "--ckpt", "gpt2", "-p", "The rabbit", "-n", "3", "--temp", "0", "--json")
@@ -59,7 +59,7 @@ def test_hub_names_come_from_the_local_cache(hf_gpt2, tmp_path, monkeypatch):
     with pytest.raises(
         UsageError, match=r"not in the Hugging Face cache \(looked in .*home/hub/models--openai"
     ):
-        load_checkpoint("gpt2-medium")  # HF_HUB_OFFLINE is set for the tests: no download is tried
+        load("gpt2-medium")  # HF_HUB_OFFLINE is set for the tests: no download is tried
 
 
 def test_export_round_trips_through_transformers(trained, tmp_path):
@@ -69,12 +69,12 @@ def test_export_round_trips_through_transformers(trained, tmp_path):
     assert {"config.json", "model.safetensors", "gptcli_tokenizer.json"} <= {p.name for p in out.iterdir()}
     report = json.loads(result.stdout)
     assert report["out"] == str(out) and sorted(report["files"]) == sorted(p.name for p in out.iterdir())
-    ours = load_checkpoint(trained)
+    ours = load(trained)
     theirs = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     ids = ours.tokenizer.encode("The fox dug a")
     logits_equal(theirs, ours.model, ids)
     # and back: the exported directory loads in gptcli, with its own tokenizer
-    back = load_checkpoint(out)
+    back = load(out)
     assert back.tokenizer.name == ours.tokenizer.name == "char"
     logits_equal(theirs, back.model, ids)
     assert_usage_error(run("export", trained, "--to", "hf", out), "exists and is not empty")
@@ -84,7 +84,7 @@ def test_export_round_trips_through_transformers(trained, tmp_path):
 def test_export_of_a_gpt2_bpe_model_brings_its_tokenizer(hf_gpt2, tmp_path):
     hf = hf_gpt2(vocab_size=50257, n_embd=16, n_head=2)
     hf.save_pretrained(tmp_path / "src")
-    loaded = load_checkpoint(tmp_path / "src")
+    loaded = load(tmp_path / "src")
     written = export_hf(loaded.model, loaded.tokenizer, tmp_path / "out")
     assert {"vocab.json", "merges.txt", "tokenizer_config.json"} <= set(written)
     hf_tok = transformers.GPT2TokenizerFast.from_pretrained(tmp_path / "out")
@@ -102,17 +102,17 @@ def test_unsupported_variants_and_broken_weights_are_refused(hf_gpt2, tmp_path):
     cfg["scale_attn_by_inverse_layer_idx"] = True
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UsageError, match="unsupported GPT-2 variant"):
-        load_checkpoint(tmp_path / "m")
+        load(tmp_path / "m")
     cfg["scale_attn_by_inverse_layer_idx"] = False
     cfg["tie_word_embeddings"] = False  # a separate output matrix: ours is tied to the embedding
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UsageError, match="tie_word_embeddings=False"):
-        load_checkpoint(tmp_path / "m")
+        load(tmp_path / "m")
     cfg["tie_word_embeddings"] = True
     cfg["n_layer"] = 3  # the weights have 2
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UsageError, match=r"holds 2 blocks but the config says n_layer = 3"):
-        load_checkpoint(tmp_path / "m")
+        load(tmp_path / "m")
 
 
 class _Payload:
@@ -129,5 +129,5 @@ def test_a_pickle_with_code_is_not_run(hf_gpt2, tmp_path, monkeypatch):
     (model_dir / "config.json").write_text(json.dumps(hf_gpt2().config.to_dict()))
     torch.save({"transformer.wte.weight": _Payload()}, model_dir / "pytorch_model.bin")
     with pytest.raises(UsageError, match=r"refused, it is not plain tensors .*GLOBAL posix\.system"):
-        load_checkpoint(model_dir)
+        load(model_dir)
     assert not Path("pwned").exists()

@@ -68,7 +68,8 @@ def load_model(
     text, or with classifier a classify/choice run) and say which, onto the device in the
     dtype for inference; say where it runs and why. decode: the verb generates token by
     token, so bf16 CPU models take the compiled decoding kernels (gptcli/kernels.py)."""
-    from gptcli.checkpoint import TEXT_TASKS, load_checkpoint, newest_run
+    from gptcli import loading
+    from gptcli.checkpoint import TEXT_TASKS, newest_run
     from gptcli.kernels import use_fast_decode
     from gptcli.runtime import pick_device, pick_inference_dtype
 
@@ -89,7 +90,7 @@ def load_model(
         render.info(f"using the newest {'classifier' if classifier else 'run'}: {run}{also}")
         ckpt = str(run)
     dev, why_device = pick_device(device)
-    loaded = load_checkpoint(ckpt, dev)
+    loaded = loading.load(ckpt, dev)
     dt, why_dtype = pick_inference_dtype(dev, dtype, loaded.model.num_params())
     loaded.model.to(dt)
     if decode and use_fast_decode(loaded.model):

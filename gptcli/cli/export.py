@@ -27,7 +27,7 @@ def export(
 
     gptcli export runs/demo --to hf exported/      then GPT2LMHeadModel.from_pretrained("exported")
     """
-    from gptcli.checkpoint import load_checkpoint
+    from gptcli import loading
     from gptcli.hf import export_hf
 
     if to != "hf":
@@ -38,7 +38,7 @@ def export(
         raise UsageError(f"{out} is a gptcli run or checkpoint; export into a directory of its own")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise UsageError(f"{out} exists and is not empty; choose another directory or pass --force")
-    loaded = load_checkpoint(ckpt)
+    loaded = loading.load(ckpt)
     if loaded.model.config.n_classes:
         render.warning(
             "the classification head is not part of GPT-2's format; only the language model is exported"

@@ -202,11 +202,11 @@ def _base_config(loaded: Any, config_path: Path | None, flags: dict) -> RunConfi
 
 
 def _fresh(ckpt: str, settings: dict, config_path: Path | None, out: Path | None, flags: dict) -> Trainer:
-    from gptcli.checkpoint import load_checkpoint
+    from gptcli import loading
     from gptcli.model import GPT
     from gptcli.runtime import broadcast_from_main, seed_everything, shared_setup
 
-    loaded = load_checkpoint(ckpt)
+    loaded = loading.load(ckpt)
     base_block = loaded.model.config.block_size
     config = _base_config(loaded, config_path, flags)
     if config.model.block_size > base_block:
