@@ -41,6 +41,7 @@ from gptcli.generate import beam_search, generate  # noqa: E402
 from gptcli.hf import hf_to_gptcli_state_dict  # noqa: E402
 from gptcli.kernels import use_fast_decode  # noqa: E402
 from gptcli.model import GPT  # noqa: E402
+from gptcli.reports import Reporter  # noqa: E402
 from gptcli.runtime import cpu_name, keep_freed_memory, measured_peak_flops  # noqa: E402
 
 
@@ -112,8 +113,8 @@ def train_tokens_per_s(step, batch_tokens: int, steps: int, warmup: int = 3) -> 
     return steps * batch_tokens / (time.perf_counter() - t0)
 
 
-class _Rates:
-    """A Reporter that keeps the tokens/s of every step after the first few."""
+class _Rates(Reporter):
+    """Keeps the tokens/s of every step after the first few."""
 
     def __init__(self, skip: int) -> None:
         self.skip, self.rates = skip, []
@@ -121,9 +122,6 @@ class _Rates:
     def on_step(self, r) -> None:
         if r.step > self.skip and r.tokens_per_s:
             self.rates.append(r.tokens_per_s)
-
-    def __getattr__(self, name):  # on_start, on_eval, on_checkpoint, on_end, close
-        return lambda *a, **k: None
 
 
 def ours_trainer_run(
@@ -163,7 +161,7 @@ def ours_trainer_run(
     model = GPT(config.model)
     rates = _Rates(skip=warm)
     run_dir = Path(tempfile.mkdtemp(dir=work))
-    Trainer(model, tok, LMTask(data, data[:10_000], cfg.block_size), config, run_dir, rates).run()
+    Trainer(model, tok, LMTask(data, data[:10_000], cfg.block_size), config, run_dir).run(reporter=rates)
     shutil.rmtree(run_dir, ignore_errors=True)
     return statistics.median(rates.rates), model
 

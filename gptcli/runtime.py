@@ -406,6 +406,28 @@ class Dist:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def gather(self, value: Any) -> list[Any]:
+        """value from every process, in rank order (a list of one when alone; collective)."""
+        if not self.enabled:
+            return [value]
+        import torch.distributed as td
+
+        out: list[Any] = [None] * self.world
+        td.all_gather_object(out, value)
+        return out
+
+    def reduce(self, t: torch.Tensor, op: str = "avg") -> torch.Tensor:
+        """t averaged (op "avg") or maxed ("max") over every process, in place (collective)."""
+        if self.enabled:
+            import torch.distributed as td
+
+            if op == "avg":
+                td.all_reduce(t, op=td.ReduceOp.SUM)
+                t /= self.world
+            else:
+                td.all_reduce(t, op=td.ReduceOp.MAX)
+        return t
+
 
 def dist_from_env() -> Dist:
     """The job layout torchrun puts in the environment (RANK, WORLD_SIZE, LOCAL_RANK)."""

@@ -180,8 +180,9 @@ def test_other_ranks_leave_the_run_directory_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(training.render, "train_summary", lambda s, png: calls.append(("summary", png)))
     for rank in (1, 0):
         trainer = SimpleNamespace(
-            dist=SimpleNamespace(is_main=rank == 0), run_dir=tmp_path, meta={}, run=lambda resume: summary
-        )
+            dist=SimpleNamespace(is_main=rank == 0), run_dir=tmp_path, meta={},
+            run=lambda resume, reporter: summary,
+        )  # fmt: skip
         training.run_trainer(trainer, resume=False, verb="pretrain")
     assert calls[0] == ("summary", None)  # rank 1: no figure
     assert calls[1][1] == tmp_path / "loss.png" and calls[2] == ("summary", str(tmp_path / "loss.png"))

@@ -148,7 +148,7 @@ def test_the_progress_bar_and_the_numbers_show_the_same_step():
     from rich.console import Console
 
     from gptcli.cli import render
-    from gptcli.train import RunInfo, StepReport
+    from gptcli.reports import RunInfo, StepReport
 
     view = render.TrainView("gptcli pretrain →")
     view.live.start = lambda *a, **k: None  # draw by hand, not from the refresh thread

@@ -14,9 +14,11 @@ from gptcli.checkpoint import load_checkpoint, load_train_state
 from gptcli.config import Config, TrainConfig, flag_overrides, load_config
 from gptcli.data import load_data_tokenizer, load_split, tokenize_corpus
 from gptcli.model import GPT
+from gptcli.optim import lr_at, make_optimizer
+from gptcli.reports import Reporter
 from gptcli.runtime import seed_everything
 from gptcli.tasks import LMTask
-from gptcli.train import NullReporter, Trainer, lr_at, make_optimizer
+from gptcli.train import Trainer
 from tests.helpers import make_corpus
 
 
@@ -30,13 +32,13 @@ def tiny_config(**train) -> Config:
     return load_config(None, flag_overrides(**defaults))
 
 
-def build_trainer(data_dir: Path, run_dir: Path, config: Config, reporter=None) -> Trainer:
+def build_trainer(data_dir: Path, run_dir: Path, config: Config) -> Trainer:
     tok = load_data_tokenizer(data_dir)
     config.model.vocab_size = tok.vocab_size
     task = LMTask(load_split(data_dir, "train"), load_split(data_dir, "val"), config.model.block_size)
     seed_everything(config.train.seed)
     model = GPT(config.model)
-    return Trainer(model, tok, task, config, run_dir, reporter or NullReporter(), {"task": "lm"})
+    return Trainer(model, tok, task, config, run_dir, {"task": "lm"})
 
 
 @pytest.fixture
@@ -122,7 +124,7 @@ def test_run_dir_layout_and_checkpoint_reload(data_dir, tmp_path):
     assert loaded.tokenizer.encode("The fox") == trainer.tokenizer.encode("The fox")
 
 
-class StopAt(NullReporter):
+class StopAt(Reporter):
     """Asks the trainer to stop after a given step, as Ctrl-C would."""
 
     def __init__(self, step: int) -> None:
@@ -146,14 +148,11 @@ def test_resume_is_exact(data_dir, tmp_path, dtype):
         data_dir, tmp_path / "split", tiny_config(max_iters=40, eval_interval=10, log_interval=1, dtype=dtype)
     )
     stopper.trainer = first
-    first.reporter = stopper
-    assert first.run().stop_reason == "interrupted"
+    assert first.run(reporter=stopper).stop_reason == "interrupted"
     assert load_train_state(tmp_path / "split" / "last")["state"]["step"] == 23
 
     resumed_model = load_checkpoint(tmp_path / "split" / "last").model.train()
-    second = Trainer(
-        resumed_model, first.tokenizer, first.task, config, tmp_path / "split", NullReporter(), {"task": "lm"}
-    )
+    second = Trainer(resumed_model, first.tokenizer, first.task, config, tmp_path / "split", {"task": "lm"})
     second.run(resume=True)
 
     a, b = train_records(tmp_path / "straight"), train_records(tmp_path / "split")
@@ -168,12 +167,12 @@ def test_resume_is_exact(data_dir, tmp_path, dtype):
 def test_metrics_have_no_duplicates_after_resume(data_dir, tmp_path):
     run = tmp_path / "run"
     first = build_trainer(data_dir, run, tiny_config(max_iters=30, eval_interval=10, log_interval=1))
-    first.reporter = stopper = StopAt(20)  # exactly at an evaluation step
+    stopper = StopAt(20)  # exactly at an evaluation step
     stopper.trainer = first
-    first.run()
+    first.run(reporter=stopper)
     second = Trainer(
         load_checkpoint(run / "last").model.train(), first.tokenizer, first.task,
-        tiny_config(max_iters=30, eval_interval=10, log_interval=1), run, NullReporter(), {"task": "lm"},
+        tiny_config(max_iters=30, eval_interval=10, log_interval=1), run, {"task": "lm"},
     )  # fmt: skip
     second.run(resume=True)
     records = train_records(run)
@@ -190,7 +189,7 @@ def test_resuming_with_more_steps_continues_the_decay(data_dir, tmp_path):
         longer = tiny_config(max_iters=more, eval_interval=10, log_interval=1)
         Trainer(
             load_checkpoint(run / "last").model.train(), first.tokenizer, first.task, longer, run,
-            NullReporter(), {"task": "lm"},
+            {"task": "lm"},
         ).run(resume=True)  # fmt: skip
     lrs = [r["lr"] for r in train_records(run) if r["kind"] == "train"]
     assert len(lrs) == 70

@@ -1,0 +1,106 @@
+"""What the core tells a person, as plain data: the training loop's reports, and the notes
+that setting up a run makes. No torch, no Rich: the CLI renders these (gptcli/cli/render),
+a notebook or a tracker may do something else with them.
+
+Subclass Reporter or Notes and override what you need; every method of the base classes
+does nothing, so the core can always call them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class RunInfo:
+    """Where and how a run trains, said once before its first step."""
+
+    run_dir: Path
+    device: str
+    device_reason: str
+    precision: str
+    precision_reason: str
+    params: int
+    tokens_per_step: int | None  # None when examples vary in length
+    batch_size: int  # sequences per micro-step, in each process
+    grad_accum: int  # micro-steps per optimizer step, of all processes together
+    processes: int
+    start_step: int
+    max_iters: int
+    max_time: float | None
+    compile: bool
+
+
+@dataclass
+class StepReport:
+    step: int  # optimizer steps done
+    max_iters: int
+    elapsed: float
+    lr: float
+    loss: float | None = None  # mean training loss of this step (on log steps only)
+    tokens_per_s: float | None = None
+    mfu: float | None = None  # model FLOPs utilisation, 0..1
+
+
+@dataclass
+class EvalReport:
+    step: int
+    metrics: dict[str, dict[str, float]]  # split -> {"loss": ..., other task metrics}
+    best_val_loss: float
+    improved: bool
+    elapsed: float
+
+
+@dataclass
+class Summary:
+    run_dir: Path
+    steps: int
+    start_step: int
+    elapsed: float
+    tokens: int
+    stop_reason: str  # max_iters | max_time | interrupted | terminated
+    best_val_loss: float | None
+    last_eval: dict[str, dict[str, float]] = field(default_factory=dict)  # this session's latest
+    tokens_per_s: float | None = None  # as the live view counts them: training steps only
+    last_eval_step: int | None = None  # the step of last_eval
+
+
+class Reporter:
+    """Hears what the training loop does (gptcli.train.Trainer.run); does nothing itself."""
+
+    def on_start(self, info: RunInfo) -> None: ...
+
+    def on_step(self, report: StepReport) -> None: ...
+
+    def on_eval(self, report: EvalReport) -> None: ...
+
+    def on_checkpoint(self, name: str, path: Path, step: int) -> None: ...
+
+    def on_end(self, summary: Summary) -> None: ...
+
+    def close(self) -> None:
+        """Called last, also when training fails: release the screen."""
+
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+class Notes:
+    """Hears what setting up a run finds worth saying (gptcli.recipes); does nothing itself."""
+
+    def info(self, text: str) -> None:
+        """Something the user should know (which run was picked, what data was read)."""
+
+    def note(self, text: str) -> None:
+        """A side remark for a person at a terminal."""
+
+    def warning(self, text: str) -> None:
+        """Something that may not be what the user meant."""
+
+    @contextlib.contextmanager
+    def progress(self, description: str, total: int) -> Iterator[Progress]:
+        """A long step's progress: yields update(done, total)."""
+        yield lambda done, total: None

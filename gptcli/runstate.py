@@ -1,0 +1,245 @@
+"""What a run saves with every last/ checkpoint and reads back on --resume, so that it
+continues exactly: where training is (TrainState), the optimizer moments, the gradient
+scaler, every RNG stream and the data position; and metrics.jsonl, cut back to match.
+
+The saved state is data from disk: check_train_state refuses anything in it that does not
+fit the run, and restore turns every other surprise into a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptcli import files
+from gptcli.checkpoint import LAST, checkpoint_in, load_train_state, save_checkpoint
+from gptcli.config import Config, TrainConfig
+from gptcli.errors import UsageError
+from gptcli.model import GPT
+from gptcli.optim import lr_at
+from gptcli.parallel import Sharded, Whole
+from gptcli.runtime import Dist
+from gptcli.tokenizer import Tokenizer
+from gptcli.validate import check_types
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per log step and per evaluation."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, record: dict[str, Any]) -> None:
+        files.append_line(self.path, json.dumps(record))
+
+    def truncate(self, step: int, keep_eval_at_step: bool) -> None:
+        """Forget records written after the checkpoint at `step` (resume replays them)."""
+        if not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            s = rec.get("step", 0) if isinstance(rec, dict) else None
+            if not isinstance(s, int) or isinstance(s, bool):
+                continue  # not a record of ours
+            if s < step or (s == step and (rec.get("kind") != "eval" or keep_eval_at_step)):
+                kept.append(line)
+        files.write_file(self.path, "".join(k + "\n" for k in kept))
+
+
+@dataclass
+class TrainState:
+    """Where training is; saved with every last/ checkpoint."""
+
+    step: int = 0
+    tokens: int = 0
+    elapsed: float = 0.0
+    best_val_loss: float | None = None
+    last_eval_step: int = -1
+    schedule: list | None = None  # [max_iters, max_time] the LR schedule was planned for
+    decay_from: list[float] | None = None  # see lr_at; set when a resume changed the schedule
+
+
+def refit_schedule(state: TrainState, cfg: TrainConfig) -> None:
+    """Record the schedule's end; a resume that moves it decays on from the current LR."""
+    planned = [cfg.max_iters, cfg.max_time]
+    if state.schedule is not None and state.schedule != planned and state.step >= cfg.warmup_iters:
+        before = replace(cfg, max_iters=state.schedule[0], max_time=state.schedule[1])
+        lr = lr_at(state.step, before, state.elapsed, state.decay_from)
+        state.decay_from = [state.step, lr, state.elapsed]
+    state.schedule = planned
+
+
+@dataclass
+class Parts:
+    """The live objects whose state is saved and restored with a run."""
+
+    optimizer: torch.optim.Optimizer
+    placement: Whole | Sharded
+    scaler: torch.amp.GradScaler
+    data_gen: torch.Generator
+    dist: Dist
+    device: torch.device
+
+
+def collect(state: TrainState, parts: Parts) -> dict[str, Any]:
+    """Everything resume needs (collective under torchrun: every rank gives its RNG)."""
+    torch_rng = parts.dist.gather(torch.get_rng_state())
+    cuda_rng = (
+        parts.dist.gather(torch.cuda.get_rng_state(parts.device).cpu())
+        if parts.device.type == "cuda"
+        else None
+    )
+    return {
+        "state": asdict(state),
+        "optimizer": parts.placement.optimizer_state(parts.optimizer),
+        "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else None,
+        "data_rng": parts.data_gen.get_state(),
+        "world": parts.dist.world,
+        "torch_rng": torch_rng,
+        "cuda_rng": cuda_rng,
+    }
+
+
+def save_last(
+    run_dir: Path,
+    model: GPT,
+    tokenizer: Tokenizer,
+    config: Config,
+    meta: dict[str, Any],
+    state: TrainState,
+    parts: Parts,
+    metrics: dict[str, dict[str, float]] | None,
+) -> Path | None:
+    """Write run_dir/last (collective: every rank calls it); its path on rank 0."""
+    saved = collect(state, parts)  # on every rank
+    weights = parts.placement.weights()  # whole tensors (sharded: gathered, on rank 0)
+    if not parts.dist.is_main:
+        return None
+    full_meta = {
+        "step": state.step,
+        "tokens": state.tokens,
+        "best_val_loss": state.best_val_loss,
+        "train_loss": metrics["train"]["loss"] if metrics else None,
+        "val_loss": metrics["val"]["loss"] if metrics else None,
+        "config": config.to_dict(),
+        **meta,
+    }
+    return save_checkpoint(run_dir, LAST, model, tokenizer, full_meta, saved, weights)
+
+
+def restore(run_dir: Path, parts: Parts) -> TrainState:
+    """Put the state saved in run_dir's last/ checkpoint back into parts, and return where
+    training was. Anything in it that does not fit this run is a one-line error."""
+    skip = None if parts.dist.is_main else parts.placement.skip_on_load
+    ckpt = checkpoint_in(run_dir, LAST) or run_dir / LAST
+    saved = load_train_state(ckpt, skip)
+    try:
+        if parts.dist.is_main:
+            check_train_state(saved, parts.optimizer, f"{ckpt}/train_state.json")
+        return _load(saved, parts)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
+        raise UsageError(
+            f"{ckpt}/train_state.json and its tensors do not fit this run ({type(e).__name__}: {e}); "
+            "the training state is damaged, so the run cannot continue exactly"
+        ) from None
+
+
+def _load(saved: dict[str, Any], parts: Parts) -> TrainState:
+    optim = saved["optimizer"]
+    optim["state"] = {int(k): v for k, v in optim["state"].items()}
+    parts.placement.load_optimizer_state(parts.optimizer, optim)
+    if saved.get("scaler"):
+        parts.scaler.load_state_dict(saved["scaler"])
+    parts.data_gen.set_state(saved["data_rng"])
+    dist = parts.dist
+    ranks = saved.get("world", 1)
+    if ranks != dist.world:
+        raise UsageError(
+            f"the run was trained by {ranks} process(es); resume it with the same number "
+            f"(now {dist.world}) to continue exactly"
+        )
+    torch.set_rng_state(_per_rank(saved["torch_rng"])[dist.rank])
+    if parts.device.type == "cuda" and saved.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(_per_rank(saved["cuda_rng"])[dist.rank], parts.device)
+    return TrainState(**saved["state"])
+
+
+def _per_rank(rng: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
+    """RNG states by rank (early single-process checkpoints saved one state, not a list)."""
+    return [rng] if isinstance(rng, torch.Tensor) else rng
+
+
+_STATE_SCHEMA: dict[str, tuple[type, ...]] = {
+    "step": (int,), "tokens": (int,), "elapsed": (float,), "best_val_loss": (float, type(None)),
+    "last_eval_step": (int,), "schedule": (list, type(None)), "decay_from": (list, type(None)),
+}  # fmt: skip
+
+
+def check_train_state(
+    saved: Any, optimizer: torch.optim.Optimizer, source: str = "the training state"
+) -> None:
+    """Raise ValueError unless a saved training state has the parts resume reads, with
+    values that can be, and an optimizer state for exactly this model's parameters (every
+    moment the shape of its parameter)."""
+    if not isinstance(saved, dict) or not all(k in saved for k in ("state", "optimizer", "data_rng")):
+        raise ValueError("it lacks the state, optimizer or data_rng part")
+    if not isinstance(saved["state"], dict) or set(saved["state"]) - set(TrainState.__dataclass_fields__):
+        raise ValueError("its state part holds unknown fields")
+    check_types(saved["state"], _STATE_SCHEMA, source)
+    _check_state_values(saved["state"])
+    optim = saved["optimizer"]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    groups = optim.get("param_groups") if isinstance(optim, dict) else None
+    if not isinstance(groups, list) or [len(g.get("params", [])) for g in groups] != [
+        len(g["params"]) for g in optimizer.param_groups
+    ]:
+        raise ValueError("its optimizer has other parameter groups than this model")
+    for index, moments in (optim.get("state") or {}).items():
+        i = int(index)
+        if not 0 <= i < len(params) or not isinstance(moments, dict):
+            raise ValueError(f"its optimizer state names parameter {index}, which this model lacks")
+        for name, value in moments.items():
+            if name != "step" and isinstance(value, torch.Tensor) and value.shape != params[i].shape:
+                raise ValueError(
+                    f"optimizer {name} of parameter {i} has shape {tuple(value.shape)}, "
+                    f"the parameter {tuple(params[i].shape)}"
+                )
+
+
+def _check_state_values(state: dict[str, Any]) -> None:
+    if not all(state.get(k, 0) >= 0 for k in ("step", "tokens", "elapsed")) or not math.isfinite(
+        state.get("elapsed", 0.0)
+    ):
+        raise ValueError("its step, tokens or elapsed time is negative or not finite")
+    best = state.get("best_val_loss")
+    if best is not None and not math.isfinite(best):
+        raise ValueError(f"its best_val_loss is {best}")
+    schedule, decay = state.get("schedule"), state.get("decay_from")
+    if schedule is not None and not (
+        len(schedule) == 2
+        and _is_int(schedule[0])
+        and schedule[0] >= 1
+        and (schedule[1] is None or (_is_number(schedule[1]) and 0 < schedule[1] < math.inf))
+    ):
+        raise ValueError(f"its schedule {schedule} is not [max_iters, max_time or null]")
+    if decay is not None and not (len(decay) == 3 and all(_is_number(x) and math.isfinite(x) for x in decay)):
+        raise ValueError(f"its decay_from {decay} is not three numbers")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
