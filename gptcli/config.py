@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gptcli.errors import UsageError
+from gptcli.errors import UsageError, command
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes up to this
 
@@ -215,6 +215,38 @@ class TrainConfig:
             raise UsageError(
                 f"{key_name('train', 'device')} must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}"
             )
+
+
+# finetuning starts from a trained model: smaller steps, shorter runs, than pretraining
+FINETUNE_DEFAULTS = TrainConfig(
+    batch_size=16, lr=1e-4, min_lr=1e-5, warmup_iters=20, max_iters=300, eval_interval=50, weight_decay=0.01
+)
+FINETUNE_TASKS = ("lm", "classify", "choice", "sft")
+
+
+@dataclass
+class FinetuneSettings:
+    """What a finetuning run learns, from what: saved with the run, fixed on --resume."""
+
+    task: str  # lm | classify | choice | sft
+    data: list[str]  # lm: text files/dirs or a tokenized dir; otherwise one JSONL (or CSV) file
+    base: str  # the checkpoint it starts from (--ckpt)
+    val_data: str | None = None  # validation records; default: hold out val_fraction
+    val_fraction: float = knob(0.1, check=OPEN_FRACTION, flag="--val-fraction")
+    aux_lm_weight: float = knob(0.5, check=NON_NEGATIVE, flag="--aux-lm-weight")  # lambda in L2 + lambda L1
+    delimiter: str = "\n"  # between a pair's parts, or context and choice
+    both_orders: bool = False  # pairs: score both orders and add them (GPT-1's similarity)
+
+    def validate(self) -> FinetuneSettings:
+        check_fields(self)
+        if self.task not in FINETUNE_TASKS:
+            raise UsageError(f"--task {self.task!r}: use one of {', '.join(FINETUNE_TASKS)}")
+        if not self.data:
+            again = command("finetune", "--ckpt", self.base, "DATA", "--task", self.task)
+            raise UsageError(f"give the data to finetune on: {again}")
+        if self.task != "lm" and len(self.data) != 1:
+            raise UsageError(f"--task {self.task} takes one data file (and --val-data for validation)")
+        return self
 
 
 @dataclass

@@ -6,6 +6,8 @@ and an exit code (2 for bad input, 1 for other failures).
 
 from __future__ import annotations
 
+import shlex
+
 
 class GptcliError(Exception):
     """An error the user can fix; `str(err)` is the whole message."""
@@ -17,3 +19,9 @@ class UsageError(GptcliError):
     """Bad input: a missing file, a wrong flag value, an incompatible checkpoint, ..."""
 
     exit_code = 2
+
+
+def command(*args: object) -> str:
+    """A gptcli command line for the user to paste (in a message or hint), each argument
+    shell-quoted: a path with a space stays one argument."""
+    return " ".join(["gptcli", *(shlex.quote(str(a)) for a in args)])

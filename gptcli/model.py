@@ -232,6 +232,14 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    def crop_block_size(self, block_size: int) -> None:
+        """Shorten the context to block_size positions (as nanoGPT does): the position
+        embeddings beyond it are dropped; a model can be finetuned on shorter texts so."""
+        if not 1 <= block_size <= self.config.block_size:
+            raise ValueError(f"block_size {block_size}: must be between 1 and {self.config.block_size}")
+        self.config.block_size = block_size
+        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+
     def set_attention(self, kind: str) -> None:
         """ "sdpa": F.scaled_dot_product_attention (flash kernels on GPUs, the default), or
         "explicit": the same maths as separate matmuls and a softmax, which bf16 CPUs run

@@ -139,7 +139,7 @@ def test_running_out_of_memory_names_the_knob(ws, trained, monkeypatch):
 
     from gptcli.train import Trainer
 
-    def oom(self, resume=False):
+    def oom(self, resume=False, reporter=None):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(Trainer, "run", oom)

@@ -114,22 +114,19 @@ def test_compile_covers_the_classification_loss(pretrained, order_data, tmp_path
 def test_the_classifier_reloads_and_predicts_the_same(pretrained, order_data, tmp_path, monkeypatch):
     """The model in memory at the end of training and `gptcli classify` on its saved
     checkpoint give the same probabilities."""
-    from gptcli.cli import finetune as finetune_cli
-    from gptcli.config import flag_overrides
+    from gptcli.config import FinetuneSettings, flag_overrides
+    from gptcli.recipes import finetune_trainer
 
     monkeypatch.chdir(tmp_path)
-    settings = {
-        "task": "classify", "data": [str(order_data)], "val_data": None, "val_fraction": 0.1,
-        "aux_lm_weight": 0.5, "delimiter": "\n", "both_orders": False, "base": str(pretrained),
-    }  # fmt: skip
+    settings = FinetuneSettings(task="classify", data=[str(order_data)], base=str(pretrained))
     flags = flag_overrides(
         max_iters=60, lr=2e-3, batch_size=16, warmup_iters=10, eval_iters=4, device="cpu", dtype="fp32"
     )
-    trainer = finetune_cli._fresh(str(pretrained), settings, None, tmp_path / "cls", flags)
+    trainer = finetune_trainer(settings, out=tmp_path / "cls", flags=flags)  # from Python, no CLI
     trainer.run()
     records = read_records(order_data)[:20]
     in_memory = predict_records(
-        trainer.model.eval(), trainer.tokenizer, {**settings, **trainer.meta}, records, torch.device("cpu")
+        trainer.model.eval(), trainer.tokenizer, trainer.meta, records, torch.device("cpu")
     )
 
     out = run("classify", "--ckpt", tmp_path / "cls" / "last", "--file", order_data, "--json")

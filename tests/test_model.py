@@ -215,3 +215,17 @@ def test_compiled_model_computes_the_same_function():
     model.set_attention("explicit")
     with torch.no_grad():
         torch.testing.assert_close(model(x)[0], eager, atol=1e-4, rtol=1e-5)
+
+
+def test_crop_block_size_keeps_what_a_shorter_context_sees():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=50, block_size=32, n_layer=2, n_head=2, n_embd=16)).eval()
+    x = torch.randint(0, 50, (2, 8))
+    with torch.no_grad():
+        before = model(x)[0]
+        model.crop_block_size(8)
+        after = model(x)[0]
+    assert model.config.block_size == 8 and model.transformer.wpe.weight.shape == (8, 16)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="positions exceed"):
+        model(torch.randint(0, 50, (1, 9)))

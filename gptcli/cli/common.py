@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -30,12 +29,6 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables
 Seed = Annotated[
     int | None, typer.Option("--seed", help="Seed for reproducible random choices.", show_default=False)
 ]
-
-
-def command(*args: object) -> str:
-    """A gptcli command line for the user to paste, each argument shell-quoted (a path
-    with a space stays one argument)."""
-    return " ".join(["gptcli", *(shlex.quote(str(a)) for a in args)])
 
 
 def is_path(arg: str) -> bool:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
-from gptcli.cli.common import command
+from gptcli.cli import render
 from gptcli.cli.training import (
     MODEL,
     RUN,
@@ -15,24 +15,13 @@ from gptcli.cli.training import (
     JsonSummary,
     NewData,
     Resume,
-    load_for_resume,
-    new_run_dir,
     opt,
-    prepare_text,
     run_trainer,
-    same_data,
     train_flags,
     training_options,
 )
 from gptcli.config import TrainConfig
 from gptcli.errors import UsageError
-
-if TYPE_CHECKING:
-    from gptcli.config import Config as RunConfig
-    from gptcli.model import GPT
-    from gptcli.tasks import Task
-    from gptcli.tokenizer import Tokenizer
-    from gptcli.train import Trainer
 
 T = training_options(TrainConfig())
 
@@ -98,105 +87,19 @@ def pretrain(
     gptcli pretrain --resume --out runs/books-20260101-120000
     """
     from gptcli.config import flag_overrides
+    from gptcli.recipes import pretrain_trainer, resume_pretraining
 
     flags = flag_overrides(
         tokenizer=tokenizer, n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
         dropout=dropout, bias=bias, **train_flags(locals()),
     )  # fmt: skip
+    notes = render.Notes()
     if resume:
-        trainer = _resume(out, corpus, config, flags, new_data)
+        trainer = resume_pretraining(
+            out, corpus=corpus, config_path=config, flags=flags, new_data=new_data, notes=notes
+        )
     else:
         if new_data:
-            raise UsageError(
-                "--new-data goes with --resume (a new run simply trains on the data it is given)"
-            )
-        if not corpus:
-            raise UsageError("give the text to train on: gptcli pretrain CORPUS... (files or directories)")
-        trainer = _fresh(corpus, config, out, flags)
+            raise UsageError("--new-data goes with --resume (a new run trains on the data it is given)")
+        trainer = pretrain_trainer(corpus or [], config_path=config, out=out, flags=flags, notes=notes)
     run_trainer(trainer, resume=resume, verb="pretrain", json_out=json_out)
-
-
-def _fresh(corpus: list[Path], config_path: Path | None, out: Path | None, flags: dict) -> Trainer:
-    from gptcli.config import load_config, read_yaml
-    from gptcli.model import GPT
-    from gptcli.runtime import broadcast_from_main, seed_everything, shared_setup
-
-    config = load_config(config_path, flags)
-    explicit_tokenizer = "tokenizer" in flags.get("data", {}) or (
-        config_path is not None and "tokenizer" in (read_yaml(config_path).get("data") or {})
-    )
-
-    def prepare() -> tuple[Path, Path, Any]:
-        run_dir = new_run_dir(out, corpus[0].resolve().stem)
-        data_dir, report = prepare_text(
-            corpus, config.data.tokenizer, config.data.val_fraction, explicit_tokenizer
-        )
-        return run_dir, data_dir, report
-
-    run_dir, data_dir, report = shared_setup(config.train.device, prepare)
-    run_dir = broadcast_from_main(run_dir)  # the same run dir for every process of a torchrun job
-    config.data.tokenizer = report.tokenizer
-    tok, task = _load_task(data_dir, config)
-    seed_everything(config.train.seed)
-    model = GPT(config.model)
-    data = {"data_dir": str(data_dir), "sources": list(report.files), "data_sha256": report.source_sha256}
-    return _trainer(model, tok, task, config, run_dir, data)
-
-
-def _resume(
-    out: Path | None, corpus: list[Path] | None, config_path: Path | None, flags: dict, new_data: bool
-) -> Trainer:
-    from gptcli.data import read_meta
-    from gptcli.runtime import shared_setup
-
-    loaded, config = load_for_resume(out, flags, config_path)
-    run_dir, meta = loaded.path.parent, loaded.meta
-    if "data_dir" not in meta:
-        raise UsageError(
-            f"{loaded.path}/checkpoint.json does not say where the run's data is; it cannot be resumed"
-        )
-    data_dir, sources = Path(meta["data_dir"]), meta.get("sources", [])
-    if corpus:
-        tokenizer, fraction = config.data.tokenizer, config.data.val_fraction
-        data_dir, report = shared_setup(
-            config.train.device, lambda: prepare_text(corpus, tokenizer, fraction, explicit_tokenizer=True)
-        )
-        what, sources = " ".join(map(str, corpus)), list(report.files)
-    elif not data_dir.exists():
-        raise UsageError(
-            f"the run's data ({data_dir}) is gone; pass the corpus again: "
-            f"{command('pretrain', 'CORPUS', '--resume', '--out', run_dir)}"
-        )
-    else:
-        report, what = read_meta(data_dir), f"the tokens in {data_dir}"
-    data = {"data_dir": str(data_dir), "sources": sources}
-    data |= same_data(meta, report.source_sha256, new_data, what)
-    tok, task = _load_task(data_dir, config)
-    if tok.to_dict() != loaded.tokenizer.to_dict():
-        raise UsageError(
-            f"the data is tokenized with {tok.name}, but the run was trained with {loaded.tokenizer.name}"
-        )
-    return _trainer(loaded.model, loaded.tokenizer, task, config, run_dir, data)
-
-
-def _load_task(data_dir: Path, config: Any) -> tuple[Any, Any]:
-    from gptcli.data import load_data_tokenizer, load_split
-    from gptcli.tasks import LMTask
-
-    tok = load_data_tokenizer(data_dir)
-    if config.model.vocab_size is None:
-        config.model.vocab_size = tok.vocab_size
-    elif config.model.vocab_size < tok.vocab_size:
-        raise UsageError(
-            f"model.vocab_size {config.model.vocab_size} is smaller than the tokenizer's {tok.vocab_size}"
-        )
-    train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
-    task = LMTask(train, val, config.model.block_size, config.model.vocab_size)
-    return tok, task
-
-
-def _trainer(model: GPT, tok: Tokenizer, task: Task, config: RunConfig, run_dir: Path, data: dict) -> Trainer:
-    """data: where the tokens are (data_dir), the text they came from (sources, data_sha256)."""
-    from gptcli.train import Trainer
-
-    return Trainer(model, tok, task, config, run_dir, meta={"task": "lm", **data})

@@ -22,6 +22,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 from rich.table import Table
 from rich.text import Text
 
+from gptcli import reports
+
 
 class Stream(io.TextIOBase):
     """sys.stdout or sys.stderr (whichever it is at the time of writing), made safe for a
@@ -131,6 +133,25 @@ def note(message: str) -> None:
     """A side remark for people at a terminal (where it runs, why); silent in pipes and logs."""
     if err.is_terminal:
         info(message)
+
+
+class Notes(reports.Notes):
+    """What setting up a run says (gptcli.recipes), on stderr: info and warnings always,
+    notes and progress bars at a terminal only."""
+
+    def info(self, text: str) -> None:
+        info(text)
+
+    def note(self, text: str) -> None:
+        note(text)
+
+    def warning(self, text: str) -> None:
+        warning(text)
+
+    @contextmanager
+    def progress(self, description: str, total: int) -> Iterator[Callable[[int, int], None]]:
+        with byte_progress(description, total, show=total > 4 << 20) as update:
+            yield update
 
 
 def print_json(obj: Any) -> None:

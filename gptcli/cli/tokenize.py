@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import command, is_path, text_arg
-from gptcli.errors import UsageError
+from gptcli.cli.common import is_path, text_arg
+from gptcli.errors import UsageError, command
 
 if TYPE_CHECKING:
     from gptcli.tokenizer import Tokenizer

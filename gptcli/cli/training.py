@@ -3,7 +3,6 @@ loop with the live view, the summary and loss.png."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, fields
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,10 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gptcli.cli import figures, render
-from gptcli.cli.common import command
 from gptcli.config import TrainConfig
-from gptcli.errors import UsageError
-from gptcli.paths import RUNS_DIR
+from gptcli.errors import command
 
 if TYPE_CHECKING:
     from gptcli.train import Trainer
@@ -77,18 +74,6 @@ def train_flags(values: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def new_run_dir(out: Path | None, stem: str) -> Path:
-    """--out, or runs/<stem>-<timestamp>; never a directory that already holds something."""
-    if out is None:
-        out = RUNS_DIR / f"{stem or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(
-            f"{out} already exists and is not empty; pass --resume to continue that run, "
-            "or choose another --out"
-        )
-    return out
-
-
 def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = False) -> None:
     """Train with the live view, print the summary and loss.png; exit 130 with a resume hint
     if interrupted. json_out: progress as plain lines on stderr, the summary as JSON on stdout."""
@@ -122,74 +107,3 @@ def summary_json(summary: Any, loss_png: Path | None) -> dict[str, Any]:
     }
     data["loss_png"] = str(loss_png) if loss_png else None
     return data
-
-
-def prepare_text(
-    corpus: list[Path], tokenizer: Any, val_fraction: float, explicit_tokenizer: bool = False
-) -> tuple[Path, Any]:
-    """A tokenized directory for the corpus, and its report: the directory given (made by
-    `gptcli tokenize`), or raw text tokenized into the cache, reused when the same text and
-    tokenizer come again. tokenizer: a spec (char, gpt2, bpe:N) or a Tokenizer."""
-    from gptcli.data import cached_corpus, collect_files, is_tokenized_dir, read_meta
-
-    if len(corpus) == 1 and corpus[0].is_dir() and is_tokenized_dir(corpus[0]):
-        report = read_meta(corpus[0])
-        wanted = tokenizer if isinstance(tokenizer, str) else tokenizer.name
-        if (explicit_tokenizer or not isinstance(tokenizer, str)) and report.tokenizer != wanted.lower():
-            raise UsageError(
-                f"{corpus[0]} is tokenized with {report.tokenizer}, not {wanted}; drop --tokenizer, "
-                "or tokenize the text again with: "
-                f"{command('tokenize', 'TEXT', '--out', 'DIR', '-t', wanted)}"
-            )
-        return corpus[0], report
-    total = sum(f.stat().st_size for f in collect_files(corpus))
-    with render.byte_progress("tokenizing", total, show=total > 4 << 20) as update:
-        data_dir, report = cached_corpus(corpus, tokenizer, val_fraction, update)
-    verb = "reusing the cached tokens of" if report.reused else "tokenized"
-    render.note(
-        f"{verb} {len(report.files)} file(s): {report.tokens:,} {report.tokenizer} tokens ({data_dir})"
-    )
-    return data_dir, report
-
-
-def load_for_resume(out: Path | None, flags: dict[str, Any], config_path: Path | None) -> tuple[Any, Any]:
-    """The last/ checkpoint of the run to resume, and its config: the saved one, where the
-    --config file and the flags may repeat its values, and change only what a resumed run
-    may change."""
-    from gptcli.checkpoint import LAST, checkpoint_in, load_checkpoint, newest_run
-    from gptcli.config import Config, merge, read_yaml, resume_config
-
-    if out is None:
-        out = newest_run()
-        if out is None:
-            raise UsageError("--resume: no run under ./runs to continue; pass --out RUN_DIR")
-        render.info(f"resuming the newest run: {out}")
-    elif out.name in (LAST, "best") and out.parent.is_dir():
-        out = out.parent  # --out RUN/last means the run
-    found = checkpoint_in(out, LAST)
-    if found is None:
-        raise UsageError(f"--resume: {out} has no last/ checkpoint to continue from")
-    loaded = load_checkpoint(found)
-    if not isinstance(loaded.meta.get("config"), dict):
-        raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")
-    saved = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")
-    given = [(read_yaml(config_path), str(config_path))] if config_path is not None else []
-    config = resume_config(saved, [*given, (flags, "the command line")])
-    loaded.model.train()
-    return loaded, config
-
-
-def same_data(meta: dict[str, Any], sha256: str, new_data: bool, what: str) -> dict[str, Any]:
-    """Check that a resumed run gets the data it was trained on (by content hash), or, with
-    --new-data, record the change; returns the metadata to save with the run."""
-    saved = meta.get("data_sha256")
-    if saved is None or saved == sha256:  # runs made before the hash was kept: take it as given
-        return {"data_sha256": sha256}
-    if not new_data:
-        raise UsageError(
-            f"{what} is not the data this run was trained on (content sha256 {sha256[:12]}, the run's "
-            f"{saved[:12]}); give the run's data, or add --new-data to continue on this on purpose"
-        )
-    render.warning(f"continuing on new data ({what}); the run records the change at step {meta.get('step')}")
-    change = {"step": meta.get("step"), "data_sha256": sha256, "previous": saved}
-    return {"data_sha256": sha256, "data_changes": [*meta.get("data_changes", []), change]}

@@ -1,0 +1,396 @@
+"""Starting and continuing training runs: what `gptcli pretrain` and `gptcli finetune` do
+before the loop, callable from Python without the CLI.
+
+    from gptcli.recipes import pretrain_trainer
+    trainer = pretrain_trainer(["corpus.txt"], flags={"model": {"n_layer": 2}}, out="runs/x")
+    summary = trainer.run()
+
+Each function builds the run's config (defaults < YAML < flags), finds or makes its data,
+builds or loads the model and returns a Trainer; `resume_*` check that what is given again
+matches the run (its config by field, its data by content hash). Under torchrun the set-up
+runs once per machine and every process gets its result. What is worth saying on the way
+goes to a gptcli.reports.Notes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from gptcli import loading
+from gptcli.checkpoint import LAST, Loaded, checkpoint_in, load_checkpoint, newest_run
+from gptcli.config import (
+    FINETUNE_DEFAULTS,
+    Config,
+    FinetuneSettings,
+    TrainConfig,
+    load_config,
+    merge,
+    read_yaml,
+    resume_config,
+)
+from gptcli.data import (
+    TokenizeReport,
+    cached_corpus,
+    collect_files,
+    content_sha256,
+    is_tokenized_dir,
+    load_data_tokenizer,
+    load_split,
+    read_meta,
+)
+from gptcli.errors import UsageError, command
+from gptcli.model import GPT
+from gptcli.paths import RUNS_DIR
+from gptcli.reports import Notes
+from gptcli.runtime import broadcast_from_main, seed_everything, shared_setup
+from gptcli.tasks import LMTask, Task, supervised_task
+from gptcli.tokenizer import Tokenizer
+from gptcli.train import Trainer
+
+Flags = dict[str, dict[str, Any]]  # {section: {key: value}}, as config.flag_overrides makes
+
+
+# --- pretraining ---------------------------------------------------------------------------
+
+
+def pretrain_trainer(
+    corpus: list[str | Path],
+    *,
+    config_path: str | Path | None = None,
+    out: str | Path | None = None,
+    flags: Flags | None = None,
+    notes: Notes | None = None,
+) -> Trainer:
+    """A new run that trains a GPT from scratch on corpus (text files, directories of them,
+    or a directory made by `gptcli tokenize`) in out (default runs/<corpus>-<time>)."""
+    notes, flags = notes or Notes(), flags or {}
+    corpus = [Path(c) for c in corpus]
+    if not corpus:
+        raise UsageError("give the text to train on: gptcli pretrain CORPUS... (files or directories)")
+    config = load_config(config_path, flags)
+    explicit_tokenizer = "tokenizer" in flags.get("data", {}) or (
+        config_path is not None and "tokenizer" in (read_yaml(config_path).get("data") or {})
+    )
+
+    def prepare() -> tuple[Path, Path, TokenizeReport]:
+        run_dir = new_run_dir(out, corpus[0].resolve().stem)
+        tokenizer, fraction = config.data.tokenizer, config.data.val_fraction
+        return (run_dir, *prepare_text(corpus, tokenizer, fraction, notes, explicit_tokenizer))
+
+    run_dir, data_dir, report = shared_setup(config.train.device, prepare)
+    run_dir = broadcast_from_main(run_dir)  # the same run dir for every process of a torchrun job
+    config.data.tokenizer = report.tokenizer
+    tok, task = _lm_task(data_dir, config)
+    seed_everything(config.train.seed)
+    model = GPT(config.model)
+    data = {"data_dir": str(data_dir), "sources": list(report.files), "data_sha256": report.source_sha256}
+    return Trainer(model, tok, task, config, run_dir, meta={"task": "lm", **data})
+
+
+def resume_pretraining(
+    out: str | Path | None = None,
+    *,
+    corpus: list[str | Path] | None = None,
+    config_path: str | Path | None = None,
+    flags: Flags | None = None,
+    new_data: bool = False,
+    notes: Notes | None = None,
+) -> Trainer:
+    """The run in out (default: the newest under ./runs), continued exactly from last/: on
+    its own tokens, or on corpus when given again (which must be the same text, unless
+    new_data)."""
+    notes = notes or Notes()
+    loaded, config = load_for_resume(out, flags or {}, config_path, notes)
+    run_dir, meta = loaded.path.parent, loaded.meta
+    if "data_dir" not in meta:
+        raise UsageError(
+            f"{loaded.path}/checkpoint.json does not say where the run's data is; it cannot be resumed"
+        )
+    data_dir, sources = Path(meta["data_dir"]), meta.get("sources", [])
+    if corpus:
+        paths = [Path(c) for c in corpus]
+        tokenizer, fraction = config.data.tokenizer, config.data.val_fraction
+        data_dir, report = shared_setup(
+            config.train.device,
+            lambda: prepare_text(paths, tokenizer, fraction, notes, explicit_tokenizer=True),
+        )
+        what, sources = " ".join(map(str, paths)), list(report.files)
+    elif not data_dir.exists():
+        raise UsageError(
+            f"the run's data ({data_dir}) is gone; pass the corpus again: "
+            f"{command('pretrain', 'CORPUS', '--resume', '--out', run_dir)}"
+        )
+    else:
+        report, what = read_meta(data_dir), f"the tokens in {data_dir}"
+    data = {"data_dir": str(data_dir), "sources": sources}
+    data |= same_data(meta, report.source_sha256, new_data, what, notes)
+    tok, task = _lm_task(data_dir, config)
+    if tok.to_dict() != loaded.tokenizer.to_dict():
+        raise UsageError(
+            f"the data is tokenized with {tok.name}, but the run was trained with {loaded.tokenizer.name}"
+        )
+    return Trainer(loaded.model, loaded.tokenizer, task, config, run_dir, meta={"task": "lm", **data})
+
+
+def _lm_task(data_dir: Path, config: Config) -> tuple[Tokenizer, LMTask]:
+    """The tokenizer and next-token task of a tokenized directory; sets the model's
+    vocab_size from the tokenizer when the config leaves it unset."""
+    tok = load_data_tokenizer(data_dir)
+    if config.model.vocab_size is None:
+        config.model.vocab_size = tok.vocab_size
+    elif config.model.vocab_size < tok.vocab_size:
+        raise UsageError(
+            f"model.vocab_size {config.model.vocab_size} is smaller than the tokenizer's {tok.vocab_size}"
+        )
+    train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
+    return tok, LMTask(train, val, config.model.block_size, config.model.vocab_size)
+
+
+# --- finetuning ----------------------------------------------------------------------------
+
+
+def finetune_trainer(
+    settings: FinetuneSettings,
+    *,
+    config_path: str | Path | None = None,
+    out: str | Path | None = None,
+    flags: Flags | None = None,
+    notes: Notes | None = None,
+) -> Trainer:
+    """A new run that finetunes settings.base (a run, checkpoint, Hugging Face directory or
+    hub name) on settings.data for settings.task, in out (default runs/<data>-<task>-<time>)."""
+    notes, settings = notes or Notes(), settings.validate()
+    loaded = loading.load(settings.base)
+    base_block = loaded.model.config.block_size
+    config = _finetune_config(loaded, config_path, flags or {})
+    if config.model.block_size > base_block:
+        raise UsageError(
+            f"--block-size {config.model.block_size} is larger than the checkpoint's {base_block}; "
+            "its position embeddings stop there"
+        )
+
+    def prepare() -> tuple[Path, Task, dict[str, Any]]:
+        run_dir = new_run_dir(out, f"{Path(settings.data[0]).stem}-{settings.task}")
+        return (run_dir, *_finetune_task(settings, loaded.tokenizer, config, notes))
+
+    run_dir, task, extra = shared_setup(config.train.device, prepare)
+    run_dir = broadcast_from_main(run_dir)  # the same run dir for every process of a torchrun job
+    seed_everything(config.train.seed)
+    model = GPT(config.model)
+    loaded.model.crop_block_size(config.model.block_size)
+    state = {k: v for k, v in loaded.model.state_dict().items() if not k.startswith("classifier.")}
+    model.load_state_dict(state, strict=False)  # a new classification head, if the task has one
+    meta = {**asdict(settings), **extra}
+    return Trainer(model, loaded.tokenizer, task, config, run_dir, meta=meta)
+
+
+def _finetune_config(loaded: Loaded, config_path: str | Path | None, flags: Flags) -> Config:
+    """Finetuning defaults < --config < flags for training; the model comes from the checkpoint."""
+    config = Config(train=TrainConfig(**asdict(FINETUNE_DEFAULTS)))
+    config.model = type(loaded.model.config)(**vars(loaded.model.config))
+    config.data.tokenizer = loaded.tokenizer.name
+    if config_path is not None:
+        values = read_yaml(config_path)
+        model_keys = set(values.get("model") or {}) - {"dropout", "block_size"}
+        if model_keys or "data" in values:
+            raise UsageError(
+                f"{config_path}: the model's shape and tokenizer come from the checkpoint; "
+                "only model.dropout, model.block_size and train.* can be set"
+            )
+        merge(config, values, str(config_path))
+    merge(config, flags, "the command line")
+    config.model.n_classes = 0
+    return config.validate()
+
+
+def resume_finetuning(
+    out: str | Path | None = None,
+    *,
+    given: dict[str, Any] | None = None,
+    config_path: str | Path | None = None,
+    flags: Flags | None = None,
+    new_data: bool = False,
+    notes: Notes | None = None,
+) -> Trainer:
+    """The finetuning run in out (default: the newest under ./runs), continued exactly.
+    given: FinetuneSettings fields the command repeats (None where not given), which must
+    be the run's; its data is compared by content, and may change only with new_data."""
+    notes = notes or Notes()
+    loaded, config = load_for_resume(out, flags or {}, config_path, notes)
+    meta = loaded.meta
+    if "base" not in meta:
+        raise UsageError(
+            f"{loaded.path.parent} is a pretraining run; resume it with gptcli pretrain --resume"
+        )
+    names = [f.name for f in fields(FinetuneSettings)]
+    missing = [k for k in names if k not in meta]
+    if missing:
+        raise UsageError(f"{loaded.path}/checkpoint.json lacks {', '.join(missing)}; it cannot be resumed")
+    settings = FinetuneSettings(**{k: meta[k] for k in names})
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    _check_same_settings(settings, given)
+    if given.get("data"):  # the same data, perhaps by another path (checked by content below)
+        settings.data = [str(p) for p in given["data"]]
+    if given.get("val_data") is not None:
+        settings.val_data = str(given["val_data"])
+    task, extra = shared_setup(
+        config.train.device,
+        lambda: _finetune_task(
+            settings, loaded.tokenizer, config, notes, labels=meta.get("labels"), split=meta.get("split")
+        ),
+    )
+    extra |= same_data(meta, extra["data_sha256"], new_data, " ".join(settings.data), notes)
+    meta = {**asdict(settings), **extra}
+    return Trainer(loaded.model, loaded.tokenizer, task, config, loaded.path.parent, meta)
+
+
+def _check_same_settings(settings: FinetuneSettings, given: dict[str, Any]) -> None:
+    """A resumed finetune keeps its starting model, task and data: what the command gives
+    again must be what the run has (the data is compared by content, later)."""
+    conflicts = []
+    for key, value in given.items():
+        if key == "data":
+            continue
+        saved = getattr(settings, key)
+        flag = "--ckpt" if key == "base" else "--" + key.replace("_", "-")
+        if key in ("base", "val_data"):
+            same = saved is not None and (str(value) == saved or _same_file(Path(value), Path(saved)))
+        else:
+            same = value == saved
+        if not same:
+            conflicts.append(f"{flag} is {str(value)!r}, the run's is {saved!r}")
+    if conflicts:
+        raise UsageError(
+            f"{'; '.join(conflicts)}: a resumed run keeps its starting model, task and data; "
+            "give the run's values or drop them, or start a new run"
+        )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _finetune_task(
+    settings: FinetuneSettings,
+    tok: Tokenizer,
+    config: Config,
+    notes: Notes,
+    labels: list | None = None,
+    split: str | None = "stratified",
+) -> tuple[Task, dict[str, Any]]:
+    """The task, and what the checkpoint must remember about it (labels, data dir, the
+    data's content hash, how validation was held out); sets config.model.n_classes for the
+    head the task needs. split: None for runs made before validation was stratified."""
+    block = config.model.block_size
+    if settings.task == "lm":
+        config.model.n_classes = 0
+        paths = [Path(p) for p in settings.data]
+        data_dir, report = prepare_text(paths, tok, settings.val_fraction, notes)
+        train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
+        task = LMTask(train, val, block, config.model.vocab_size)
+        return task, {"data_dir": str(data_dir), "data_sha256": report.source_sha256}
+    seed = config.train.seed
+    task, config.model.n_classes, extra = supervised_task(asdict(settings), tok, block, seed, labels, split)
+    extra["data_sha256"] = content_sha256([settings.data[0], settings.val_data])
+    if settings.task == "classify":
+        notes.info(
+            f"classify: {task.num_examples('train')} training and {task.num_examples('val')} "
+            f"validation examples, labels {extra['labels']}"
+        )
+    return task, extra
+
+
+# --- what both share -------------------------------------------------------------------------
+
+
+def new_run_dir(out: str | Path | None, stem: str) -> Path:
+    """out, or runs/<stem>-<timestamp>; never a directory that already holds something."""
+    path = RUNS_DIR / f"{stem or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}" if out is None else Path(out)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UsageError(
+            f"{path} already exists and is not empty; pass --resume to continue that run, "
+            "or choose another --out"
+        )
+    return path
+
+
+def prepare_text(
+    corpus: list[Path],
+    tokenizer: str | Tokenizer,
+    val_fraction: float,
+    notes: Notes | None = None,
+    explicit_tokenizer: bool = False,
+) -> tuple[Path, TokenizeReport]:
+    """A tokenized directory for the corpus, and its report: the directory given (made by
+    `gptcli tokenize`), or raw text tokenized into the cache, reused when the same text and
+    tokenizer come again. tokenizer: a spec (char, gpt2, bpe:N) or a Tokenizer."""
+    notes = notes or Notes()
+    if len(corpus) == 1 and corpus[0].is_dir() and is_tokenized_dir(corpus[0]):
+        report = read_meta(corpus[0])
+        wanted = tokenizer if isinstance(tokenizer, str) else tokenizer.name
+        if (explicit_tokenizer or not isinstance(tokenizer, str)) and report.tokenizer != wanted.lower():
+            raise UsageError(
+                f"{corpus[0]} is tokenized with {report.tokenizer}, not {wanted}; drop --tokenizer, "
+                "or tokenize the text again with: "
+                f"{command('tokenize', 'TEXT', '--out', 'DIR', '-t', wanted)}"
+            )
+        return corpus[0], report
+    total = sum(f.stat().st_size for f in collect_files(corpus))
+    with notes.progress("tokenizing", total) as update:
+        data_dir, report = cached_corpus(corpus, tokenizer, val_fraction, update)
+    verb = "reusing the cached tokens of" if report.reused else "tokenized"
+    notes.note(
+        f"{verb} {len(report.files)} file(s): {report.tokens:,} {report.tokenizer} tokens ({data_dir})"
+    )
+    return data_dir, report
+
+
+def load_for_resume(
+    out: str | Path | None, flags: Flags, config_path: str | Path | None, notes: Notes
+) -> tuple[Loaded, Config]:
+    """The last/ checkpoint of the run to resume, and its config: the saved one, where the
+    --config file and the flags may repeat its values, and change only what a resumed run
+    may change."""
+    if out is None:
+        found_run = newest_run()
+        if found_run is None:
+            raise UsageError("--resume: no run under ./runs to continue; pass --out RUN_DIR")
+        notes.info(f"resuming the newest run: {found_run}")
+        run = found_run
+    else:
+        run = Path(out)
+        if run.name in (LAST, "best") and run.parent.is_dir():
+            run = run.parent  # --out RUN/last means the run
+    found = checkpoint_in(run, LAST)
+    if found is None:
+        raise UsageError(f"--resume: {run} has no last/ checkpoint to continue from")
+    loaded = load_checkpoint(found)
+    if not isinstance(loaded.meta.get("config"), dict):
+        raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")
+    saved = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")
+    given = [(read_yaml(config_path), str(config_path))] if config_path is not None else []
+    config = resume_config(saved, [*given, (flags, "the command line")])
+    loaded.model.train()
+    return loaded, config
+
+
+def same_data(meta: dict[str, Any], sha256: str, new_data: bool, what: str, notes: Notes) -> dict[str, Any]:
+    """Check that a resumed run gets the data it was trained on (by content hash), or, with
+    new_data, record the change; returns the metadata to save with the run."""
+    saved = meta.get("data_sha256")
+    if saved is None or saved == sha256:  # runs made before the hash was kept: take it as given
+        return {"data_sha256": sha256}
+    if not new_data:
+        raise UsageError(
+            f"{what} is not the data this run was trained on (content sha256 {sha256[:12]}, the run's "
+            f"{saved[:12]}); give the run's data, or add --new-data to continue on this on purpose"
+        )
+    notes.warning(f"continuing on new data ({what}); the run records the change at step {meta.get('step')}")
+    change = {"step": meta.get("step"), "data_sha256": sha256, "previous": saved}
+    return {"data_sha256": sha256, "data_changes": [*meta.get("data_changes", []), change]}
