@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,16 +18,15 @@ from gptcli.cli.training import (
     Resume,
     opt,
     run_trainer,
-    train_flags,
-    training_options,
+    with_training_flags,
 )
 from gptcli.config import FINETUNE_DEFAULTS
 from gptcli.errors import UsageError
 
 TASK = "Task"
-T = training_options(FINETUNE_DEFAULTS)
 
 
+@with_training_flags(FINETUNE_DEFAULTS)
 def finetune(
     data: Annotated[
         list[Path] | None,
@@ -86,24 +85,8 @@ def finetune(
         int | None,
         opt("--block-size", help="A shorter context than the checkpoint's (default: its own).", panel=MODEL),
     ] = None,
-    batch_size: T.batch_size = None,
-    grad_accum: T.grad_accum = None,
-    lr: T.lr = None,
-    min_lr: T.min_lr = None,
-    warmup_iters: T.warmup_iters = None,
-    max_iters: T.max_iters = None,
-    max_time: T.max_time = None,
-    weight_decay: T.weight_decay = None,
-    grad_clip: T.grad_clip = None,
-    eval_interval: T.eval_interval = None,
-    eval_iters: T.eval_iters = None,
-    log_interval: T.log_interval = None,
-    device: T.device = None,
-    dtype: T.dtype = None,
-    compile: T.compile = None,
-    fsdp: T.fsdp = None,
-    seed: T.seed = None,
     json_out: JsonSummary = False,
+    train_flags: dict[str, Any] | None = None,
 ) -> None:
     """Finetune a model: domain text, classification, multiple choice or instructions.
 
@@ -116,7 +99,7 @@ def finetune(
     from gptcli.config import FinetuneSettings, flag_overrides
     from gptcli.recipes import finetune_trainer, resume_finetuning
 
-    flags = flag_overrides(dropout=dropout, block_size=block_size, **train_flags(locals()))
+    flags = flag_overrides(dropout=dropout, block_size=block_size, **(train_flags or {}))
     notes = render.Notes()
     if resume:
         given = {

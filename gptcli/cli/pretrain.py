@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -17,15 +17,13 @@ from gptcli.cli.training import (
     Resume,
     opt,
     run_trainer,
-    train_flags,
-    training_options,
+    with_training_flags,
 )
 from gptcli.config import TrainConfig
 from gptcli.errors import UsageError
 
-T = training_options(TrainConfig())
 
-
+@with_training_flags(TrainConfig())
 def pretrain(
     corpus: Annotated[
         list[Path] | None,
@@ -60,24 +58,8 @@ def pretrain(
         bool | None,
         opt("--bias/--no-bias", help="Biases in Linear and LayerNorm (default: on).", panel=MODEL),
     ] = None,
-    batch_size: T.batch_size = None,
-    grad_accum: T.grad_accum = None,
-    lr: T.lr = None,
-    min_lr: T.min_lr = None,
-    warmup_iters: T.warmup_iters = None,
-    max_iters: T.max_iters = None,
-    max_time: T.max_time = None,
-    weight_decay: T.weight_decay = None,
-    grad_clip: T.grad_clip = None,
-    eval_interval: T.eval_interval = None,
-    eval_iters: T.eval_iters = None,
-    log_interval: T.log_interval = None,
-    device: T.device = None,
-    dtype: T.dtype = None,
-    compile: T.compile = None,
-    fsdp: T.fsdp = None,
-    seed: T.seed = None,
     json_out: JsonSummary = False,
+    train_flags: dict[str, Any] | None = None,
 ) -> None:
     """Train a GPT from scratch: live loss curve, checkpoints, exact resume.
 
@@ -91,7 +73,7 @@ def pretrain(
 
     flags = flag_overrides(
         tokenizer=tokenizer, n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-        dropout=dropout, bias=bias, **train_flags(locals()),
+        dropout=dropout, bias=bias, **(train_flags or {}),
     )  # fmt: skip
     notes = render.Notes()
     if resume:

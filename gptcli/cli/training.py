@@ -3,9 +3,11 @@ loop with the live view, the summary and loss.png."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -26,7 +28,7 @@ def opt(*names: str, help: str, panel: str = TRAIN, **kw: Any) -> Any:
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
 
 
-def training_options(defaults: TrainConfig) -> SimpleNamespace:
+def training_options(defaults: TrainConfig) -> dict[str, Any]:
     """Annotated option types for the TrainConfig flags, their help showing these defaults
     (flags default to None: "not given", so a YAML value is not overridden)."""
     out = {}
@@ -47,7 +49,31 @@ def training_options(defaults: TrainConfig) -> SimpleNamespace:
         out[f.name] = Annotated[
             _TYPES[base], opt(*flag.split(" "), help=f"{text} (default: {shown}).", panel=panel)
         ]
-    return SimpleNamespace(**out)
+    return out
+
+
+def with_training_flags(defaults: TrainConfig) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command a flag for every TrainConfig field that has one, with help showing
+    these defaults: written out once, from the fields' metadata, for pretrain and finetune
+    alike. The command receives them together as `train_flags` ({name: value}, None where
+    not given)."""
+    options = training_options(defaults)
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "train_flags"]
+        added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a)
+                 for n, a in options.items()]  # fmt: skip
+
+        @functools.wraps(command)
+        def with_flags(**kwargs: Any) -> Any:
+            train = {name: kwargs.pop(name) for name in options}
+            return command(**kwargs, train_flags=train)
+
+        with_flags.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
+        return with_flags
+
+    return decorate
 
 
 Config = Annotated[Path | None, opt("--config", "-c", help="YAML config (see examples/configs).", panel=RUN)]
@@ -65,13 +91,6 @@ NewData = Annotated[
 JsonSummary = Annotated[
     bool, opt("--json", help="Print the run's summary as JSON (progress lines go to stderr).", panel=RUN)
 ]
-
-
-def train_flags(values: dict[str, Any]) -> dict[str, Any]:
-    """The TrainConfig flags among a command's arguments (None = not given)."""
-    return {
-        f.name: values[f.name] for f in fields(TrainConfig) if f.metadata.get("flag") and f.name in values
-    }
 
 
 def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = False) -> None:
