@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gptcli.config import ModelConfig, load_config  # noqa: E402
-from gptcli.generate import beam_search, generate  # noqa: E402
+from gptcli.generate import GREEDY, beam_search, generate  # noqa: E402
 from gptcli.hf import hf_to_gptcli_state_dict  # noqa: E402
 from gptcli.kernels import use_fast_decode  # noqa: E402
 from gptcli.model import GPT  # noqa: E402
@@ -406,7 +406,7 @@ def hf_greedy(hf, prompt: torch.Tensor, n: int) -> float:
 
 def ours_greedy(model: GPT, prompt: torch.Tensor, n: int) -> float:
     t0 = time.perf_counter()
-    for _ in generate(model, prompt[0].tolist(), n, temperature=0.0):
+    for _ in generate(model, prompt[0].tolist(), n, sampling=GREEDY):
         pass
     return n / (time.perf_counter() - t0)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gptcli.model import GPT
+from gptcli.model import GPT, Probe
 
 
 @dataclass
@@ -35,12 +35,23 @@ class AttentionMaps:
         return ids.tolist(), values.tolist()
 
 
+class _Maps(Probe):
+    """Keeps every layer's attention weights."""
+
+    def __init__(self) -> None:
+        self.maps: list[torch.Tensor] = []
+
+    def attention(self, layer: int, weights: torch.Tensor) -> None:
+        self.maps.append(weights)
+
+
 @torch.no_grad()
 def capture(model: GPT, ids: Sequence[int], vocab_size: int | None = None) -> AttentionMaps:
     """Run the prompt ids through the model once and keep every attention map."""
     device = next(model.parameters()).device
-    maps: list[torch.Tensor] = []
-    h = model.hidden_states(torch.tensor([list(ids)], device=device), attentions=maps)
+    probe = _Maps()
+    h = model.hidden_states(torch.tensor([list(ids)], device=device), probe=probe)
+    maps = probe.maps
     logits = model.lm_head(h[0, -1]).float()
     if vocab_size is not None and vocab_size < logits.numel():
         logits[vocab_size:] = float("-inf")

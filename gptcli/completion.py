@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gptcli.errors import UsageError
-from gptcli.generate import beam_search, generate
+from gptcli.generate import SAMPLE, Sampling, beam_search, generate
 from gptcli.model import GPT
 from gptcli.tokenizer import Tokenizer
 
@@ -131,9 +131,7 @@ def complete(
     *,
     max_new_tokens: int,
     num_samples: int = 1,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    sampling: Sampling = SAMPLE,
     seed: int | None = None,
     stops: Sequence[str] = (),
     show_probs: int = 0,
@@ -154,14 +152,12 @@ def complete(
         prompt.ids,
         max_new_tokens,
         num_samples=num_samples,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
+        sampling=sampling,
         generator=generator,
         vocab_size=tokenizer.vocab_size,
     ):
         probs = step.probs if show_probs else None
-        q = step.sampling_probs if show_probs and step.reshaped else None
+        q = step.sampling_probs if show_probs and sampling.reshapes else None
         for i, token in enumerate(step.tokens.tolist()):
             stream = streams[i]
             if stream.done:

@@ -8,6 +8,7 @@ cache is rebuilt from the most recent 3/4 of a block and decoding continues.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -17,15 +18,77 @@ import torch.nn.functional as F
 from gptcli.model import GPT, KVCache
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is drawn from the model's distribution p: the argmax at
+    temperature 0 (greedy), else from q, proportional to p^(1/temperature), restricted to
+    the top_k likeliest tokens and to the nucleus of mass top_p, renormalised."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if (
+            not math.isfinite(self.temperature)
+            or self.temperature < 0
+            or (self.top_k is not None and self.top_k < 1)
+            or (self.top_p is not None and not 0 < self.top_p <= 1)
+        ):
+            raise ValueError(
+                f"need temperature >= 0, top_k >= 1, 0 < top_p <= 1; got {self.temperature}, "
+                f"{self.top_k}, {self.top_p}"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def reshapes(self) -> bool:
+        """Whether tokens are drawn from a q other than p (a temperature other than 1, or
+        top-k / top-p); greedy decoding just takes p's argmax."""
+        if self.greedy:
+            return False
+        return self.temperature != 1.0 or self.top_k is not None or (self.top_p or 1.0) < 1.0
+
+    def describe(self) -> str:
+        """How q differs from p, e.g. "T=0.7, top-k 3" ("" when it does not)."""
+        parts = [f"T={self.temperature:g}"] if self.temperature != 1.0 else []
+        parts += [f"top-k {self.top_k}"] if self.top_k is not None else []
+        parts += [f"top-p {self.top_p:g}"] if self.top_p is not None and self.top_p < 1.0 else []
+        return ", ".join(parts)
+
+    def distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        """q (B, V) for logits (B, V); all mass on the argmax when greedy."""
+        logits = logits.float()
+        if self.greedy:
+            return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
+        # subtract the max first, so the largest logit is 0 and the others only fall towards
+        # -inf as the temperature shrinks; below float32's smallest normal number a temperature
+        # would round to 0 (0/0 = NaN), and its distribution is already all on the argmax
+        temperature = max(self.temperature, torch.finfo(torch.float32).tiny)
+        scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
+        return filter_logits(scaled, self.top_k, self.top_p).softmax(-1)
+
+    def draw(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Next token ids (B,) for logits (B, V)."""
+        if self.greedy:
+            return logits.argmax(dim=-1)
+        return torch.multinomial(self.distribution(logits), 1, generator=generator).squeeze(-1)
+
+
+GREEDY = Sampling(temperature=0.0)
+SAMPLE = Sampling()  # from p itself
+
+
 @dataclass
 class Step:
     """One decoding step for a batch of B continuations."""
 
     tokens: torch.Tensor  # (B,) the chosen ids
     logits: torch.Tensor  # (B, V) the model's next-token logits (fp32, padding at -inf)
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
+    sampling: Sampling = SAMPLE
 
     @property
     def probs(self) -> torch.Tensor:
@@ -34,16 +97,8 @@ class Step:
 
     @property
     def sampling_probs(self) -> torch.Tensor:
-        """(B, V) q, the distribution the tokens were drawn from (see sampling_distribution)."""
-        return sampling_distribution(self.logits, self.temperature, self.top_k, self.top_p)
-
-    @property
-    def reshaped(self) -> bool:
-        """Whether sampling drew from a q other than p (a temperature other than 1, or
-        top-k / top-p); greedy decoding (temperature 0) just takes p's argmax."""
-        if self.temperature == 0:
-            return False
-        return self.temperature != 1.0 or self.top_k is not None or (self.top_p or 1.0) < 1.0
+        """(B, V) q, the distribution the tokens were drawn from."""
+        return self.sampling.distribution(self.logits)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
@@ -61,37 +116,6 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
-def sampling_distribution(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
-) -> torch.Tensor:
-    """q (B, V): proportional to p^(1/temperature), restricted to top-k / top-p and
-    renormalised; all mass on the argmax at temperature 0 (greedy)."""
-    logits = logits.float()
-    if temperature == 0:
-        return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
-    # subtract the max first, so the largest logit is 0 and the others only fall towards
-    # -inf as the temperature shrinks; below float32's smallest normal number a temperature
-    # would round to 0 (0/0 = NaN), and its distribution is already all on the argmax
-    temperature = max(temperature, torch.finfo(torch.float32).tiny)
-    logits = filter_logits((logits - logits.max(dim=-1, keepdim=True).values) / temperature, top_k, top_p)
-    return logits.softmax(-1)
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Next token ids (B,) from logits (B, V): argmax at temperature 0, else a draw from q
-    (sampling_distribution)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    q = sampling_distribution(logits, temperature, top_k, top_p)
-    return torch.multinomial(q, 1, generator=generator).squeeze(-1)
-
-
 class _Context:
     """The tokens seen so far and the window the model conditions on (with or without a cache)."""
 
@@ -106,14 +130,15 @@ class _Context:
         self.cache: KVCache | None = None
 
     def _refill(self) -> torch.Tensor:
+        """The next logits (B, V) after the window, encoded afresh (into a new cache)."""
         window = self.seq[:, self.start :]
         if not self.use_cache:
-            return self.model.hidden_states(window)[:, -1]
+            return self.model.next_logits(window)
         self.cache = KVCache(self.model.config, window.size(0), self.block, window.device, self.cache_dtype)
-        return self.model.hidden_states(window, kv_cache=self.cache)[:, -1]
+        return self.model.next_logits(window, kv_cache=self.cache)
 
     def first(self) -> torch.Tensor:
-        return self.model.lm_head(self._refill())  # (B, V)
+        return self._refill()  # (B, V)
 
     def expand(self, n: int) -> None:
         self.seq = self.seq.repeat_interleave(n, dim=0)
@@ -125,10 +150,10 @@ class _Context:
         self.seq = torch.cat([self.seq, tokens[:, None]], dim=1)
         if self.seq.size(1) - self.start > self.block:
             self.start = self.seq.size(1) - self.keep
-            return self.model.lm_head(self._refill())
+            return self._refill()
         if not self.use_cache:
-            return self.model.lm_head(self._refill())
-        return self.model.lm_head(self.model.hidden_states(tokens[:, None], kv_cache=self.cache)[:, -1])
+            return self._refill()
+        return self.model.next_logits(tokens[:, None], kv_cache=self.cache)
 
 
 @torch.no_grad()
@@ -138,9 +163,7 @@ def generate(
     max_new_tokens: int,
     *,
     num_samples: int = 1,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    sampling: Sampling = SAMPLE,
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
     use_cache: bool = True,
@@ -152,10 +175,6 @@ def generate(
     """
     if not prompt:
         raise ValueError("generate needs at least one prompt token")
-    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
-        raise ValueError(
-            f"need temperature >= 0, top_k >= 1, 0 < top_p <= 1; got {temperature}, {top_k}, {top_p}"
-        )
     device = next(model.parameters()).device
     ctx = _Context(model, torch.tensor([list(prompt)], device=device), use_cache, _cache_dtype(model))
     logits = ctx.first()
@@ -168,8 +187,8 @@ def generate(
         logits = logits.float()
         if padding is not None:
             logits = logits.masked_fill(padding, float("-inf"))
-        tokens = sample_next(logits, temperature, top_k, top_p, generator)
-        yield Step(tokens, logits, temperature, top_k, top_p)
+        tokens = sampling.draw(logits, generator)
+        yield Step(tokens, logits, sampling)
         if i + 1 < max_new_tokens:
             logits = ctx.push(tokens)
 
@@ -235,9 +254,7 @@ def beam_search(
         )
     ends = set(end_ids)
     cache = KVCache(model.config, 1, len(prompt) + max_new_tokens, device, _cache_dtype(model))
-    logits = model.lm_head(
-        model.hidden_states(torch.tensor([list(prompt)], device=device), kv_cache=cache)[:, -1]
-    )
+    logits = model.next_logits(torch.tensor([list(prompt)], device=device), kv_cache=cache)
     cache.expand(beams)
     logits = logits.expand(beams, -1)
     seqs: list[list[int]] = [[] for _ in range(beams)]
@@ -282,5 +299,5 @@ def beam_search(
         scores = torch.tensor(kept, device=device)
         cache.reorder(torch.tensor(rows, device=device))
         step_ids = torch.tensor(tokens, device=device)[:, None]
-        logits = model.lm_head(model.hidden_states(step_ids, kv_cache=cache)[:, -1])
+        logits = model.next_logits(step_ids, kv_cache=cache)
     return finished

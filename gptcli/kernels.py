@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.model import Block, KVCache, gelu
+from gptcli.model import Block, KVCache, Probe, gelu
 
 MAX_ROWS = 2  # beyond this the stock matmul reuses each weight across rows and wins
 _state: dict[str, Any] = {"ok": True, "gemv": None, "block": None}
@@ -115,13 +115,13 @@ def _block_forward(
     x: torch.Tensor,
     mask: torch.Tensor | None,
     kv_cache: KVCache | None = None,
-    attentions: list[torch.Tensor] | None = None,
+    probe: Probe | None = None,
 ) -> torch.Tensor:
     attn, mlp = self.attn, self.mlp
     if (
         x.size(1) == 1
         and kv_cache is not None
-        and attentions is None
+        and probe is None
         and not attn.explicit
         and not self.training
         and _state["ok"]
@@ -140,7 +140,7 @@ def _block_forward(
             return _compiled("block")(x, k, v, mask, w)[0]
         except Exception:
             _state["ok"] = False
-    return Block.forward(self, x, mask, kv_cache, attentions)
+    return Block.forward(self, x, mask, kv_cache, probe)
 
 
 def use_fast_decode(model: nn.Module) -> bool:

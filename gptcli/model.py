@@ -12,6 +12,7 @@ nh heads, hs head size (C // nh), V vocabulary.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -75,6 +76,21 @@ class KVCache:
         self.reorder(index)
 
 
+class Probe:
+    """Looks inside one forward pass (GPT.hidden_states(..., probe=...)): the residual
+    stream after the embeddings and after every block, and every layer's attention
+    weights. Subclass it and override what you need; the base class keeps nothing.
+
+    While a probe is attached, attention is computed step by step
+    (softmax(QK^T / sqrt(d_head)) written out) so that its weights exist to be seen."""
+
+    def residual(self, layer: int, x: torch.Tensor) -> None:
+        """x (B, T, C): layer 0 is the embeddings, layer l the output of block l (before ln_f)."""
+
+    def attention(self, layer: int, weights: torch.Tensor) -> None:
+        """weights (B, nh, T, S): how each query of layer `layer` spread its attention over the keys."""
+
+
 class CausalSelfAttention(nn.Module):
     """Masked multi-head self-attention: position t attends to positions <= t only."""
 
@@ -95,7 +111,7 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None,
         kv_cache: KVCache | None = None,
-        attentions: list[torch.Tensor] | None = None,
+        probe: Probe | None = None,
     ) -> torch.Tensor:
         B, T, C = x.size()
         hs = C // self.n_head
@@ -106,7 +122,7 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nh, S, hs)
 
-        y = self.attend(q, k, v, mask, attentions)  # (B, nh, T, hs)
+        y = self.attend(q, k, v, mask, probe)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
@@ -116,12 +132,13 @@ class CausalSelfAttention(nn.Module):
         k: torch.Tensor,
         v: torch.Tensor,
         mask: torch.Tensor | None,
-        attentions: list[torch.Tensor] | None = None,
+        probe: Probe | None = None,
     ) -> torch.Tensor:
         """softmax(q k^T / sqrt(hs)) v for q (B, nh, T, hs) and k, v (B, nh, S, hs), with
-        mask (broadcastable to (B, nh, T, S), True = may attend) or None (causal)."""
+        mask (broadcastable to (B, nh, T, S), True = may attend) or None (causal); the
+        weights go to the probe, if one is attached."""
         T, S, hs = q.size(2), k.size(2), q.size(3)
-        if attentions is None and not self.explicit:
+        if probe is None and not self.explicit:
             # fused kernel (flash / memory-efficient where available); mask=None means the
             # plain causal case with T == S, or a single new token that sees everything
             return F.scaled_dot_product_attention(
@@ -138,8 +155,8 @@ class CausalSelfAttention(nn.Module):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
         att = att.masked_fill(~mask, float("-inf"))
         att = F.softmax(att, dim=-1)
-        if attentions is not None:
-            attentions.append(att)
+        if probe is not None:
+            probe.attention(self.layer_idx, att)
         return self.attn_dropout(att) @ v  # (B, nh, T, S) x (B, nh, S, hs) -> (B, nh, T, hs)
 
 
@@ -181,9 +198,9 @@ class Block(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None,
         kv_cache: KVCache | None = None,
-        attentions: list[torch.Tensor] | None = None,
+        probe: Probe | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), mask, kv_cache, attentions)
+        x = x + self.attn(self.ln_1(x), mask, kv_cache, probe)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -266,15 +283,14 @@ class GPT(nn.Module):
         *,
         kv_cache: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,
-        attentions: list[torch.Tensor] | None = None,
+        probe: Probe | None = None,
     ) -> torch.Tensor:
         """Final-LayerNorm hidden states (B, T, C) of the tokens idx (B, T).
 
         kv_cache: continue after the positions it holds, and store the new ones.
         attention_mask: (B, T), 0 where the batch is padded (left or right); padded
             positions are never attended to and do not advance the positions of later tokens.
-        attentions: if a list is given, the attention weights (B, nh, T, S) of every layer
-            are appended to it (computed explicitly, so slower than the fused kernel).
+        probe: sees the residual stream and the attention weights of every layer (see Probe).
         """
         B, T = idx.size()
         past = kv_cache.pos if kv_cache is not None else 0
@@ -285,8 +301,12 @@ class GPT(nn.Module):
         pos, mask = self._positions_and_mask(B, T, past, idx.device, kv_cache, attention_mask)
 
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x, mask, kv_cache, attentions)
+        if probe is not None:
+            probe.residual(0, x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, mask, kv_cache, probe)
+            if probe is not None:
+                probe.residual(i + 1, x)
         if kv_cache is not None:
             kv_cache.pos += T
         return self.transformer.ln_f(x)
@@ -326,6 +346,11 @@ class GPT(nn.Module):
         # a padded query would otherwise see no key at all (NaN softmax): let it see itself
         mask = (causal[None] & valid[:, None, :]) | itself[None]  # (B, T, S)
         return pos, mask[:, None]  # (B, 1, T, S)
+
+    def next_logits(self, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """The logits (B, V) of the token after each row of idx (B, T): what decoding asks
+        the model, one position at a time (kwargs as hidden_states takes them)."""
+        return self.lm_head(self.hidden_states(idx, **kwargs)[:, -1])
 
     def forward(
         self,

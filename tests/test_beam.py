@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gptcli.config import ModelConfig
-from gptcli.generate import beam_search, generate
+from gptcli.generate import GREEDY, beam_search, generate
 from gptcli.model import GPT
 from tests.helpers import ours_from_hf
 
@@ -72,7 +72,7 @@ def test_one_beam_is_greedy_decoding(models):
     for _, ours in models:
         prompt = [3, 1, 4, 1, 5]
         greedy = []
-        for step in generate(ours, prompt, 15, temperature=0.0):
+        for step in generate(ours, prompt, 15, sampling=GREEDY):
             greedy.append(int(step.tokens[0]))
             if greedy[-1] == EOS:
                 break

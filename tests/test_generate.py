@@ -7,7 +7,7 @@ import torch
 
 from gptcli.completion import TextStream, complete, encode_prompt, top_k_of
 from gptcli.config import ModelConfig
-from gptcli.generate import filter_logits, generate, sample_next
+from gptcli.generate import GREEDY, Sampling, filter_logits, generate
 from gptcli.model import GPT
 from gptcli.tokenizer import CharTokenizer, gpt2_tokenizer
 
@@ -46,13 +46,13 @@ def naive_sliding_greedy(model: GPT, prompt: list[int], n: int) -> list[int]:
 
 def test_greedy_past_the_context_slides_the_window(model):
     for prompt in ([1, 5, 7], list(range(12)), list(range(2, 16))):  # short, exactly a block, longer
-        got = [int(s.tokens[0]) for s in generate(model, prompt, 40, temperature=0.0)]
+        got = [int(s.tokens[0]) for s in generate(model, prompt, 40, sampling=GREEDY)]
         assert got == naive_sliding_greedy(model, prompt, 40)
 
 
 def test_temperature_zero_is_argmax_decoding(model):
     prompt = [1, 5, 7]
-    got = [int(s.tokens[0]) for s in generate(model, prompt, 8, temperature=0.0)]
+    got = [int(s.tokens[0]) for s in generate(model, prompt, 8, sampling=GREEDY)]
     assert got == naive_greedy(model, prompt, 8)
 
 
@@ -61,7 +61,7 @@ def test_kv_cache_sampling_equals_no_cache_sampling(model, n):
     def run(use_cache: bool) -> list[list[int]]:
         g = torch.Generator().manual_seed(123)
         steps = generate(
-            model, [2, 3, 4], n, num_samples=3, temperature=1.3, generator=g, use_cache=use_cache
+            model, [2, 3, 4], n, num_samples=3, sampling=Sampling(1.3), generator=g, use_cache=use_cache
         )
         return torch.stack([s.tokens for s in steps], 1).tolist()
 
@@ -70,11 +70,11 @@ def test_kv_cache_sampling_equals_no_cache_sampling(model, n):
 
 def test_top_k_and_top_p_never_leave_their_sets(model):
     g = torch.Generator().manual_seed(0)
-    for step in generate(model, [3], 25, num_samples=16, temperature=1.0, top_k=3, generator=g):
+    for step in generate(model, [3], 25, num_samples=16, sampling=Sampling(top_k=3), generator=g):
         allowed = torch.topk(step.probs, 3, dim=-1).indices
         assert all(int(t) in allowed[i].tolist() for i, t in enumerate(step.tokens))
     g = torch.Generator().manual_seed(0)
-    for step in generate(model, [3], 25, num_samples=16, temperature=1.0, top_p=0.6, generator=g):
+    for step in generate(model, [3], 25, num_samples=16, sampling=Sampling(top_p=0.6), generator=g):
         for i, t in enumerate(step.tokens.tolist()):
             probs, order = torch.sort(step.probs[i], descending=True)
             mass_before = torch.cumsum(probs, 0) - probs
@@ -97,11 +97,11 @@ def test_filter_logits_by_hand():
 def test_sample_next_follows_temperature():
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(20000, 3)
     g = torch.Generator().manual_seed(0)
-    freq = torch.bincount(sample_next(logits, 1.0, generator=g), minlength=3) / 20000
+    freq = torch.bincount(Sampling(1.0).draw(logits, g), minlength=3) / 20000
     torch.testing.assert_close(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.015, rtol=0)
     # temperature 0.5: q proportional to p^2
     q = torch.tensor([0.49, 0.04, 0.01]) / 0.54
-    freq = torch.bincount(sample_next(logits, 0.5, generator=g), minlength=3) / 20000
+    freq = torch.bincount(Sampling(0.5).draw(logits, g), minlength=3) / 20000
     torch.testing.assert_close(freq, q, atol=0.015, rtol=0)
 
 
@@ -172,8 +172,16 @@ def test_top_k_of_reports_the_rank_of_the_chosen_token():
     assert t.ids == [1, 2] and t.chosen_rank == 2 and t.chosen_prob == pytest.approx(0.3)
 
 
-def test_generate_refuses_impossible_sampling_settings():
-    model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
-    for kwargs in ({"temperature": -1.0}, {"top_k": 0}, {"top_p": 0.0}, {"top_p": 1.5}):
+def test_impossible_sampling_settings_are_refused():
+    for kwargs in (
+        {"temperature": -1.0}, {"temperature": float("nan")}, {"top_k": 0}, {"top_p": 0.0}, {"top_p": 1.5},
+    ):  # fmt: skip
         with pytest.raises(ValueError, match="need temperature >= 0"):
-            next(generate(model, [1, 2], 3, **kwargs))
+            Sampling(**kwargs)
+
+
+def test_sampling_says_when_it_reshapes_p():
+    assert not Sampling().reshapes and not GREEDY.reshapes and not Sampling(0.0, top_k=3).reshapes
+    assert Sampling(0.7).reshapes and Sampling(top_k=3).reshapes and Sampling(top_p=0.9).reshapes
+    assert not Sampling(top_p=1.0).reshapes
+    assert Sampling(0.7, 3, 0.9).describe() == "T=0.7, top-k 3, top-p 0.9" and Sampling().describe() == ""

@@ -6,7 +6,7 @@ import torch
 
 from gptcli import kernels
 from gptcli.config import ModelConfig
-from gptcli.generate import generate
+from gptcli.generate import GREEDY, generate
 from gptcli.model import GPT, KVCache
 
 
@@ -28,8 +28,8 @@ def test_decoding_with_the_kernel_matches_the_stock_matmul():
         for a, b in zip(stock.modules(), fast.modules(), strict=True):
             if isinstance(a, torch.nn.Linear) and a.in_features == 64:
                 torch.testing.assert_close(b(x).float(), a(x).float(), atol=0.05, rtol=0.02)
-        got = [int(s.tokens[0]) for s in generate(fast, [1, 2, 3], 12, temperature=0.0)]
-        want = [int(s.tokens[0]) for s in generate(stock, [1, 2, 3], 12, temperature=0.0)]
+        got = [int(s.tokens[0]) for s in generate(fast, [1, 2, 3], 12, sampling=GREEDY)]
+        want = [int(s.tokens[0]) for s in generate(stock, [1, 2, 3], 12, sampling=GREEDY)]
     assert got == want
     # training and long inputs keep the stock kernel (the wrapper is only for 1-2 rows, no grad)
     h = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
@@ -46,7 +46,7 @@ def test_a_failing_compiler_falls_back_to_the_stock_kernel(monkeypatch):
     model = small_model(torch.bfloat16)
     kernels.use_fast_decode(model)
     with torch.no_grad():
-        out = [int(s.tokens[0]) for s in generate(model, [1, 2], 5, temperature=0.0)]
+        out = [int(s.tokens[0]) for s in generate(model, [1, 2], 5, sampling=GREEDY)]
     assert len(out) == 5 and kernels._state["ok"] is False
 
 
@@ -105,6 +105,6 @@ def test_the_cli_decodes_bf16_models_through_the_kernels(trained):
     stock = load_model(str(trained), "cpu", "fp32").model.to(torch.bfloat16)
     prompt = load_tokenizer(str(trained)).encode("The fox")
     with torch.no_grad():
-        got = [int(s.tokens[0]) for s in generate(fast, prompt, 10, temperature=0.0)]
-        want = [int(s.tokens[0]) for s in generate(stock, prompt, 10, temperature=0.0)]
+        got = [int(s.tokens[0]) for s in generate(fast, prompt, 10, sampling=GREEDY)]
+        want = [int(s.tokens[0]) for s in generate(stock, prompt, 10, sampling=GREEDY)]
     assert got == want and kernels._state["ok"]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from gptcli.config import ModelConfig
 from gptcli.hf import gptcli_to_hf_state_dict
-from gptcli.model import GPT, IGNORE_INDEX, KVCache
+from gptcli.model import GPT, IGNORE_INDEX, KVCache, Probe
 from tests.helpers import ours_from_hf
 
 ATOL = 1e-5
@@ -153,6 +153,39 @@ def test_cache_expand_and_reorder_select_rows():
             torch.testing.assert_close(step2[row, -1], full[0, -1], atol=ATOL, rtol=0)
 
 
+class Seen(Probe):
+    """Keeps everything a probe is shown."""
+
+    def __init__(self) -> None:
+        self.residuals: list[torch.Tensor] = []
+        self.attention_maps: list[torch.Tensor] = []
+
+    def residual(self, layer: int, x: torch.Tensor) -> None:
+        assert layer == len(self.residuals)
+        self.residuals.append(x)
+
+    def attention(self, layer: int, weights: torch.Tensor) -> None:
+        assert layer == len(self.attention_maps)
+        self.attention_maps.append(weights)
+
+
+def test_a_probe_sees_the_residual_stream_hugging_face_reports(hf_gpt2):
+    """Layer 0 is the embeddings, layer l the output of block l: Hugging Face's
+    hidden_states, whose last entry has already been through ln_f."""
+    hf = hf_gpt2()
+    ours = ours_from_hf(hf)
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        ref = hf(idx, output_hidden_states=True).hidden_states
+        seen = Seen()
+        h = ours.hidden_states(idx, probe=seen)
+    assert len(seen.residuals) == len(ref) == 3
+    for x, r in zip(seen.residuals[:-1], ref[:-1], strict=True):
+        torch.testing.assert_close(x, r, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ours.transformer.ln_f(seen.residuals[-1]), ref[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(h, ref[-1], atol=ATOL, rtol=0)
+
+
 def test_attention_weights_match_hugging_face_eager(hf_gpt2):
     hf = hf_gpt2()
     hf.config._attn_implementation = "eager"
@@ -160,8 +193,9 @@ def test_attention_weights_match_hugging_face_eager(hf_gpt2):
     idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         ref = hf(idx, output_attentions=True).attentions
-        attn: list[torch.Tensor] = []
-        h = ours.hidden_states(idx, attentions=attn)
+        seen = Seen()
+        h = ours.hidden_states(idx, probe=seen)
+        attn = seen.attention_maps
         logits, _ = ours(idx)
     assert len(attn) == len(ref) == 2
     for a, r in zip(attn, ref, strict=True):

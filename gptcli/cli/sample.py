@@ -123,8 +123,10 @@ def sample(
     gptcli sample --ckpt runs/shakes --temp 0.8 --top-k 200 --num-samples 3
     """
     from gptcli.completion import complete, encode_prompt
+    from gptcli.generate import Sampling
 
     SampleConfig(temp, top_k, top_p, max_new_tokens, num_samples, show_probs, seed).validate()
+    sampling = Sampling(temp, top_k, top_p)
     check_prompt(prompt, prompt_file)
     loaded = load_model(ckpt, device, dtype)
     check_decoding_fits(loaded.model, num_samples, f"--num-samples {num_samples}")
@@ -145,9 +147,7 @@ def sample(
         p,
         max_new_tokens=max_new_tokens,
         num_samples=num_samples,
-        temperature=temp,
-        top_k=top_k,
-        top_p=top_p,
+        sampling=sampling,
         seed=seed,
         stops=stop or [],
         show_probs=show_probs,
@@ -174,19 +174,11 @@ def sample(
     if streaming:
         render.stream_text("\n")
         return
-    how = _sampling_note(temp, top_k, top_p)
+    how = sampling.describe()
     for i, r in enumerate(results):
         render.sample_text(p.text, r.text, index=i + 1 if num_samples > 1 else None)
         if show_probs:
             _show_steps(tok, p.ids, r, how)
-
-
-def _sampling_note(temp: float, top_k: int | None, top_p: float | None) -> str:
-    """How sampling reshapes p into q, e.g. "T=0.7, top-k 3" ("" when it does not)."""
-    parts = [f"T={temp:g}"] if temp != 1.0 else []
-    parts += [f"top-k {top_k}"] if top_k is not None else []
-    parts += [f"top-p {top_p:g}"] if top_p is not None and top_p < 1.0 else []
-    return ", ".join(parts)
 
 
 def _top_k_json(tok: Tokenizer, step: TopK) -> dict[str, Any]:
