@@ -1,0 +1,84 @@
+"""Attention maps in the terminal: one map large with its weights, or many small, shaded."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from gptcli.cli.render.console import out
+
+# viridis, from 0 (dark) to 1 (bright)
+_SCALE = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
+_SHADES = " ░▒▓█"
+
+
+def _color(w: float) -> str:
+    x = min(max(w, 0.0), 1.0) * (len(_SCALE) - 1)
+    i = min(int(x), len(_SCALE) - 2)
+    f = x - i
+    r, g, b = (round(a + (c - a) * f) for a, c in zip(_SCALE[i], _SCALE[i + 1], strict=True))
+    return f"rgb({r},{g},{b})"
+
+
+def _cell(w: float, masked: bool, numbers: bool) -> Text:
+    """One heatmap cell: a shade (and the weight, for short prompts); masked cells are dots."""
+    if masked:
+        return Text("  · " if numbers else "· ", style="grey35")
+    if numbers:
+        label = " 1.0" if w >= 0.995 else " " + f"{w:.2f}"[1:]
+        return Text(label, style=f"{'black' if w > 0.55 else 'white'} on {_color(w)}")
+    shade = _SHADES[min(len(_SHADES) - 1, round(w * (len(_SHADES) - 1)))]
+    return Text(shade * 2, style=_color(w))
+
+
+def attention_heatmap(tokens: Sequence[str], weights: Any, title: str) -> None:
+    """One attention map large: query tokens as rows, key tokens as columns, future
+    positions masked. weights: (T, T) nested sequence or tensor."""
+    T = len(tokens)
+    numbers = T <= 16
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False, show_lines=False,
+                  box=None, padding=(0, 0))  # fmt: skip
+    table.add_column("query ↓  key →", justify="right", style="bold", no_wrap=True)
+    for tok in tokens:
+        label = tok[:6]
+        table.add_column(Text("\n".join(label) if numbers else label[:1]), justify="center", no_wrap=True,
+                         header_style="cyan", vertical="bottom")  # fmt: skip
+    for q in range(T):
+        row = [_cell(float(weights[q][k]), k > q, numbers) for k in range(T)]
+        table.add_row(Text(f"{tokens[q][:12]} {q:>2} "), *row)
+    out.print(table)
+
+
+def attention_grid(tokens: Sequence[str], maps: Sequence[tuple[str, Any]]) -> None:
+    """Many attention maps small, side by side: (title, (T, T) weights) each."""
+    from rich.columns import Columns
+    from rich.panel import Panel
+
+    T = len(tokens)
+    panels = []
+    for title, weights in maps:
+        lines = Text()
+        for q in range(T):
+            for k in range(T):
+                lines.append_text(_cell(float(weights[q][k]), k > q, numbers=False))
+            if q < T - 1:
+                lines.append("\n")
+        panels.append(Panel(lines, title=title, expand=False, padding=(0, 0), border_style="grey42"))
+    out.print(Columns(panels, padding=(0, 1)))
+    out.print(Text("rows: queries, columns: keys, · masked (future)   ", style="dim") + _legend())
+
+
+def _legend() -> Text:
+    legend = Text("weight 0 ", style="dim")
+    for i in range(5):
+        legend.append_text(_cell(i / 4, False, numbers=False))
+    return legend + Text(" 1", style="dim")
+
+
+def token_labels(tokens: Sequence[str]) -> None:
+    """The prompt's tokens with their positions, for reading the small maps."""
+    out.print(Text("tokens: ", style="dim") + Text("  ".join(f"{i}:{t}" for i, t in enumerate(tokens))),
+              soft_wrap=True)  # fmt: skip
