@@ -365,3 +365,10 @@ def test_read_records_multiline_csv_and_jsonl_line_separators(tmp_path):
         read_records(jsonl)
     jsonl.write_text(json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\r\n", encoding="utf-8")
     assert [r.fields for r in read_records(jsonl)] == [{"text": "a\u2028b"}]
+
+
+def test_every_finetune_task_has_a_builder():
+    from gptcli import tasks
+    from gptcli.config import FINETUNE_TASKS
+
+    assert FINETUNE_TASKS == ("lm", *tasks.FINETUNE)

@@ -52,7 +52,7 @@ def test_an_old_pretraining_run_resumes_and_then_records_its_data(old):
 
 
 def test_an_old_classifier_resumes_with_its_plain_holdout(old, monkeypatch):
-    import gptcli.tasks as tasks
+    import gptcli.tasks.split as tasks
 
     used = []
     monkeypatch.setattr(tasks, "holdout", lambda *a: used.append(a) or holdout(*a))
