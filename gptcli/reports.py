@@ -85,6 +85,39 @@ class Reporter:
         """Called last, also when training fails: release the screen."""
 
 
+class Reporters(Reporter):
+    """Several reporters heard as one, in order (the live view and a tracker, say); each
+    closes even when one before it fails to."""
+
+    def __init__(self, *reporters: Reporter) -> None:
+        self.reporters = reporters
+
+    def on_start(self, info: RunInfo) -> None:
+        for r in self.reporters:
+            r.on_start(info)
+
+    def on_step(self, report: StepReport) -> None:
+        for r in self.reporters:
+            r.on_step(report)
+
+    def on_eval(self, report: EvalReport) -> None:
+        for r in self.reporters:
+            r.on_eval(report)
+
+    def on_checkpoint(self, name: str, path: Path, step: int) -> None:
+        for r in self.reporters:
+            r.on_checkpoint(name, path, step)
+
+    def on_end(self, summary: Summary) -> None:
+        for r in self.reporters:
+            r.on_end(summary)
+
+    def close(self) -> None:
+        with contextlib.ExitStack() as stack:
+            for r in reversed(self.reporters):
+                stack.callback(r.close)
+
+
 Progress = Callable[[int, int], None]  # (done, total)
 
 

@@ -371,4 +371,4 @@ def test_every_finetune_task_has_a_builder():
     from gptcli import tasks
     from gptcli.config import FINETUNE_TASKS
 
-    assert FINETUNE_TASKS == ("lm", *tasks.FINETUNE)
+    assert ("lm", *tasks.FINETUNE) == FINETUNE_TASKS

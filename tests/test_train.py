@@ -235,3 +235,38 @@ def test_checkpoint_files_get_the_usual_permissions(data_dir, tmp_path):
     for name in ("last", "best"):
         modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "run" / name).iterdir()}
         assert modes and set(modes.values()) == {usual}, modes
+
+
+class _Heard(Reporter):
+    def __init__(self, log: list, name: str, fail_close: bool = False) -> None:
+        self.log, self.name, self.fail_close = log, name, fail_close
+
+    def on_start(self, info) -> None:
+        self.log.append((self.name, "start", info.max_iters))
+
+    def on_step(self, report) -> None:
+        self.log.append((self.name, "step", report.step))
+
+    def on_eval(self, report) -> None:
+        self.log.append((self.name, "eval", report.step))
+
+    def on_end(self, summary) -> None:
+        self.log.append((self.name, "end", summary.steps))
+
+    def close(self) -> None:
+        self.log.append((self.name, "close", None))
+        if self.fail_close:
+            raise RuntimeError("screen gone")
+
+
+def test_several_reporters_hear_the_same_run(data_dir, tmp_path):
+    from gptcli.reports import Reporters
+
+    log: list = []
+    trainer = build_trainer(data_dir, tmp_path / "run", tiny_config(max_iters=10, eval_interval=5))
+    with pytest.raises(RuntimeError, match="screen gone"):  # a failing close does not skip the next
+        trainer.run(reporter=Reporters(_Heard(log, "view", fail_close=True), _Heard(log, "tracker")))
+    view = [e[1:] for e in log if e[0] == "view"]
+    assert view == [e[1:] for e in log if e[0] == "tracker"]
+    assert view[0] == ("start", 10) and view[-2:] == [("end", 10), ("close", None)]
+    assert ("step", 5) in view and ("eval", 10) in view
