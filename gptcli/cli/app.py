@@ -22,6 +22,7 @@ from gptcli import __version__
 from gptcli.cli import render
 from gptcli.cli.beam import beam
 from gptcli.cli.classify import classify
+from gptcli.cli.eval import eval_
 from gptcli.cli.export import export
 from gptcli.cli.finetune import finetune
 from gptcli.cli.inspect_attn import inspect_attn
@@ -170,6 +171,7 @@ app.command("sample")(sample)
 app.command("beam")(beam)
 app.command("inspect-attn")(inspect_attn)
 app.command("classify")(classify)
+app.command("eval")(eval_)
 app.command("export")(export)
 
 

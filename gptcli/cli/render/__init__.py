@@ -14,6 +14,7 @@ from gptcli.cli.render.console import (
     Stream,
     byte_progress,
     carry_on_without_output,
+    count_progress,
     err,
     error,
     info,
@@ -23,6 +24,7 @@ from gptcli.cli.render.console import (
     warning,
 )
 from gptcli.cli.render.decoding import beam_table, predictions_table, probs_table, sample_text, stream_text
+from gptcli.cli.render.evals import eval_tables
 from gptcli.cli.render.heatmaps import attention_grid, attention_heatmap, token_labels
 from gptcli.cli.render.tokens import token_table, tokenize_summary, visible_piece
 from gptcli.cli.render.training import (
@@ -35,9 +37,9 @@ from gptcli.cli.render.training import (
 )
 
 __all__ = [
-    "STDERR", "STDOUT", "Notes", "Stream", "TrainLog", "TrainView", "attention_grid", "attention_heatmap",
-    "batch_line", "beam_table", "byte_progress", "carry_on_without_output", "err", "error", "info",
-    "loss_chart", "note", "out", "predictions_table", "print_json", "probs_table", "sample_text",
-    "stream_text", "token_labels", "token_table", "tokenize_summary", "train_reporter", "train_summary",
-    "visible_piece", "warning",
+    "STDERR", "STDOUT", "Notes", "Stream", "TrainLog", "TrainView", "attention_grid",
+    "attention_heatmap", "batch_line", "beam_table", "byte_progress", "carry_on_without_output",
+    "count_progress", "err", "error", "eval_tables", "info", "loss_chart", "note", "out",
+    "predictions_table", "print_json", "probs_table", "sample_text", "stream_text", "token_labels",
+    "token_table", "tokenize_summary", "train_reporter", "train_summary", "visible_piece", "warning",
 ]  # fmt: skip

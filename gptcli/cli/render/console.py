@@ -18,7 +18,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.text import Text
 
 from gptcli import reports
@@ -171,6 +178,24 @@ def byte_progress(description: str, total: int, show: bool = True) -> Iterator[C
         console=err,
         transient=True,
         disable=not (show and err.is_terminal),
+    )
+    task = progress.add_task(description, total=total)
+    with progress:
+        yield lambda done, total: progress.update(task, completed=done, total=total)
+
+
+@contextmanager
+def count_progress(description: str, total: int | None = None) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar over items (windows, examples) on stderr, only in a terminal;
+    yields update(done, total)."""
+    progress = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
     )
     task = progress.add_task(description, total=total)
     with progress:

@@ -1,0 +1,93 @@
+"""Evaluation: the GPT-2 paper's metrics for any model on any file, and GPT-1's accuracy
+of a finetuned head.
+
+text.py (perplexity, bits per byte and per character, sliding windows), lambada.py (last
+word accuracy and perplexity), choice.py (zero-shot multiple choice), heads.py (a
+finetuned classify/choice model's own head); all score tokens through scoring.py.
+
+A new evaluation is a module with a function (model, tokenizer, path, limit, progress) ->
+Result, and one line in ZERO_SHOT below.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.nn as nn
+
+from gptcli.data import read_records
+from gptcli.errors import UsageError
+from gptcli.evals.choice import evaluate_choice
+from gptcli.evals.heads import evaluate_head
+from gptcli.evals.lambada import evaluate_lambada
+from gptcli.evals.result import Result
+from gptcli.evals.scoring import Progress
+from gptcli.evals.text import evaluate_text
+from gptcli.tokenizer import Tokenizer
+
+# --task NAME -> how a language model is scored on it
+ZERO_SHOT: dict[str, Callable[..., Result]] = {
+    "text": evaluate_text,
+    "lambada": evaluate_lambada,
+    "choice": evaluate_choice,
+}
+HEADS = ("classify", "choice")  # finetuned tasks whose head eval uses
+
+
+def guess_task(path: Path) -> str:
+    """text for plain text and JSONL documents; choice for JSONL with choices (never lambada)."""
+    if path.suffix.lower() not in (".jsonl", ".csv"):
+        return "text"
+    fields = read_records(path)[0].fields
+    if "choices" in fields or "endings" in fields:
+        return "choice"
+    if "label" in fields:
+        raise UsageError(
+            f"{path} holds labelled examples: score them with a model finetuned with --task classify, "
+            "or pass --task text to score the texts as text"
+        )
+    if path.suffix.lower() == ".jsonl" and "text" in fields:
+        return "text"
+    raise UsageError(f"{path}: cannot tell which evaluation it is for; pass --task text, lambada or choice")
+
+
+def plan(meta: dict, path: Path, task: str | None) -> tuple[str, str]:
+    """(task, how): how is "head" when a finetuned classify/choice model scores with its
+    own head (its task, unless --task asks for another), else "zero-shot"."""
+    kind = meta.get("task")
+    if kind in HEADS and task in (None, kind):
+        return kind, "head"
+    if task is None:
+        task = guess_task(path)
+    if task not in ZERO_SHOT:
+        raise UsageError(f"--task {task!r}: use one of {', '.join(ZERO_SHOT)}")
+    return task, "zero-shot"
+
+
+def evaluate(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    meta: dict,
+    path: Path,
+    task: str,
+    how: str,
+    stride: int | None = None,
+    limit: int | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    """Score the model on a file as plan() decided."""
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    if how == "head":
+        return evaluate_head(model, tokenizer, meta, path, limit, progress)
+    run = ZERO_SHOT[task]
+    if task == "text":
+        run = functools.partial(run, stride=stride)
+    elif stride is not None:
+        raise UsageError("--stride is for --task text")
+    return run(model, tokenizer, path, limit=limit, progress=progress)
+
+
+__all__ = ["HEADS", "ZERO_SHOT", "Result", "evaluate", "guess_task", "plan"]

@@ -1,0 +1,93 @@
+"""--task choice: zero-shot multiple choice (HellaSwag, CBT, Winograd, StoryCloze).
+
+JSONL of {"context"|"ctx", "choices"|"endings", "label"}. Each choice is scored as
+lm-evaluation-harness does: the sum of the log-probabilities of its tokens after the
+context, joined by one space when the context does not end with whitespace and the choice
+does not start with it. acc ranks the choices by the sum; acc_norm by the sum over the
+choice's length in characters as written in the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.nn as nn
+
+from gptcli.data import Record
+from gptcli.errors import UsageError
+from gptcli.evals.examples import Pair, cut_warning, field, pair, records
+from gptcli.evals.result import Result
+from gptcli.evals.scoring import Progress, score
+from gptcli.tokenizer import Tokenizer
+
+
+def delimiter(context: str, choice: str) -> str:
+    return " " if context and not context[-1].isspace() and not choice[:1].isspace() else ""
+
+
+def choice_record(r: Record) -> tuple[str, list[str], int]:
+    """(context, choices, label) of a record, or a file:line error."""
+    context = field(r, "context", "ctx")
+    choices = field(r, "choices", "endings")
+    if not isinstance(context, str):
+        raise UsageError(f"{r.source}: the context must be a string")
+    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
+        raise UsageError(f"{r.source}: the choices must be a list of at least two strings")
+    if not all(choices):
+        raise UsageError(f"{r.source}: choice {choices.index('')} is empty")
+    label = field(r, "label")
+    if isinstance(label, str) and label.strip().isdigit():  # HellaSwag writes "3"
+        label = int(label)
+    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(choices):
+        raise UsageError(
+            f"{r.source}: label {label!r} must be the index of the right choice (0 to {len(choices) - 1})"
+        )
+    return context, choices, label
+
+
+def evaluate_choice(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    path: Path,
+    limit: int | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    block = model.config.block_size
+    rows = records(path, limit)
+    parsed = [choice_record(r) for r in rows]
+    pairs: list[list[Pair]] = [
+        [pair(tokenizer, ctx, delimiter(ctx, c) + c, block, r.source) for c in choices]
+        for r, (ctx, choices, _) in zip(rows, parsed, strict=True)
+    ]
+    flat = [p for ps in pairs for p in ps]
+    scores = iter(score(model, [p.ids for p in flat], [p.first for p in flat], progress))
+    correct = correct_norm = 0
+    examples = []
+    for r, (_, choices, label) in zip(rows, parsed, strict=True):
+        sums = [-next(scores).nll for _ in choices]
+        norms = [s / len(c) for s, c in zip(sums, choices, strict=True)]
+        pred, pred_norm = _argmax(sums), _argmax(norms)
+        correct += pred == label
+        correct_norm += pred_norm == label
+        examples.append(
+            {
+                "source": r.source,
+                "label": label,
+                "pred": pred,
+                "pred_norm": pred_norm,
+                "logprob": sums,
+                "logprob_per_char": norms,
+            }
+        )
+    metrics = {
+        "task": "choice",
+        "n": len(rows),
+        "acc": correct / len(rows),
+        "acc_norm": correct_norm / len(rows),
+    }
+    warning = cut_warning(path, rows, pairs, block)
+    return Result(metrics, examples, [warning] if warning else [])
+
+
+def _argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=values.__getitem__)

@@ -1,0 +1,83 @@
+"""The one measurement every evaluation makes: the log-probability of chosen tokens of a
+sequence, each given the tokens before it, and whether it was the model's top choice.
+
+Sequences are sorted by length and batched under a token budget, right-padded (causal
+attention never looks ahead, so padding after a sequence changes nothing in it), and the
+vocabulary projection runs only at the positions that are scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+BATCH_TOKENS = 8192  # tokens per forward pass (padding included)
+LOGIT_ROWS = 1024  # positions projected onto the vocabulary at once (GPT-2: 200 MB of fp32 logits)
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+@dataclass
+class Scores:
+    """Of one sequence's scored tokens, in order."""
+
+    logprobs: np.ndarray  # (n,) float64: log p(token | tokens before it)
+    greedy: np.ndarray  # (n,) bool: the token was the argmax
+
+    @property
+    def nll(self) -> float:
+        return float(-self.logprobs.sum())
+
+
+@torch.no_grad()
+def score(
+    model: nn.Module,
+    seqs: Sequence[Sequence[int]],
+    first: Sequence[int],
+    progress: Progress | None = None,
+    batch_tokens: int = BATCH_TOKENS,
+) -> list[Scores]:
+    """For each sequence, the tokens seq[first:] scored (first >= 1: the first token is
+    only ever context). Every sequence must fit the model's block_size."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    out: list[Scores | None] = [None] * len(seqs)
+    done = 0
+    while done < len(order):
+        T = len(seqs[order[done]])
+        rows = order[done : done + max(1, batch_tokens // max(1, T))]
+        x = torch.zeros(len(rows), T, dtype=torch.long)
+        pos, tgt, owner = [], [], []
+        for r, i in enumerate(rows):
+            s, f = seqs[i], first[i]
+            if not 1 <= f <= len(s):
+                raise ValueError(f"first scored token {f} outside 1..{len(s)}")
+            x[r, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+            pos.extend(r * T + j - 1 for j in range(f, len(s)))  # the position that predicts token j
+            tgt.extend(s[f:])
+            owner.extend([r] * (len(s) - f))
+        h = model.hidden_states(x.to(device))  # (B, T, C)
+        h = h.reshape(-1, h.size(-1))[torch.as_tensor(pos, device=device)]  # (N, C): scored positions only
+        logp, hit = _token_scores(model, h, torch.as_tensor(tgt, device=device))
+        owner_ = np.asarray(owner, dtype=np.int64)
+        for r, i in enumerate(rows):
+            mine = owner_ == r
+            out[i] = Scores(logp[mine], hit[mine])
+        done += len(rows)
+        if progress is not None:
+            progress(done, len(order))
+    return out  # type: ignore[return-value]
+
+
+def _token_scores(model: nn.Module, h: torch.Tensor, targets: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """log p(target) (float64) and whether it was the argmax, for hidden states h (N, C)."""
+    logp, hit = [torch.zeros(0, dtype=torch.float64)], [torch.zeros(0, dtype=torch.bool)]
+    for start in range(0, h.size(0), LOGIT_ROWS):
+        logits = model.lm_head(h[start : start + LOGIT_ROWS]).float()  # (n, V)
+        t = targets[start : start + LOGIT_ROWS]
+        logp.append(logits.log_softmax(-1).gather(1, t[:, None]).squeeze(1).double().cpu())
+        hit.append((logits.argmax(-1) == t).cpu())
+    return torch.cat(logp).numpy(), torch.cat(hit).numpy()
