@@ -77,6 +77,8 @@ def knob(
     take (check, choices), its command-line flag and help, and whether --resume may change
     it (only keys that budget or report a run, or say where it runs, never its maths)."""
     meta = {"check": check, "choices": choices, "flag": flag, "help": help, "on_resume": on_resume}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -203,6 +205,12 @@ class TrainConfig:
         help="Under torchrun, shard weights, gradients and AdamW state (FSDP)",
     )
     seed: int = knob(1337, check=Range(0, SEED_MAX), flag="--seed", help="Random seed")
+    eval_files: list[str] = knob(
+        [],
+        flag="--eval-file",
+        on_resume=True,
+        help="Score this file as gptcli eval does at every evaluation; repeat for more (default: none)",
+    )
 
     def validate(self) -> None:
         check_fields(self, "train")
@@ -340,6 +348,12 @@ def _type_name(tp: Any) -> str:
 def _coerce(where: str, value: Any, tp: Any) -> Any:
     """Check value against a dataclass field type (int, float, bool, str, or Optional of one)."""
     args = typing.get_args(tp)
+    if typing.get_origin(tp) is list:
+        if not isinstance(value, list):
+            value = [value] if isinstance(value, str) else value
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UsageError(f"{where} must be a list of strings, got {value!r}")
+        return list(value)
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         if value is None and type(None) in args:
             return None

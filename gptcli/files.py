@@ -207,14 +207,7 @@ def save_tensors(
 def append_line(path: str | os.PathLike, line: str) -> None:
     """Append one line to path (created if missing), never through a link."""
     path = Path(path)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o666)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise UsageError(
-                f"{path} is a symbolic link; gptcli does not write through links: remove it"
-            ) from None
-        raise
+    fd = _open_no_link(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     blob = (line.rstrip("\n") + "\n").encode("utf-8")
     try:
         with os.fdopen(fd, "ab") as f:
@@ -227,8 +220,12 @@ def append_line(path: str | os.PathLike, line: str) -> None:
 
 def open_lock_file(path: Path) -> int:
     """A file descriptor for a lock file (created if missing), never through a link."""
+    return _open_no_link(path, os.O_RDWR | os.O_CREAT)
+
+
+def _open_no_link(path: Path, flags: int) -> int:
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o666)
+        return os.open(path, flags | _NOFOLLOW, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise UsageError(

@@ -146,7 +146,7 @@ def _lm_task(data_dir: Path, config: Config) -> tuple[Tokenizer, LMTask]:
             f"model.vocab_size {config.model.vocab_size} is smaller than the tokenizer's {tok.vocab_size}"
         )
     train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
-    return tok, LMTask(train, val, config.model.block_size, config.model.vocab_size)
+    return tok, LMTask(train, val, config.model.block_size, config.model.vocab_size, tok.byte_lengths())
 
 
 # --- finetuning ----------------------------------------------------------------------------
@@ -293,7 +293,7 @@ def _finetune_task(
         paths = [Path(p) for p in settings.data]
         data_dir, report = prepare_text(paths, tok, settings.val_fraction, notes)
         train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
-        task = LMTask(train, val, block, config.model.vocab_size)
+        task = LMTask(train, val, block, config.model.vocab_size, tok.byte_lengths())
         return task, {"data_dir": str(data_dir), "data_sha256": report.source_sha256}
     seed = config.train.seed
     task, config.model.n_classes, extra = supervised_task(asdict(settings), tok, block, seed, labels, split)
@@ -376,6 +376,11 @@ def load_for_resume(
     saved = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")
     given = [(read_yaml(config_path), str(config_path))] if config_path is not None else []
     config = resume_config(saved, [*given, (flags, "the command line")])
+    if config.train.eval_files == saved.train.eval_files:  # the run's own, not given again
+        gone = [p for p in config.train.eval_files if not Path(p).is_file()]
+        if gone:
+            notes.warning(f"--eval-file {', '.join(gone)}: no longer there; not scored from now on")
+            config.train.eval_files = [p for p in config.train.eval_files if p not in gone]
     loaded.model.train()
     return loaded, config
 

@@ -52,6 +52,7 @@ class EvalReport:
     best_val_loss: float
     improved: bool
     elapsed: float
+    files: dict[str, dict] = field(default_factory=dict)  # --eval-file label -> gptcli eval's metrics
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Summary:
     last_eval: dict[str, dict[str, float]] = field(default_factory=dict)  # this session's latest
     tokens_per_s: float | None = None  # as the live view counts them: training steps only
     last_eval_step: int | None = None  # the step of last_eval
+    last_files: dict[str, dict] = field(default_factory=dict)  # the --eval-file metrics of last_eval
 
 
 class Reporter:

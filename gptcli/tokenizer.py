@@ -73,6 +73,16 @@ class Tokenizer(ABC):
             self._max_token_bytes = max(len(self.token_bytes(i)) for i in range(self.vocab_size))
         return self._max_token_bytes
 
+    def byte_lengths(self) -> np.ndarray:
+        """(vocab_size,) UTF-8 bytes of text each token stands for; 0 for end-of-text, which
+        is no text (to measure bits per byte)."""
+        if not hasattr(self, "_byte_lengths"):
+            lengths = np.array([len(self.token_bytes(i)) for i in range(self.vocab_size)], dtype=np.int64)
+            if self.eot_id is not None:
+                lengths[self.eot_id] = 0
+            self._byte_lengths = lengths
+        return self._byte_lengths
+
     def piece(self, token_id: int) -> str:
         """The text of one token; bytes that are only part of a character become U+FFFD."""
         return self.token_bytes(token_id).decode("utf-8", errors="replace")

@@ -30,6 +30,8 @@ from gptcli import files
 from gptcli.checkpoint import LAST, RunLock, copy_checkpoint
 from gptcli.config import Config
 from gptcli.errors import GptcliError, UsageError
+from gptcli.evals import evaluate as evaluate_file
+from gptcli.evals import plan_files
 from gptcli.model import GPT
 from gptcli.optim import lr_at, make_optimizer, set_lr
 from gptcli.parallel import Sharded, Whole
@@ -147,6 +149,8 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
         self.dist = dist_from_env()
         self.reporter = Reporter()
+        self.eval_files = plan_files(self.cfg.eval_files, self.meta)  # checked before any training
+        self.cfg.eval_files = [str(f.path.resolve()) for f in self.eval_files]  # found again from anywhere
 
     def request_stop(self, reason: str = "interrupted") -> None:
         """Stop at the next step boundary, after writing a last/ checkpoint."""
@@ -240,12 +244,20 @@ class Trainer:
             yield self.task.batch(split, chunk, self.device)
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, dict[str, float]]:
-        def run(model: nn.Module) -> dict[str, dict[str, float]]:
-            return {
+    def evaluate(self) -> tuple[dict[str, dict[str, float]], dict[str, dict]]:
+        """The task's metrics per split, and each --eval-file's (every process scores them,
+        so that sharded models take every forward pass together)."""
+
+        def run(model: nn.Module) -> tuple[dict[str, dict[str, float]], dict[str, dict]]:
+            splits = {
                 split: self.task.evaluate(model, split, self._eval_batches(split))
                 for split in ("train", "val")
             }
+            scored = {
+                f.label: evaluate_file(model, self.tokenizer, self.meta, f.path, f.task, f.how).metrics
+                for f in self.eval_files
+            }
+            return splits, scored
 
         self.model.eval()
         try:
@@ -254,8 +266,8 @@ class Trainer:
         finally:
             self.model.train()
 
-    def _evaluate_and_checkpoint(self, elapsed: float) -> dict[str, dict[str, float]]:
-        metrics = self.evaluate()
+    def _evaluate_and_checkpoint(self, elapsed: float) -> tuple[dict[str, dict[str, float]], dict[str, dict]]:
+        metrics, scored = self.evaluate()
         val = metrics["val"]["loss"]
         if not math.isfinite(val):
             self._diverged(f"validation loss is {val}")
@@ -264,17 +276,21 @@ class Trainer:
             self.state.best_val_loss = val
         self.state.last_eval_step = self.state.step
         if self.dist.is_main:
-            self.metrics.append(
-                {"kind": "eval", "step": self.state.step, "elapsed": round(elapsed, 3), **_flatten(metrics)}
-            )
+            record = {
+                "kind": "eval",
+                "step": self.state.step,
+                "elapsed": round(elapsed, 3),
+                **_flatten(metrics),
+            }
+            self.metrics.append(record | ({"files": scored} if scored else {}))
         self.reporter.on_eval(
-            EvalReport(self.state.step, metrics, self.state.best_val_loss, improved, elapsed)
+            EvalReport(self.state.step, metrics, self.state.best_val_loss, improved, elapsed, scored)
         )
         self._save_last(metrics)
         if improved and self.dist.is_main:
             path = copy_checkpoint(self.run_dir, LAST, "best")
             self.reporter.on_checkpoint("best", path, self.state.step)
-        return metrics
+        return metrics, scored
 
     def _diverged(self, what: str) -> None:
         best = self.state.best_val_loss
@@ -393,6 +409,7 @@ class Trainer:
         session_start = time.perf_counter()
         clock = _Clock(t0=session_start - self.state.elapsed, window_t=session_start)
         last_metrics: dict[str, dict[str, float]] = {}
+        last_files: dict[str, dict] = {}
         self.model.train()
         with _StopSignals(self):
             while True:
@@ -405,7 +422,7 @@ class Trainer:
                     self.state.last_eval_step != self.state.step
                 ):
                     since = time.perf_counter()
-                    last_metrics = self._evaluate_and_checkpoint(elapsed)
+                    last_metrics, last_files = self._evaluate_and_checkpoint(elapsed)
                     clock.pause(since)
                 if stopping:
                     break
@@ -431,6 +448,7 @@ class Trainer:
             last_eval=last_metrics,
             tokens_per_s=run_tokens / max(session - clock.paused, 1e-9) if run_tokens else None,
             last_eval_step=self.state.last_eval_step if last_metrics else None,
+            last_files=last_files,
         )
         self.reporter.on_end(summary)
         return summary

@@ -35,8 +35,13 @@ def records(run: Path) -> list[dict]:
 def runs(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("ddp")
     make_corpus(tmp / "c.txt", n_sentences=400)
+    make_corpus(tmp / "held.txt", n_sentences=30, seed=3)
+    choice = {"context": "The fox dug a", "choices": [" den", " hole"], "label": 0}
+    (tmp / "mc.jsonl").write_text((json.dumps(choice) + "\n") * 3)
+    files = ["--eval-file", "held.txt", "--eval-file", "mc.jsonl"]  # every rank joins their forward passes
     for name, procs, extra in (("single", 1, []), ("ddp", 2, []), ("fsdp", 2, ["--fsdp"])):
-        result = launch(["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "20", *extra], tmp, procs)
+        args = ["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "20", *files, *extra]
+        result = launch(args, tmp, procs)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     # torchrun with the defaults: no --grad-accum, so one micro-step per process
     assert TINY[-2:] == ["--grad-accum", "2"]
@@ -59,6 +64,16 @@ def assert_same_trajectory(single: list[dict], other: list[dict]) -> None:
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_processes_follow_the_single_process_trajectory(runs, mode):
     assert_same_trajectory(records(runs / "single"), records(runs / mode))
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_eval_files_score_alike_replicated_or_sharded(runs, mode):
+    evals = {name: [r for r in records(runs / name) if r["kind"] == "eval"] for name in ("single", mode)}
+    assert [r["step"] for r in evals["single"]] == [r["step"] for r in evals[mode]] == [0, 10, 20]
+    for one, two in zip(evals["single"], evals[mode], strict=True):
+        assert one["files"]["held.txt"]["tokens"] == two["files"]["held.txt"]["tokens"] > 0
+        assert one["files"]["held.txt"]["bpb"] == pytest.approx(two["files"]["held.txt"]["bpb"], abs=1e-5)
+        assert one["files"]["mc.jsonl"] == two["files"]["mc.jsonl"]
 
 
 def test_torchrun_with_the_defaults_trains_one_micro_step_per_process(runs):

@@ -265,3 +265,58 @@ def test_tiny_models_are_fine_on_cpu_with_the_default_device(trained, tmp_path):
     result = run("eval", "--ckpt", trained, tmp_path / "a.txt", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["tokens"] > 0
+
+
+# --- --eval-file: the same metrics at every evaluation of a training run ------------------
+
+
+def test_training_scores_eval_files_as_eval_does(tmp_path, monkeypatch):
+    from tests.helpers import TINY
+
+    monkeypatch.chdir(tmp_path)
+    make_corpus(tmp_path / "c.txt", n_sentences=200)
+    make_corpus(tmp_path / "held.txt", n_sentences=20, seed=3)
+    row = {"context": "The fox dug a", "choices": [" den", " hole because"], "label": 0}
+    (tmp_path / "mc.jsonl").write_text(json.dumps(row) + "\n" + json.dumps({**row, "label": 1}) + "\n")
+    args = ["pretrain", "c.txt", "--out", "r", *TINY, "--eval-file", "held.txt", "--eval-file", "mc.jsonl"]
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    evals = [json.loads(x) for x in Path("r/metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in evals if e["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 15, 30]
+    assert all(set(e["files"]) == {"held.txt", "mc.jsonl"} for e in evals)
+    assert evals[-1]["files"] == summary["last_files"]  # the log and the summary agree
+    assert "held.txt: ppl" in result.stderr and "mc.jsonl: acc" in result.stderr  # the progress lines
+    for name in ("held.txt", "mc.jsonl"):  # and gptcli eval on the saved model gives the same
+        again = eval_json("--ckpt", "r/last", name)
+        for key, value in summary["last_files"][name].items():
+            assert again[key] == (pytest.approx(value, rel=1e-6) if isinstance(value, float) else value)
+    last = evals[-1]
+    assert last["val_bpb"] == pytest.approx(last["val_loss"] / math.log(2))  # ASCII, one char a token
+    assert Path("r/config.yaml").read_text().count(str(tmp_path / "held.txt")) == 1  # found from anywhere
+
+
+def test_eval_files_on_resume_and_bad_ones(tmp_path, monkeypatch):
+    from tests.helpers import TINY
+
+    monkeypatch.chdir(tmp_path)
+    make_corpus(tmp_path / "c.txt", n_sentences=200)
+    make_corpus(tmp_path / "held.txt", n_sentences=10, seed=3)
+    assert_usage_error(run("pretrain", "c.txt", "--out", "r", *TINY, "--eval-file", "nope.txt"), "nope.txt")
+    assert not Path("r").exists()
+    assert run("pretrain", "c.txt", "--out", "r", *TINY, "--max-iters", "15").exit_code == 0
+    again = run(
+        "pretrain", "c.txt", "--out", "r", *TINY, "--max-iters", "30", "--resume", "--eval-file", "held.txt"
+    )
+    assert again.exit_code == 0, again.output  # a file to report on may be added on resume
+    last = json.loads(Path("r/metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 30 and "held.txt" in last["files"]
+    Path("held.txt").unlink()
+    gone = run("pretrain", "c.txt", "--out", "r", *TINY, "--max-iters", "45", "--resume")
+    assert gone.exit_code == 0, gone.output
+    assert "held.txt: no longer there; not scored from now on" in gone.output
+    (tmp_path / "run.yaml").write_text("train:\n  eval_files: c.txt\n")  # one file, not a list: fine
+    yaml_run = run("pretrain", "c.txt", "--out", "y", *TINY, "--max-iters", "15", "--config", "run.yaml")
+    assert yaml_run.exit_code == 0, yaml_run.output
+    assert "c.txt" in json.loads(Path("y/metrics.jsonl").read_text().splitlines()[-1])["files"]

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 MODEL, TRAIN, HARDWARE, RUN = "Model", "Training", "Hardware", "Run"
 
-_TYPES = {int: int | None, float: float | None, str: str | None, bool: bool | None}
+_TYPES = {int: int | None, float: float | None, str: str | None, bool: bool | None, list: list[str] | None}
 
 
 def opt(*names: str, help: str, panel: str = TRAIN, **kw: Any) -> Any:

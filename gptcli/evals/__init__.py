@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.nn as nn
@@ -66,6 +67,29 @@ def plan(meta: dict, path: Path, task: str | None) -> tuple[str, str]:
     return task, "zero-shot"
 
 
+@dataclass(frozen=True)
+class FileEval:
+    """A file scored at every evaluation of a training run (--eval-file), as planned."""
+
+    label: str  # how reports name it: the file name, or the path where two names are alike
+    path: Path
+    task: str
+    how: str
+
+
+def plan_files(paths: list[str], meta: dict) -> list[FileEval]:
+    """What each --eval-file of a run is scored as, decided (and its errors raised) before training."""
+    names = [Path(p).name for p in paths]
+    planned = []
+    for p, name in zip(paths, names, strict=True):
+        path = Path(p)
+        if not path.is_file():
+            raise UsageError(f"--eval-file {path}: no such file")
+        task, how = plan(meta, path, None)
+        planned.append(FileEval(name if names.count(name) == 1 else str(path), path, task, how))
+    return planned
+
+
 def evaluate(
     model: nn.Module,
     tokenizer: Tokenizer,
@@ -90,4 +114,4 @@ def evaluate(
     return run(model, tokenizer, path, limit=limit, progress=progress)
 
 
-__all__ = ["HEADS", "ZERO_SHOT", "Result", "evaluate", "guess_task", "plan"]
+__all__ = ["HEADS", "ZERO_SHOT", "FileEval", "Result", "evaluate", "guess_task", "plan", "plan_files"]

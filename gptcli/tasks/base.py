@@ -3,6 +3,7 @@ on the device, and turning text into model inputs GPT-1's way."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,7 +52,12 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class NextTokenTask:
-    """Tasks whose batch is tokens "x" with next-token targets "y" (IGNORE_INDEX where no loss)."""
+    """Tasks whose batch is tokens "x" with next-token targets "y" (IGNORE_INDEX where no loss).
+
+    With token_bytes (the bytes of text each token id stands for) evaluation reports bits
+    per byte too ("bpb"): the loss in a unit that does not depend on the tokenizer."""
+
+    token_bytes: np.ndarray | None = None
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         _, loss = model(batch["x"], batch["y"])
@@ -61,46 +67,18 @@ class NextTokenTask:
         return batch["x"].numel()
 
     def evaluate(self, model: nn.Module, split: str, batches: Iterable[Batch]) -> dict[str, float]:
-        losses = [self.loss(model, b).item() for b in batches]
-        return {"loss": float(np.mean(losses))}
-
-
-class LMTask(NextTokenTask):
-    """Next-token prediction: example i is the window tokens[i : i + block_size + 1]."""
-
-    fixed_length = True  # every batch is batch_size x block_size tokens
-
-    def __init__(
-        self, train: np.ndarray, val: np.ndarray, block_size: int, vocab_size: int | None = None
-    ) -> None:
-        for split, data in (("train", train), ("val", val)):
-            if len(data) == 0 and split == "val":
-                raise UsageError(
-                    "the val split is empty (too little text, or tokenized with --val-fraction 0); "
-                    "use more text or a --val-fraction above 0"
-                )
-            if len(data) < block_size + 1:
-                raise UsageError(
-                    f"the {split} split has {len(data)} tokens, fewer than block_size + 1 = "
-                    f"{block_size + 1}; use more text or a smaller --block-size"
-                )
-        self.data = {"train": train, "val": val}
-        self.block_size = block_size
-        self.vocab_size = vocab_size  # ids at or beyond it are refused (a damaged or foreign shard)
-
-    def num_examples(self, split: str) -> int:
-        return len(self.data[split]) - self.block_size
-
-    def batch(self, split: str, indices: torch.Tensor, device: torch.device) -> Batch:
-        data, T = self.data[split], self.block_size
-        rows = np.stack([np.asarray(data[i : i + T + 1], dtype=np.int64) for i in indices.tolist()])
-        if self.vocab_size is not None and rows.max() >= self.vocab_size:  # checked here, on the CPU
-            raise UsageError(
-                f"the {split} tokens hold id {int(rows.max())}, beyond the vocabulary of {self.vocab_size}; "
-                "the tokenized data is damaged or of another tokenizer: tokenize the text again"
-            )
-        xy = torch.from_numpy(rows)  # (B, T + 1)
-        return {"x": to_device(xy[:, :-1], device), "y": to_device(xy[:, 1:], device)}
+        losses, nll, nbytes = [], 0.0, 0
+        for b in batches:
+            loss = self.loss(model, b)
+            losses.append(loss.item())
+            if self.token_bytes is not None:
+                targets = b["y"][b["y"] != IGNORE_INDEX].cpu().numpy()
+                nll += loss.item() * len(targets)
+                nbytes += int(self.token_bytes[targets].sum())
+        metrics = {"loss": float(np.mean(losses))}
+        if nbytes:
+            metrics["bpb"] = nll / math.log(2) / nbytes
+        return metrics
 
 
 def end_ids(tokenizer: Tokenizer) -> list[int]:

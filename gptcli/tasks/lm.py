@@ -16,7 +16,12 @@ class LMTask(NextTokenTask):
     fixed_length = True  # every batch is batch_size x block_size tokens
 
     def __init__(
-        self, train: np.ndarray, val: np.ndarray, block_size: int, vocab_size: int | None = None
+        self,
+        train: np.ndarray,
+        val: np.ndarray,
+        block_size: int,
+        vocab_size: int | None = None,
+        token_bytes: np.ndarray | None = None,
     ) -> None:
         for split, data in (("train", train), ("val", val)):
             if len(data) == 0 and split == "val":
@@ -32,6 +37,7 @@ class LMTask(NextTokenTask):
         self.data = {"train": train, "val": val}
         self.block_size = block_size
         self.vocab_size = vocab_size  # ids at or beyond it are refused (a damaged or foreign shard)
+        self.token_bytes = token_bytes
 
     def num_examples(self, split: str) -> int:
         return len(self.data[split]) - self.block_size

@@ -62,4 +62,6 @@ def sft_examples(records: list[Record], tokenizer: Tokenizer, block_size: int) -
 def build(src: Source) -> tuple[SFTTask, int, dict]:
     """The task; no head, nothing more to remember."""
     splits = src.examples(lambda rs: sft_examples(rs, src.tokenizer, src.block_size))
-    return SFTTask(splits, src.block_size), 0, {}
+    task = SFTTask(splits, src.block_size)
+    task.token_bytes = src.tokenizer.byte_lengths()
+    return task, 0, {}

@@ -34,6 +34,15 @@ TITLES = {
 }
 
 
+def headline(metrics: dict) -> str:
+    """One evaluation's figures on one line, e.g. "ppl 12.345  bits/byte 1.2345"."""
+    return "  ".join(
+        f"{header} {fmt(metrics.get(key), spec)}"
+        for key, header, spec in COLUMNS[metrics["task"]]
+        if key not in ("n", "tokens") and metrics.get(key) is not None
+    )
+
+
 def eval_tables(rows: Sequence[tuple[str, str, str, dict]]) -> None:
     """(model, file, how, metrics) per evaluation, grouped by task in the order they came."""
     tasks = list(dict.fromkeys(m["task"] for *_, m in rows))

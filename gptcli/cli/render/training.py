@@ -13,6 +13,9 @@ from rich.text import Text
 
 from gptcli import reports
 from gptcli.cli.render.console import duration, fmt, out
+from gptcli.cli.render.evals import headline
+
+METRIC_NAMES = {"bpb": "bits per byte", "f1": "macro-F1"}  # how the views name task metrics
 
 
 def loss_chart(
@@ -111,6 +114,7 @@ class TrainView(reports.Reporter):
         )
         extra = {k: v for k, v in r.metrics["val"].items() if k != "loss"}
         self.stats["val_extra"] = extra
+        self.stats["files"] = r.files
         if r.improved:
             self.stats["best_step"] = r.step
         self.chart = None
@@ -141,7 +145,7 @@ class TrainView(reports.Reporter):
             f"train [bold cyan]{fmt(s.get('loss'))}[/] (best {fmt(s.get('best_train'))})",
             f"val [bold orange1]{fmt(s.get('val'))}[/] (best {fmt(s.get('best_val'))}{best_at})",
         )
-        extras = "  ".join(f"{k} {v:.4f}" for k, v in s.get("val_extra", {}).items())
+        extras = "  ".join(f"{METRIC_NAMES.get(k, k)} {v:.4f}" for k, v in s.get("val_extra", {}).items())
         budget = f"time {duration(s.get('elapsed', 0))} of {duration(self.max_time)}" if self.max_time else ""
         numbers.add_row(
             f"{fmt(s.get('tps'), ',.0f')} tok/s",
@@ -149,6 +153,8 @@ class TrainView(reports.Reporter):
             f"saved last @{s['saved_last']}" if "saved_last" in s else "",
             extras or budget,
         )
+        for label, metrics in s.get("files", {}).items():
+            numbers.add_row(Text(label, style="dim"), Text(headline(metrics)), "", "")
         parts: list[Any] = [self.header, self.progress, numbers]
         if self.train or self.val:
             chart = self.chart  # read once: the training thread may reset it meanwhile
@@ -186,7 +192,10 @@ class TrainLog(reports.Reporter):
         )
 
     def on_eval(self, r: Any) -> None:
-        extra = "".join(f" | val {k} {v:.4f}" for k, v in r.metrics["val"].items() if k != "loss")
+        extra = "".join(
+            f" | val {METRIC_NAMES.get(k, k)} {v:.4f}" for k, v in r.metrics["val"].items() if k != "loss"
+        )
+        extra += "".join(f" | {label}: {headline(m)}" for label, m in r.files.items())
         best = " (best)" if r.improved else ""
         self._line(
             f"eval step {r.step}: train {r.metrics['train']['loss']:.4f} | "
@@ -233,7 +242,8 @@ def train_summary(summary: Any, loss_png: str | None) -> None:
     if summary.last_eval:
         last = "final" if summary.last_eval_step == summary.steps else f"step {summary.last_eval_step:,}"
         rows.append((f"{last} eval train / val", f"{fmt(train.get('loss'))} / {fmt(val.get('loss'))}"))
-    rows += [(f"val {k}", f"{v:.4f}") for k, v in val.items() if k != "loss"]
+    rows += [(f"val {METRIC_NAMES.get(k, k)}", f"{v:.4f}") for k, v in val.items() if k != "loss"]
+    rows += [(f"{label} ({m['task']})", headline(m)) for label, m in summary.last_files.items()]
     rows += [("checkpoints", f"{summary.run_dir}/best, {summary.run_dir}/last")]
     if loss_png:
         rows.append(("loss curve", loss_png))
