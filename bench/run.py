@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import gc
 import importlib.util
+import math
 import multiprocessing
 import os
 import platform
@@ -596,6 +597,149 @@ def _generated_text() -> str:
     return "\n".join(story(rng) for _ in range(20000)) + "\n"
 
 
+# --- evaluation -----------------------------------------------------------------------------
+
+
+def _eval_text_source(args) -> str:
+    return (args.corpus.read_text(encoding="utf-8") if args.corpus else None) or _generated_text()
+
+
+@torch.no_grad()
+def hf_guide_perplexity(hf, ids: list[int], block: int) -> tuple[float, int]:
+    """Total NLL and tokens scored, as Hugging Face's perplexity guide loops (stride = block)."""
+    nll, n, prev_end = 0.0, 0, 0
+    for begin in range(0, len(ids), block):
+        end = min(begin + block, len(ids))
+        trg_len = end - prev_end
+        input_ids = torch.tensor([ids[begin:end]])
+        target_ids = input_ids.clone()
+        target_ids[:, :-trg_len] = -100
+        loss = hf(input_ids, labels=target_ids).loss
+        valid = int((target_ids[:, 1:] != -100).sum())
+        nll += float(loss) * valid
+        n += valid
+        prev_end = end
+        if end == len(ids):
+            break
+    return nll, n
+
+
+def case_eval_text(args) -> list[Result]:
+    """Tokens scored per second, GPT-2 124M, windows of 1024: gptcli eval's batched windows
+    in the dtype it picks on this CPU, against HF's forward pass on the same windows."""
+    from gptcli.evals.text import encode_text, evaluate_text
+    from gptcli.runtime import pick_inference_dtype
+    from gptcli.tokenizer import gpt2_tokenizer
+
+    hf, ours32 = gpt2_pair()
+    tok = gpt2_tokenizer()
+    windows = 4 if args.quick else 12
+    work = Path(tempfile.mkdtemp())
+    text, chars = _eval_text_source(args), 4000 * windows
+    (work / "t.txt").write_text(text[:chars], encoding="utf-8")
+    ids = encode_text(work / "t.txt", tok).ids
+    dtype, _ = pick_inference_dtype(torch.device("cpu"), "auto", ours32.num_params())
+    ours = GPT(ours32.config).eval().to(dtype)
+    ours.load_state_dict(ours32.state_dict())
+    evaluate_text(ours, tok, work / "t.txt", limit=1)  # warm-up
+    ours_runs, hf_runs, got, ref = [], [], None, None
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        got = evaluate_text(ours, tok, work / "t.txt").metrics
+        ours_runs.append(got["tokens"] / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        ref = hf_guide_perplexity(hf, ids, 1024)
+        hf_runs.append(ref[1] / (time.perf_counter() - t0))
+    fp32 = evaluate_text(ours32, tok, work / "t.txt").metrics
+    hf_ppl = math.exp(ref[0] / ref[1])
+    shutil.rmtree(work)
+    ours_tps, hf_tps = statistics.median(ours_runs), statistics.median(hf_runs)
+    same = got["tokens"] == ref[1] and abs(fp32["ppl"] / hf_ppl - 1) < 1e-4
+    close = abs(got["ppl"] / hf_ppl - 1) < (2e-2 if dtype == torch.bfloat16 else 1e-4)
+    return [
+        Result(
+            f"eval text, GPT-2 124M, {len(ids):,} tokens in windows of 1024",
+            ours_tps,
+            hf_tps,
+            "tokens/s",
+            "HF forward, perplexity guide (fp32)",
+            ">= 1.5x, same numbers",
+            ours_tps / hf_tps >= 1.5 and same and close,
+            [
+                f"gptcli in {str(dtype).removeprefix('torch.')} (what --dtype auto picks here): ppl "
+                f"{got['ppl']:.4f}; in fp32 {fp32['ppl']:.4f}; HF {hf_ppl:.4f}; tokens scored "
+                f"{got['tokens']:,} vs {ref[1]:,}"
+            ],
+        )
+    ]
+
+
+@torch.no_grad()
+def hf_choice_loop(hf, tok, rows: list[dict]) -> list[list[float]]:
+    """Each choice on its own: encode(context + " " + choice), one forward pass, the sum of
+    the choice tokens' log-probabilities."""
+    out = []
+    for r in rows:
+        ctx, sums = tok.encode(r["context"]), []
+        for c in r["choices"]:
+            whole = tok.encode(r["context"] + " " + c)
+            logp = hf(torch.tensor([whole])).logits[0, :-1].float().log_softmax(-1)
+            sums.append(sum(float(logp[len(ctx) - 1 + i, t]) for i, t in enumerate(whole[len(ctx) :])))
+        out.append(sums)
+    return out
+
+
+def case_eval_choice(args) -> list[Result]:
+    """Multiple-choice examples per second (4 choices, HellaSwag-sized), GPT-2 124M, fp32 on
+    both sides: gptcli eval against a plain per-choice Hugging Face loop."""
+    import json
+    import random
+
+    from gptcli.evals.choice import evaluate_choice
+    from gptcli.tokenizer import gpt2_tokenizer
+
+    hf, ours = gpt2_pair()
+    tok = gpt2_tokenizer()
+    lines = [ln.strip() for ln in _eval_text_source(args).splitlines() if len(ln.split()) >= 6]
+    rng = random.Random(0)
+    n = 16 if args.quick else 48
+    rows = []
+    for i in range(n):
+        context = " ".join(lines[(3 * i + k) % len(lines)] for k in range(3))  # about 40 tokens
+        choices = [" ".join(rng.choice(lines).split()[:14]) for _ in range(4)]  # about 18 tokens each
+        rows.append({"context": context, "choices": choices, "label": i % 4})
+    work = Path(tempfile.mkdtemp())
+    (work / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    evaluate_choice(ours, tok, work / "c.jsonl", limit=2)  # warm-up
+    ours_runs, hf_runs, got, ref = [], [], None, None
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        got = evaluate_choice(ours, tok, work / "c.jsonl")
+        ours_runs.append(n / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        ref = hf_choice_loop(hf, tok, rows)
+        hf_runs.append(n / (time.perf_counter() - t0))
+    shutil.rmtree(work)
+    worst = max(
+        abs(a - b)
+        for e, sums in zip(got.examples, ref, strict=True)
+        for a, b in zip(e["logprob"], sums, strict=True)
+    )
+    ours_eps, hf_eps = statistics.median(ours_runs), statistics.median(hf_runs)
+    return [
+        Result(
+            f"eval choice, GPT-2 124M, {n} examples x 4 choices",
+            ours_eps,
+            hf_eps,
+            "examples/s",
+            "HF, one forward pass per choice (fp32)",
+            ">= 3x, same scores",
+            ours_eps / hf_eps >= 3 and worst < 1e-3,
+            [f"largest difference of a choice's summed log-probability: {worst:.2e}"],
+        )
+    ]
+
+
 # --- start-up -------------------------------------------------------------------------------
 
 
@@ -620,6 +764,8 @@ CASES = {
     "beam": case_beam,
     "bpe": case_bpe,
     "help": case_help,
+    "eval-text": case_eval_text,
+    "eval-choice": case_eval_choice,
 }
 
 
