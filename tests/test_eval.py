@@ -8,6 +8,7 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -320,3 +321,24 @@ def test_eval_files_on_resume_and_bad_ones(tmp_path, monkeypatch):
     yaml_run = run("pretrain", "c.txt", "--out", "y", *TINY, "--max-iters", "15", "--config", "run.yaml")
     assert yaml_run.exit_code == 0, yaml_run.output
     assert "c.txt" in json.loads(Path("y/metrics.jsonl").read_text().splitlines()[-1])["files"]
+
+
+def test_a_shared_context_scores_as_the_whole_sequences_do(hf_gpt2):
+    """score_shared (the context read once, its KV cache copied per continuation, prefixes
+    left-padded and continuations right-padded) gives what scoring each whole sequence does."""
+    from gptcli.evals.scoring import score, score_shared
+    from tests.helpers import ours_from_hf
+
+    model = ours_from_hf(hf_gpt2(vocab_size=97, n_positions=32))
+    rng = random.Random(6)
+    prefixes = [[rng.randrange(97) for _ in range(rng.randint(1, 12))] for _ in range(9)]
+    conts = [
+        [[rng.randrange(97) for _ in range(rng.randint(1, 8))] for _ in range(rng.randint(2, 5))]
+        for _ in prefixes
+    ]
+    shared = score_shared(model, prefixes, conts, batch_tokens=120)  # several batches
+    for p, cs, got in zip(prefixes, conts, shared, strict=True):
+        want = score(model, [p + c for c in cs], [len(p)] * len(cs))
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g.logprobs, w.logprobs, rtol=1e-5, atol=1e-6)
+            assert (g.greedy == w.greedy).all()

@@ -17,7 +17,7 @@ from gptcli.data import Record
 from gptcli.errors import UsageError
 from gptcli.evals.examples import Pair, cut_warning, field, pair, records
 from gptcli.evals.result import Result
-from gptcli.evals.scoring import Progress, score
+from gptcli.evals.scoring import Progress, Scores, score, score_shared
 from gptcli.tokenizer import Tokenizer
 
 
@@ -59,12 +59,11 @@ def evaluate_choice(
         [pair(tokenizer, ctx, delimiter(ctx, c) + c, block, r.source) for c in choices]
         for r, (ctx, choices, _) in zip(rows, parsed, strict=True)
     ]
-    flat = [p for ps in pairs for p in ps]
-    scores = iter(score(model, [p.ids for p in flat], [p.first for p in flat], progress))
+    per_example = score_choices(model, pairs, progress)
     correct = correct_norm = 0
     examples = []
-    for r, (_, choices, label) in zip(rows, parsed, strict=True):
-        sums = [-next(scores).nll for _ in choices]
+    for r, (_, choices, label), scores in zip(rows, parsed, per_example, strict=True):
+        sums = [-s.nll for s in scores]
         norms = [s / len(c) for s, c in zip(sums, choices, strict=True)]
         pred, pred_norm = _argmax(sums), _argmax(norms)
         correct += pred == label
@@ -87,6 +86,24 @@ def evaluate_choice(
     }
     warning = cut_warning(path, rows, pairs, block)
     return Result(metrics, examples, [warning] if warning else [])
+
+
+def score_choices(model: nn.Module, pairs: list[list[Pair]], progress: Progress | None) -> list[list[Scores]]:
+    """Each example's choices, its context read once for all of them (score_shared); an
+    example cut to fit the block, whose choices then see different contexts, one sequence
+    at a time."""
+    whole = [e for e, ps in enumerate(pairs) if any(p.cut for p in ps)]
+    shared = [e for e, ps in enumerate(pairs) if not any(p.cut for p in ps)]
+    out: list[list[Scores]] = [[] for _ in pairs]
+    prefixes = [pairs[e][0].ids[: pairs[e][0].first] for e in shared]
+    continuations = [[p.ids[p.first :] for p in pairs[e]] for e in shared]
+    for e, scores in zip(shared, score_shared(model, prefixes, continuations, progress), strict=True):
+        out[e] = scores
+    flat = [p for e in whole for p in pairs[e]]
+    scores = iter(score(model, [p.ids for p in flat], [p.first for p in flat]))
+    for e in whole:
+        out[e] = [next(scores) for _ in pairs[e]]
+    return out
 
 
 def _argmax(values: list[float]) -> int:

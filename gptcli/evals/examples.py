@@ -1,7 +1,7 @@
 """Reading evaluation records (lambada, choice) and turning them into scored sequences,
-as lm-evaluation-harness does: the continuation's tokens are those of
-encode(context + continuation) after the tokens of encode(context), where the context's
-trailing whitespace has moved to the continuation."""
+as lm-evaluation-harness does: the model reads encode(context), then the continuation's
+tokens, which are those of encode(context + continuation) after the first
+len(encode(context)); the context's trailing whitespace moves to the continuation."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from gptcli.tokenizer import Tokenizer
 
 @dataclass
 class Pair:
-    """One (context, continuation) sequence to score: ids[first:] are the continuation."""
+    """One (context, continuation) sequence to score: ids[:first] are the context's tokens,
+    ids[first:] the continuation's."""
 
     ids: list[int]
     first: int
@@ -61,8 +62,9 @@ def pair(tokenizer: Tokenizer, context: str, continuation: str, block_size: int,
             f"{where}: the continuation is {len(whole) - first} tokens; the model sees {block_size} "
             "at once, and needs at least one token of context before it"
         )
-    cut = max(0, len(whole) - block_size)
-    return Pair(whole[cut:], first - cut, cut)
+    ids = ctx + whole[first:]  # the harness feeds encode(context), then the continuation's tokens
+    cut = max(0, len(ids) - block_size)
+    return Pair(ids[cut:], first - cut, cut)
 
 
 def cut_warning(path: Path, rows: list[Record], pairs: list[list[Pair]], block_size: int) -> str | None:

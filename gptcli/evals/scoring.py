@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from gptcli.model import KVCache
+
 BATCH_TOKENS = 8192  # tokens per forward pass (padding included)
 LOGIT_ROWS = 1024  # positions projected onto the vocabulary at once (GPT-2: 200 MB of fp32 logits)
 Progress = Callable[[int, int], None]  # (done, total)
@@ -73,11 +75,75 @@ def score(
 
 
 def _token_scores(model: nn.Module, h: torch.Tensor, targets: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """log p(target) (float64) and whether it was the argmax, for hidden states h (N, C)."""
+    """log p(target) (float64) and whether it was the argmax, for hidden states h (N, C):
+    the target's logit less the logsumexp of its row (no log-softmax tensor is written)."""
     logp, hit = [torch.zeros(0, dtype=torch.float64)], [torch.zeros(0, dtype=torch.bool)]
     for start in range(0, h.size(0), LOGIT_ROWS):
         logits = model.lm_head(h[start : start + LOGIT_ROWS]).float()  # (n, V)
         t = targets[start : start + LOGIT_ROWS]
-        logp.append(logits.log_softmax(-1).gather(1, t[:, None]).squeeze(1).double().cpu())
+        picked = logits.gather(1, t[:, None]).squeeze(1)
+        logp.append((picked - torch.logsumexp(logits, -1)).double().cpu())
         hit.append((logits.argmax(-1) == t).cpu())
     return torch.cat(logp).numpy(), torch.cat(hit).numpy()
+
+
+@torch.no_grad()
+def score_shared(
+    model: nn.Module,
+    prefixes: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[Sequence[int]]],
+    progress: Progress | None = None,
+    batch_tokens: int = BATCH_TOKENS,
+) -> list[list[Scores]]:
+    """Several continuations of each prefix scored, the prefix read once: a batch of
+    prefixes (left-padded) fills a KV cache, which is copied for each continuation, and the
+    continuations (right-padded) are read on top of it. Each prefix with any continuation
+    must fit block_size."""
+    device = next(model.parameters()).device
+    block = model.config.block_size
+    longest = [max(len(c) for c in conts) for conts in continuations]
+    order = sorted(range(len(prefixes)), key=lambda e: -(len(prefixes[e]) + longest[e]))
+    out: list[list[Scores] | None] = [None] * len(prefixes)
+    done = 0
+    while done < len(order):
+        batch, lc, lk, n = [], 0, 0, 0
+        for e in order[done:]:
+            lc2, lk2, n2 = max(lc, len(prefixes[e])), max(lk, longest[e]), n + len(continuations[e])
+            if batch and (lc2 + lk2 > block or (len(batch) + 1) * lc2 + n2 * (lc2 + lk2) > batch_tokens):
+                break
+            batch.append(e)
+            lc, lk, n = lc2, lk2, n2
+        x = torch.zeros(len(batch), lc, dtype=torch.long)
+        x_mask = torch.zeros(len(batch), lc, dtype=torch.bool)
+        y = torch.zeros(n, lk, dtype=torch.long)
+        y_mask = torch.zeros(n, lk, dtype=torch.bool)
+        owner, rows, targets = [], [], []
+        for r, e in enumerate(batch):
+            p = prefixes[e]
+            x[r, lc - len(p) :], x_mask[r, lc - len(p) :] = torch.as_tensor(p, dtype=torch.long), True
+            for c in continuations[e]:
+                i = len(owner)
+                owner.append(r)
+                y[i, : len(c)], y_mask[i, : len(c)] = torch.as_tensor(c, dtype=torch.long), True
+                rows.extend(i * lk + j for j in range(len(c)))  # row j of choice i predicts its token j
+                targets.extend(c)
+        weights = next(model.parameters())
+        cache = KVCache(model.config, len(batch), lc + lk, device, weights.dtype)
+        last = model.hidden_states(x.to(device), kv_cache=cache, attention_mask=x_mask.to(device))[:, -1]
+        index = torch.as_tensor(owner, device=device)
+        cache.reorder(index)  # one copy of its prefix's keys and values per continuation
+        h = model.hidden_states(y.to(device), kv_cache=cache, attention_mask=y_mask.to(device))  # (n, lk, C)
+        h = torch.cat([last[index][:, None], h[:, :-1]], dim=1)  # row j predicts token j
+        h = h.reshape(-1, h.size(-1))[torch.as_tensor(rows, device=device)]
+        logp, hit = _token_scores(model, h, torch.as_tensor(targets, device=device))
+        ends = np.cumsum([0] + [len(c) for e in batch for c in continuations[e]])
+        k = 0
+        for e in batch:
+            out[e] = []
+            for _ in continuations[e]:
+                out[e].append(Scores(logp[ends[k] : ends[k + 1]], hit[ends[k] : ends[k + 1]]))
+                k += 1
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(order))
+    return out  # type: ignore[return-value]
