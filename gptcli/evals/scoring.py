@@ -51,6 +51,7 @@ def score(
     while done < len(order):
         T = len(seqs[order[done]])
         rows = order[done : done + max(1, batch_tokens // max(1, T))]
+        rows = [i for i in rows if 4 * len(seqs[i]) >= 3 * T]  # at most a quarter of a row is padding
         x = torch.zeros(len(rows), T, dtype=torch.long)
         pos, tgt, owner = [], [], []
         for r, i in enumerate(rows):
