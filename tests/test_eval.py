@@ -342,3 +342,23 @@ def test_a_shared_context_scores_as_the_whole_sequences_do(hf_gpt2):
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g.logprobs, w.logprobs, rtol=1e-5, atol=1e-6)
             assert (g.greedy == w.greedy).all()
+
+
+def test_the_live_view_shows_eval_files_and_bits_per_byte():
+    from rich.console import Console
+
+    from gptcli.cli import render
+    from gptcli.reports import EvalReport, RunInfo, StepReport
+
+    view = render.TrainView("gptcli pretrain →")
+    view.live.start = lambda *a, **k: None  # draw by hand
+    view.on_start(RunInfo(Path("r"), "cpu", "CPU", "fp32", "fp32", 1000, 128, 8, 1, 1, 0, 100, None, False))
+    view.on_step(StepReport(10, 100, 1.0, 1e-3, loss=2.0))
+    files = {"held.txt": {"task": "text", "tokens": 900, "ppl": 7.389, "bpb": 1.4427, "bpc": 1.4427}}
+    metrics = {"train": {"loss": 2.0, "bpb": 2.9}, "val": {"loss": 2.1, "bpb": 3.03}}
+    view.on_eval(EvalReport(10, metrics, 2.1, True, 1.0, files))
+    console = Console(width=120, record=True, color_system=None)
+    console.print(view._render())
+    text = console.export_text()
+    assert "bits per byte 3.0300" in text
+    assert "held.txt" in text and "ppl 7.389  bits/byte 1.4427  bits/char 1.4427" in text
