@@ -3,7 +3,8 @@
 
     python examples/make_eval_sets.py       # -> examples/eval/
 
-- held-out.txt   stories the demo corpus does not hold (another seed), one per line: --task text
+- held-out.jsonl stories the demo corpus does not hold (another seed), one document a line
+                 as in the corpus: --task text
 - lambada.jsonl  stories whose last word needs the story: the animal's home after
                  "It felt safe in its", or the animal again after "Later, the": --task lambada
 - choice.jsonl   "The fox dug a den because" -> the right reason among one per need: --task choice
@@ -44,14 +45,16 @@ def choice_record(rng: random.Random) -> dict:
 def main() -> None:
     rng = random.Random(2026)  # not the corpus's seed: these stories are new to the model
     OUT.mkdir(exist_ok=True)
-    (OUT / "held-out.txt").write_text("\n".join(story(rng) for _ in range(300)) + "\n", encoding="utf-8")
+    with open(OUT / "held-out.jsonl", "w", encoding="utf-8") as f:
+        for _ in range(300):
+            f.write(json.dumps({"text": story(rng)}) + "\n")
     with open(OUT / "lambada.jsonl", "w", encoding="utf-8") as f:
         for _ in range(300):
             f.write(json.dumps({"text": lambada_text(rng)}) + "\n")
     with open(OUT / "choice.jsonl", "w", encoding="utf-8") as f:
         for _ in range(300):
             f.write(json.dumps(choice_record(rng)) + "\n")
-    print(f"wrote {OUT}/held-out.txt, lambada.jsonl, choice.jsonl")
+    print(f"wrote {OUT}/held-out.jsonl, lambada.jsonl, choice.jsonl")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def eval_(
     for f in files:
         if not f.is_file():
             raise UsageError(f"{f}: no such file")
-    rows, results = [], []
+    rows, results, said = [], [], {}
     for spec in ckpt or [None]:
         loaded = load_model(spec, device, dtype, decode=False)
         name = str(spec) if spec is not None else str(loaded.path)
@@ -74,7 +74,9 @@ def eval_(
                 result = evaluate(
                     loaded.model, loaded.tokenizer, loaded.meta, f, task_, how, stride, limit, update
                 )
-            render.info(f"{f}: {task_}, scored {'with the finetuned head' if how == 'head' else how}")
+            if said.get(f) != (task_, how):  # once a file, unless another model scores it otherwise
+                render.info(f"{f}: {task_}, scored {'with the finetuned head' if how == 'head' else how}")
+                said[f] = (task_, how)
             for w in result.warnings:
                 render.warning(w)
             rows.append((name, str(f), how, result.metrics))

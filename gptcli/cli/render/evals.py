@@ -47,15 +47,40 @@ def eval_tables(rows: Sequence[tuple[str, str, str, dict]]) -> None:
     """(model, file, how, metrics) per evaluation, grouped by task in the order they came."""
     tasks = list(dict.fromkeys(m["task"] for *_, m in rows))
     for task in tasks:
+        mine = [
+            (m, f, how, [fmt(s.get(k), spec) for k, _, spec in COLUMNS[task]])
+            for m, f, how, s in rows
+            if s["task"] == task
+        ]
+        widths = [
+            max(len(h), *(len(cells[i]) for *_, cells in mine)) for i, (_, h, _) in enumerate(COLUMNS[task])
+        ]
+        # numbers are never cut: the model and file names give way, keeping their ends
+        room = out.width - sum(widths) - 3 * (len(widths) + 1)
+        if room < 16:  # too narrow a terminal for a table: a line per evaluation
+            out.print(Text(TITLES[task], style="italic"))
+            for model, file, how, cells in mine:
+                figures = ", ".join(f"{h} {c}" for (_, h, _), c in zip(COLUMNS[task], cells, strict=True))
+                out.print(Text(f"{model}{' (head)' if how == 'head' else ''} on {file}: {figures}"))
+            continue
+        # the model and file names share what is left
+        model_w = max(len(m) + (7 if how == "head" else 0) for m, _, how, _ in mine)
+        file_w = max(len(f) for _, f, _, _ in mine)
+        if model_w + file_w > room:
+            model_w = max(8, min(model_w, room * 2 // 5))
+            file_w = room - model_w
         table = Table(title=TITLES[task], title_justify="left", show_edge=False, pad_edge=False)
-        table.add_column("model", overflow="fold")
-        table.add_column("file", overflow="fold")
-        table.add_column("scored by", style="dim")
-        for _, header, _ in COLUMNS[task]:
-            table.add_column(header, justify="right")
-        for model, file, how, metrics in rows:
-            if metrics["task"] != task:
-                continue
-            cells = [fmt(metrics.get(key), spec) for key, _, spec in COLUMNS[task]]
-            table.add_row(Text(model), Text(file), how, *cells)
+        table.add_column("model", no_wrap=True)
+        table.add_column("file", no_wrap=True)
+        for (_, header, _), width in zip(COLUMNS[task], widths, strict=True):
+            table.add_column(header, justify="right", no_wrap=True, min_width=width)
+        for model, file, how, cells in mine:
+            mark = " (head)" if how == "head" else ""
+            name = Text(_tail(model, model_w - len(mark))) + Text(mark, style="dim")
+            table.add_row(name, Text(_tail(file, file_w)), *cells)
         out.print(table)
+
+
+def _tail(path: str, width: int) -> str:
+    """A path cut to width from the left, where its least telling part is."""
+    return path if len(path) <= width else "…" + path[len(path) - width + 1 :]
