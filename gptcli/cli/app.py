@@ -106,6 +106,7 @@ _MEMORY_KNOBS = {
     "beam": "lower --beams or --max-new-tokens, or use --dtype bf16",
     "inspect-attn": "use a shorter prompt or --dtype bf16",
     "classify": "classify fewer texts at a time, or use --dtype bf16",
+    "eval": "use --dtype bf16, or a smaller model",
 }
 
 
@@ -137,7 +138,7 @@ app = typer.Typer(
     name="gptcli",
     help="Train, finetune, sample and look inside small GPTs.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -153,7 +154,7 @@ def _version(value: bool) -> None:
 def root(
     debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks on errors.")] = False,
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+        bool, typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
 ) -> None:
     """Train, finetune, sample and look inside small GPTs.
@@ -181,4 +182,4 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="replace")
-    app()
+    app(prog_name="gptcli")

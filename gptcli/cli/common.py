@@ -14,10 +14,23 @@ if TYPE_CHECKING:
     from gptcli.checkpoint import Loaded
     from gptcli.completion import Prompt
 
+def complete_runs(incomplete: str) -> list[str]:
+    """Shell completion for --ckpt: the run directories under ./runs and their checkpoints."""
+    from gptcli.paths import RUNS_DIR
+
+    found = []
+    if RUNS_DIR.is_dir():
+        for run in sorted(RUNS_DIR.iterdir()):
+            if run.is_dir():
+                found += [str(run), *(str(run / c) for c in ("best", "last") if (run / c).is_dir())]
+    return [f for f in found if f.startswith(incomplete)]
+
+
 Ckpt = Annotated[
     str | None,
     typer.Option(
         "--ckpt",
+        autocompletion=complete_runs,
         help="A run dir (its best/ checkpoint), a checkpoint dir such as RUN/last. "
         "(default: the newest run under ./runs)",
         show_default=False,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Device, Dtype, Json, load_model
+from gptcli.cli.common import Device, Dtype, Json, complete_runs, load_model
 from gptcli.errors import UsageError
 
 
@@ -19,6 +19,7 @@ def eval_(
         list[str] | None,
         typer.Option(
             "--ckpt",
+            autocompletion=complete_runs,
             help="A run, checkpoint, Hugging Face directory or hub name; repeat it to compare models. "
             "(default: the newest run under ./runs)",
             show_default=False,
