@@ -41,6 +41,7 @@ class StepReport:
     elapsed: float
     lr: float
     loss: float | None = None  # mean training loss of this step (on log steps only)
+    grad_norm: float | None = None  # the gradient's norm before clipping (on log steps only)
     tokens_per_s: float | None = None
     mfu: float | None = None  # model FLOPs utilisation, 0..1
 

@@ -302,10 +302,11 @@ class Trainer:
 
     # -- one optimizer step
 
-    def _step(self, lr: float) -> tuple[torch.Tensor, int]:
+    def _step(self, lr: float, measure: bool = False) -> tuple[torch.Tensor, int, torch.Tensor | None]:
         """One optimizer step over the global batch: this process's micro-steps, then clip
-        and step. Returns this process's mean loss (on the device, not synced) and the
-        tokens the whole job processed."""
+        and step. Returns this process's mean loss (on the device, not synced), the tokens
+        the whole job processed, and the gradient norm before clipping (when clipping, or
+        when measure asks for it; None otherwise)."""
         cfg, dist, parts = self.cfg, self.dist, self.parts
         set_lr(parts.optimizer, lr)
         indices = torch.randint(
@@ -321,20 +322,29 @@ class Trainer:
                     loss = parts.placement.train_module(batch) / len(mine)
                 parts.scaler.scale(loss).backward()
             step_loss += loss.detach()
-        if cfg.grad_clip > 0:
+        norm = None
+        if cfg.grad_clip > 0 or measure:  # an infinite bound measures and leaves the gradients as they are
             parts.scaler.unscale_(parts.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
         parts.scaler.step(parts.optimizer)
         parts.scaler.update()
         parts.optimizer.zero_grad(set_to_none=True)
-        return step_loss, tokens
+        return step_loss, tokens, norm
 
     def _log(
-        self, report: StepReport, step_loss: torch.Tensor, clock: _Clock, peak: float | None
+        self,
+        report: StepReport,
+        step_loss: torch.Tensor,
+        grad_norm: torch.Tensor | None,
+        clock: _Clock,
+        peak: float | None,
     ) -> float | None:
-        """Fill a log step's report (loss, tokens/s, MFU) and write it to metrics.jsonl;
-        returns the peak FLOP/s to measure MFU against from now on."""
+        """Fill a log step's report (loss, gradient norm, tokens/s, MFU) and write it to
+        metrics.jsonl; returns the peak FLOP/s to measure MFU against from now on."""
         loss = self.dist.reduce(step_loss).item()
+        if grad_norm is not None:  # of the whole model, the same on every process
+            full = getattr(grad_norm, "full_tensor", None)  # FSDP returns a DTensor
+            report.grad_norm = float(full() if full is not None else grad_norm)
         if not math.isfinite(loss):
             self._diverged(f"training loss is {loss}")
         report.loss, report.tokens_per_s = loss, clock.tokens_per_s()
@@ -349,6 +359,7 @@ class Trainer:
                     "step": report.step,
                     "loss": loss,
                     "lr": report.lr,
+                    "grad_norm": report.grad_norm,
                     "tokens": self.state.tokens,
                     "tokens_per_s": round(report.tokens_per_s, 1),
                     "mfu": None if report.mfu is None else round(report.mfu, 4),
@@ -427,13 +438,14 @@ class Trainer:
                 if stopping:
                     break
                 lr = lr_at(self.state.step, self.cfg, elapsed, self.state.decay_from)
-                step_loss, tokens = self._step(lr)
+                logging = (self.state.step + 1) % self.cfg.log_interval == 0 or self.state.step == 0
+                step_loss, tokens, grad_norm = self._step(lr, measure=logging)
                 self.state.step += 1
                 self.state.tokens += tokens
                 clock.window_tokens += tokens
                 report = StepReport(self.state.step, self.cfg.max_iters, clock.elapsed(), lr)
-                if self.state.step % self.cfg.log_interval == 0 or self.state.step == 1:
-                    peak = self._log(report, step_loss, clock, peak)
+                if logging:
+                    peak = self._log(report, step_loss, grad_norm, clock, peak)
                 self.reporter.on_step(report)
         session = time.perf_counter() - session_start
         run_tokens = self.state.tokens - start_tokens

@@ -59,6 +59,8 @@ def assert_same_trajectory(single: list[dict], other: list[dict]) -> None:
         assert a[key] == pytest.approx(b[key], abs=1e-5), a["step"]
         if a["kind"] == "train":
             assert a["tokens"] == b["tokens"]  # the global batch: 8 x 2 micro-steps x 16 tokens
+            if "grad_norm" in b:  # of the whole model, also when each process holds a shard
+                assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), a["step"]
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])

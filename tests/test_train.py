@@ -270,3 +270,28 @@ def test_several_reporters_hear_the_same_run(data_dir, tmp_path):
     assert view == [e[1:] for e in log if e[0] == "tracker"]
     assert view[0] == ("start", 10) and view[-2:] == [("end", 10), ("close", None)]
     assert ("step", 5) in view and ("eval", 10) in view
+
+
+def test_gradient_norm_is_logged_without_changing_training(data_dir, tmp_path):
+    """Every log step records the gradient norm before clipping; measuring it when nothing
+    is clipped (--grad-clip 0) leaves the weights bit-identical."""
+    runs = {}
+    for name, log_interval in (("every", 1), ("rare", 7)):
+        trainer = build_trainer(
+            data_dir, tmp_path / name, tiny_config(max_iters=14, grad_clip=0.0, log_interval=log_interval)
+        )
+        trainer.run()
+        runs[name] = trainer
+    a, b = (dict(t.model.state_dict()) for t in runs.values())
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    logged = [r for r in train_records(tmp_path / "every") if r["kind"] == "train"]
+    assert len(logged) == 14 and all(r["grad_norm"] > 0 and math.isfinite(r["grad_norm"]) for r in logged)
+    rare = [r["grad_norm"] for r in train_records(tmp_path / "rare") if r["kind"] == "train"]
+    assert rare == [logged[0]["grad_norm"], logged[6]["grad_norm"], logged[13]["grad_norm"]]
+    clipped = build_trainer(
+        data_dir, tmp_path / "clipped", tiny_config(max_iters=3, grad_clip=0.1, log_interval=1)
+    )
+    clipped.run()
+    norms = [r["grad_norm"] for r in train_records(tmp_path / "clipped") if r["kind"] == "train"]
+    assert norms[0] == pytest.approx(logged[0]["grad_norm"])  # before clipping: the same first step
+    assert norms[0] > 0.1

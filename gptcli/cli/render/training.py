@@ -104,6 +104,7 @@ class TrainView(reports.Reporter):
                 best_train=r.loss if best is None else min(best, r.loss),
                 tps=r.tokens_per_s,
                 mfu=r.mfu,
+                grad_norm=r.grad_norm,
             )
             self.chart = None
 
@@ -141,7 +142,7 @@ class TrainView(reports.Reporter):
         best_at = f" @{s['best_step']}" if "best_step" in s else ""
         numbers.add_row(
             f"step [bold]{s.get('step', 0)}[/]",
-            f"lr {fmt(s.get('lr'), '.2e')}",
+            f"lr {fmt(s.get('lr'), '.2e')}  grad norm {fmt(s.get('grad_norm'), '.3g')}",
             f"train [bold cyan]{fmt(s.get('loss'))}[/] (best {fmt(s.get('best_train'))})",
             f"val [bold orange1]{fmt(s.get('val'))}[/] (best {fmt(s.get('best_val'))}{best_at})",
         )
@@ -186,8 +187,9 @@ class TrainLog(reports.Reporter):
         if r.loss is None:
             return
         mfu = "" if r.mfu is None else f" | mfu {100 * r.mfu:.1f}%"
+        norm = "" if r.grad_norm is None else f" | grad norm {r.grad_norm:.3g}"
         self._line(
-            f"step {r.step}/{r.max_iters} | loss {r.loss:.4f} | lr {r.lr:.2e} | "
+            f"step {r.step}/{r.max_iters} | loss {r.loss:.4f} | lr {r.lr:.2e}{norm} | "
             f"{r.tokens_per_s:,.0f} tok/s{mfu} | {duration(r.elapsed)}"
         )
 
