@@ -4,6 +4,7 @@ fits the verb, true numbers on screen, hints that paste, output that goes away."
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -241,3 +242,20 @@ def test_other_verbs_stop_quietly_when_their_reader_goes_away(trained, tmp_path)
     err = proc.stderr.read()
     assert proc.wait(timeout=120) != 0
     assert err == ""
+
+
+def test_the_live_chart_draws_a_long_run_at_the_width_of_the_screen():
+    from gptcli.cli.render.training import Series, _step_ticks, loss_chart
+
+    points = [(s, 3.0 * math.exp(-s / 10_000) + 1.0) for s in range(1, 50_001)]
+    train = Series(points)
+    steps, losses = train.downsample(200)
+    assert len(steps) == len(losses) == 200
+    assert steps[-1] == 50_000 and steps == sorted(steps)
+    assert sum(losses) / 200 == pytest.approx(sum(v for _, v in points) / 50_000, rel=1e-3)
+    assert Series(points[:50]).downsample(200) == ([s for s, _ in points[:50]], [v for _, v in points[:50]])
+    ticks = _step_ticks(1, 50_000)
+    assert all(isinstance(t, int) for t in ticks) and ticks == [10_000, 20_000, 30_000, 40_000, 50_000]
+    assert _step_ticks(0, 7) == [0, 2, 4, 6]
+    text = loss_chart(train, Series([(s, 1.5) for s in range(0, 50_001, 250)]), 100, 16).plain
+    assert "loss: train (cyan), val (orange)" in text and "50000" in text and "5e+04" not in text

@@ -42,9 +42,13 @@ def save_loss_png(metrics_path: Any, png_path: Any) -> bool:
         ax.plot(*zip(*train, strict=True), label="train", linewidth=1)
     if val:
         ax.plot(*zip(*val, strict=True), label="val", marker="o", markersize=3)
+    ax.set_title(f"{Path(metrics_path).parent.name}: loss")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (next-token NLL)")
-    ax.grid(alpha=0.3)
+    ax.set_ylabel("loss")
+    if all(v > 0 for _, v in train + val):
+        ax.set_yscale("log")  # the late, small improvements stay visible beside the early drop
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
     try:

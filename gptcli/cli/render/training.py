@@ -3,9 +3,11 @@ Reporters (gptcli.reports), and the summary table at the end."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TimeRemainingColumn
 from rich.table import Table
@@ -18,19 +20,67 @@ from gptcli.cli.render.evals import headline
 METRIC_NAMES = {"bpb": "bits per byte", "f1": "macro-F1"}  # how the views name task metrics
 
 
-def loss_chart(
-    train: Sequence[tuple[int, float]], val: Sequence[tuple[int, float]], width: int, height: int
-) -> Text:
-    """Train and val loss against step, drawn with plotext in braille characters."""
+class Series:
+    """A curve's (step, value) points, kept in arrays that grow by doubling, so that adding
+    a point and drawing the curve cost the same at step 100 and at step 100,000."""
+
+    def __init__(self, points: Sequence[tuple[int, float]] = ()) -> None:
+        self.steps = np.zeros(max(64, len(points)), np.int64)
+        self.values = np.zeros(len(self.steps), np.float64)
+        self.n = 0
+        for step, value in points:
+            self.append(step, value)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def append(self, step: int, value: float) -> None:
+        if self.n == len(self.steps):
+            self.steps = np.concatenate([self.steps, np.zeros_like(self.steps)])
+            self.values = np.concatenate([self.values, np.zeros_like(self.values)])
+        self.steps[self.n], self.values[self.n] = step, value
+        self.n += 1
+
+    def downsample(self, n: int) -> tuple[list[int], list[float]]:
+        """At most n points: consecutive points averaged in n groups of nearly equal size
+        (the chart has no more columns than that, so the curve looks the same)."""
+        count = self.n  # read once: the training thread may append meanwhile
+        steps, values = self.steps[:count], self.values[:count]
+        if count <= n:
+            return steps.tolist(), values.tolist()
+        starts = np.linspace(0, count, n + 1).astype(np.int64)
+        means = np.add.reduceat(values, starts[:-1]) / np.diff(starts)
+        return steps[starts[1:] - 1].tolist(), means.tolist()
+
+
+def _step_ticks(lo: int, hi: int, count: int = 5) -> list[int]:
+    """Whole, round step numbers across [lo, hi]."""
+    span = max(1, hi - lo)
+    raw = span / count
+    unit = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    step = next(m * unit for m in (1, 2, 5, 10) if m * unit >= raw)
+    first = math.ceil(lo / step) * step
+    return list(range(int(first), hi + 1, int(step))) or [lo]
+
+
+def loss_chart(train: Series, val: Series, width: int, height: int) -> Text:
+    """Train and val loss against step, drawn with plotext in braille characters: the
+    series named in the title (a legend box would hide the curve), whole steps on the x axis."""
     import plotext as plt
 
     plt.clear_figure()
     plt.plot_size(width, height)
     plt.theme("pro")
-    if train:
-        plt.plot([s for s, _ in train], [v for _, v in train], label="train", marker="braille", color="cyan")
-    if val:
-        plt.plot([s for s, _ in val], [v for _, v in val], label="val", marker="braille", color="orange")
+    columns = 2 * width  # braille: two dots per character
+    ends = []
+    for series, color in ((train, "cyan"), (val, "orange")):
+        steps, values = series.downsample(columns)
+        if steps:
+            plt.plot(steps, values, marker="braille", color=color)
+            ends += [steps[0], steps[-1]]
+    if ends:
+        plt.xticks(_step_ticks(min(ends), max(ends)))
+    plt.title("loss: train (cyan), val (orange)")
     plt.xlabel("step")
     return Text.from_ansi(plt.build())
 
@@ -76,8 +126,8 @@ class TrainView(reports.Reporter):
             console=out,
         )
         self.task = self.progress.add_task("step", total=1, elapsed=duration(0))
-        self.train: list[tuple[int, float]] = []
-        self.val: list[tuple[int, float]] = []
+        self.train = Series()
+        self.val = Series()
         self.stats: dict[str, Any] = {}
         self.header = Text("")
         self.max_time: float | None = None
@@ -97,7 +147,7 @@ class TrainView(reports.Reporter):
     def on_step(self, r: Any) -> None:
         self.stats.update(step=r.step, lr=r.lr, elapsed=r.elapsed)
         if r.loss is not None:
-            self.train.append((r.step, r.loss))
+            self.train.append(r.step, r.loss)
             best = self.stats.get("best_train")
             self.stats.update(
                 loss=r.loss,
@@ -109,7 +159,7 @@ class TrainView(reports.Reporter):
             self.chart = None
 
     def on_eval(self, r: Any) -> None:
-        self.val.append((r.step, r.metrics["val"]["loss"]))
+        self.val.append(r.step, r.metrics["val"]["loss"])
         self.stats.update(
             val=r.metrics["val"]["loss"], best_val=r.best_val_loss, eval_train=r.metrics["train"]["loss"]
         )
@@ -157,11 +207,11 @@ class TrainView(reports.Reporter):
         for label, metrics in s.get("files", {}).items():
             numbers.add_row(Text(label, style="dim"), Text(headline(metrics)), "", "")
         parts: list[Any] = [self.header, self.progress, numbers]
-        if self.train or self.val:
+        if len(self.train) or len(self.val):
             chart = self.chart  # read once: the training thread may reset it meanwhile
             if chart is None:
                 chart = self.chart = loss_chart(
-                    list(self.train), list(self.val), max(40, min(out.width, 110)), 16
+                    self.train, self.val, max(40, min(out.width, 110)), 16
                 )
             parts.append(chart)
         return Group(*parts)
