@@ -205,6 +205,22 @@ class TrainConfig:
         help="Under torchrun, shard weights, gradients and AdamW state (FSDP)",
     )
     seed: int = knob(1337, check=Range(0, SEED_MAX), flag="--seed", help="Random seed")
+    sample_every: int = knob(
+        0,
+        check=NON_NEGATIVE,
+        flag="--sample-every",
+        on_resume=True,
+        help="Show a sample every N steps while training (default: off)",
+    )
+    sample_prompt: str = knob(
+        "",
+        flag="--sample-prompt",
+        on_resume=True,
+        help="The text samples continue (default: the start of a document)",
+    )
+    sample_tokens: int = knob(
+        32, check=Range(1, 4096), flag="--sample-tokens", on_resume=True, help="Tokens per sample"
+    )
     eval_files: list[str] = knob(
         [],
         flag="--eval-file",

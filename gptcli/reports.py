@@ -47,6 +47,15 @@ class StepReport:
 
 
 @dataclass
+class SampleReport:
+    """A sample drawn while training (--sample-every)."""
+
+    step: int
+    prompt: str
+    text: str  # the continuation
+
+
+@dataclass
 class EvalReport:
     step: int
     metrics: dict[str, dict[str, float]]  # split -> {"loss": ..., other task metrics}
@@ -82,6 +91,8 @@ class Reporter:
 
     def on_checkpoint(self, name: str, path: Path, step: int) -> None: ...
 
+    def on_sample(self, report: SampleReport) -> None: ...
+
     def on_end(self, summary: Summary) -> None: ...
 
     def close(self) -> None:
@@ -110,6 +121,10 @@ class Reporters(Reporter):
     def on_checkpoint(self, name: str, path: Path, step: int) -> None:
         for r in self.reporters:
             r.on_checkpoint(name, path, step)
+
+    def on_sample(self, report: SampleReport) -> None:
+        for r in self.reporters:
+            r.on_sample(report)
 
     def on_end(self, summary: Summary) -> None:
         for r in self.reporters:

@@ -35,7 +35,7 @@ from gptcli.evals import plan_files
 from gptcli.model import GPT
 from gptcli.optim import lr_at, make_optimizer, set_lr
 from gptcli.parallel import Sharded, Whole
-from gptcli.reports import EvalReport, Reporter, RunInfo, StepReport, Summary
+from gptcli.reports import EvalReport, Reporter, RunInfo, SampleReport, StepReport, Summary
 from gptcli.runstate import METRICS_FILE, MetricsLog, Parts, TrainState, refit_schedule, restore, save_last
 from gptcli.runtime import (
     Precision,
@@ -151,6 +151,10 @@ class Trainer:
         self.reporter = Reporter()
         self.eval_files = plan_files(self.cfg.eval_files, self.meta)  # checked before any training
         self.cfg.eval_files = [str(f.path.resolve()) for f in self.eval_files]  # found again from anywhere
+        if self.cfg.sample_every:  # a prompt the tokenizer cannot encode fails now, not mid-run
+            from gptcli.completion import encode_prompt
+
+            encode_prompt(tokenizer, self.cfg.sample_prompt or None, model.config.block_size)
 
     def request_stop(self, reason: str = "interrupted") -> None:
         """Stop at the next step boundary, after writing a last/ checkpoint."""
@@ -291,6 +295,38 @@ class Trainer:
             path = copy_checkpoint(self.run_dir, LAST, "best")
             self.reporter.on_checkpoint("best", path, self.state.step)
         return metrics, scored
+
+    @torch.no_grad()
+    def _sample(self) -> None:
+        """Draw one --sample-every sample from the model as it is, with a generator of its
+        own seeded by the step: training's random streams are left alone, so losses and
+        weights stay the same with and without samples, and a resumed run draws the same
+        ones. Every process draws it (sharded models take the forward passes together)."""
+        from gptcli.completion import complete, encode_prompt
+
+        prompt = encode_prompt(self.tokenizer, self.cfg.sample_prompt or None, self.model.config.block_size)
+
+        def run(model: nn.Module) -> str:
+            done = complete(
+                model,
+                self.tokenizer,
+                prompt,
+                max_new_tokens=self.cfg.sample_tokens,
+                seed=self.cfg.seed + self.state.step,
+            )
+            return done[0].text
+
+        self.model.eval()
+        try:
+            with self.precision.autocast():
+                text = self.parts.placement.evaluate(run)
+        finally:
+            self.model.train()
+        if self.dist.is_main:
+            self.metrics.append(
+                {"kind": "sample", "step": self.state.step, "prompt": prompt.text, "text": text}
+            )
+        self.reporter.on_sample(SampleReport(self.state.step, prompt.text, text))
 
     def _diverged(self, what: str) -> None:
         best = self.state.best_val_loss
@@ -447,6 +483,10 @@ class Trainer:
                 if logging:
                     peak = self._log(report, step_loss, grad_norm, clock, peak)
                 self.reporter.on_step(report)
+                if self.cfg.sample_every and self.state.step % self.cfg.sample_every == 0:
+                    since = time.perf_counter()
+                    self._sample()
+                    clock.pause(since)
         session = time.perf_counter() - session_start
         run_tokens = self.state.tokens - start_tokens
         summary = Summary(

@@ -38,7 +38,17 @@ def runs(tmp_path_factory) -> Path:
     make_corpus(tmp / "held.txt", n_sentences=30, seed=3)
     choice = {"context": "The fox dug a", "choices": [" den", " hole"], "label": 0}
     (tmp / "mc.jsonl").write_text((json.dumps(choice) + "\n") * 3)
-    files = ["--eval-file", "held.txt", "--eval-file", "mc.jsonl"]  # every rank joins their forward passes
+    # every rank joins the forward passes of eval files and samples
+    files = [
+        "--eval-file",
+        "held.txt",
+        "--eval-file",
+        "mc.jsonl",
+        "--sample-every",
+        "10",
+        "--sample-tokens",
+        "6",
+    ]
     for name, procs, extra in (("single", 1, []), ("ddp", 2, []), ("fsdp", 2, ["--fsdp"])):
         args = ["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "20", *files, *extra]
         result = launch(args, tmp, procs)
@@ -53,6 +63,7 @@ def runs(tmp_path_factory) -> Path:
 
 
 def assert_same_trajectory(single: list[dict], other: list[dict]) -> None:
+    single, other = ([r for r in rs if r["kind"] != "sample"] for rs in (single, other))
     assert [(r["kind"], r["step"]) for r in single] == [(r["kind"], r["step"]) for r in other]
     for a, b in zip(single, other, strict=True):
         key = "loss" if a["kind"] == "train" else "val_loss"
@@ -76,6 +87,13 @@ def test_eval_files_score_alike_replicated_or_sharded(runs, mode):
         assert one["files"]["held.txt"]["tokens"] == two["files"]["held.txt"]["tokens"] > 0
         assert one["files"]["held.txt"]["bpb"] == pytest.approx(two["files"]["held.txt"]["bpb"], abs=1e-5)
         assert one["files"]["mc.jsonl"] == two["files"]["mc.jsonl"]
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_samples_are_drawn_alike_replicated_or_sharded(runs, mode):
+    samples = {n: [r for r in records(runs / n) if r["kind"] == "sample"] for n in ("single", mode)}
+    assert [r["step"] for r in samples["single"]] == [10, 20]
+    assert samples["single"] == samples[mode]
 
 
 def test_torchrun_with_the_defaults_trains_one_micro_step_per_process(runs):

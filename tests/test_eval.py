@@ -362,3 +362,13 @@ def test_the_live_view_shows_eval_files_and_bits_per_byte():
     text = console.export_text()
     assert "bits per byte 3.0300" in text
     assert "held.txt" in text and "ppl 7.389  bits/byte 1.4427  bits/char 1.4427" in text
+
+
+def test_a_sample_prompt_the_tokenizer_cannot_encode_is_refused_before_training(tmp_path, monkeypatch):
+    from tests.helpers import TINY
+
+    monkeypatch.chdir(tmp_path)
+    make_corpus(tmp_path / "c.txt", n_sentences=100)
+    result = run("pretrain", "c.txt", "--out", "r", *TINY, "--sample-every", "5", "--sample-prompt", "Zürich")
+    assert_usage_error(result, "ü")
+    assert not Path("r").exists()

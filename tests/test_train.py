@@ -295,3 +295,37 @@ def test_gradient_norm_is_logged_without_changing_training(data_dir, tmp_path):
     norms = [r["grad_norm"] for r in train_records(tmp_path / "clipped") if r["kind"] == "train"]
     assert norms[0] == pytest.approx(logged[0]["grad_norm"])  # before clipping: the same first step
     assert norms[0] > 0.1
+
+
+def test_samples_while_training_leave_training_alone(data_dir, tmp_path):
+    """--sample-every draws with a generator of its own: losses and weights are the same
+    with and without samples, and a resumed run draws the samples a straight run does."""
+    plain = build_trainer(data_dir, tmp_path / "plain", tiny_config(max_iters=20))
+    plain.run()
+    sampled = build_trainer(
+        data_dir, tmp_path / "sampled", tiny_config(max_iters=20, sample_every=5, sample_tokens=8)
+    )
+    sampled.run()
+    a, b = plain.model.state_dict(), sampled.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    strip = [
+        {k: v for k, v in r.items() if k not in ("elapsed", "tokens_per_s", "mfu")}
+        for r in train_records(tmp_path / "plain")
+    ]
+    records = train_records(tmp_path / "sampled")
+    assert [
+        {k: v for k, v in r.items() if k not in ("elapsed", "tokens_per_s", "mfu")}
+        for r in records
+        if r["kind"] != "sample"
+    ] == strip
+    samples = [r for r in records if r["kind"] == "sample"]
+    assert [r["step"] for r in samples] == [5, 10, 15, 20] and all(len(r["text"]) > 0 for r in samples)
+
+    config = tiny_config(max_iters=20, sample_every=5, sample_tokens=8)
+    first, stopper = build_trainer(data_dir, tmp_path / "resumed", config), StopAt(12)
+    stopper.trainer = first
+    assert first.run(reporter=stopper).stop_reason == "interrupted"
+    model = load_checkpoint(tmp_path / "resumed" / "last").model.train()
+    Trainer(model, first.tokenizer, first.task, config, tmp_path / "resumed", {"task": "lm"}).run(resume=True)
+    resumed = [r for r in train_records(tmp_path / "resumed") if r["kind"] == "sample"]
+    assert [(r["step"], r["text"]) for r in resumed] == [(r["step"], r["text"]) for r in samples]

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from gptcli.checkpoint import Loaded
     from gptcli.completion import Prompt
 
+
 def complete_runs(incomplete: str) -> list[str]:
     """Shell completion for --ckpt: the run directories under ./runs and their checkpoints."""
     from gptcli.paths import RUNS_DIR

@@ -173,6 +173,9 @@ class TrainView(reports.Reporter):
     def on_checkpoint(self, name: str, path: Any, step: int) -> None:
         self.stats[f"saved_{name}"] = step
 
+    def on_sample(self, r: Any) -> None:
+        self.stats["sample"] = r
+
     def on_end(self, summary: Any) -> None:
         self.stats.update(step=summary.steps, elapsed=summary.elapsed)  # the summary's own figures
         self.live.refresh()
@@ -207,12 +210,17 @@ class TrainView(reports.Reporter):
         for label, metrics in s.get("files", {}).items():
             numbers.add_row(Text(label, style="dim"), Text(headline(metrics)), "", "")
         parts: list[Any] = [self.header, self.progress, numbers]
+        if "sample" in s:
+            r = s["sample"]
+            line = Text.assemble(
+                (f"sample @{r.step}: ", "dim"), (one_line(r.prompt), "dim"), one_line(r.text)
+            )
+            line.no_wrap, line.overflow = True, "ellipsis"
+            parts.append(line)
         if len(self.train) or len(self.val):
             chart = self.chart  # read once: the training thread may reset it meanwhile
             if chart is None:
-                chart = self.chart = loss_chart(
-                    self.train, self.val, max(40, min(out.width, 110)), 16
-                )
+                chart = self.chart = loss_chart(self.train, self.val, max(40, min(out.width, 110)), 16)
             parts.append(chart)
         return Group(*parts)
 
@@ -243,6 +251,9 @@ class TrainLog(reports.Reporter):
             f"{r.tokens_per_s:,.0f} tok/s{mfu} | {duration(r.elapsed)}"
         )
 
+    def on_sample(self, r: Any) -> None:
+        self._line(f"sample step {r.step}: {one_line(r.prompt)}{one_line(r.text)}")
+
     def on_eval(self, r: Any) -> None:
         extra = "".join(
             f" | val {METRIC_NAMES.get(k, k)} {v:.4f}" for k, v in r.metrics["val"].items() if k != "loss"
@@ -253,6 +264,11 @@ class TrainLog(reports.Reporter):
             f"eval step {r.step}: train {r.metrics['train']['loss']:.4f} | "
             f"val {r.metrics['val']['loss']:.4f}{best}{extra} | {duration(r.elapsed)}"
         )
+
+
+def one_line(text: str) -> str:
+    """A sample's text on one line: line breaks shown as ⏎."""
+    return text.replace("\r\n", "⏎").replace("\n", "⏎").replace("\r", "⏎")
 
 
 def train_reporter(title: str) -> TrainView | TrainLog:
