@@ -140,6 +140,7 @@ class DataConfig:
 
     tokenizer: str = knob("char", flag="--tokenizer")
     val_fraction: float = knob(0.1, check=OPEN_FRACTION)
+    text_column: str = knob("text", flag="--text-column")  # the text of a Parquet corpus
 
     def validate(self) -> None:
         from gptcli.tokenizer import parse_spec

@@ -9,7 +9,6 @@ and a large file is never held in memory twice.
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import os
@@ -26,6 +25,7 @@ import numpy as np
 from gptcli import files
 from gptcli.errors import UsageError
 from gptcli.paths import cache_dir
+from gptcli.sources import READ_BYTES, Reader, iter_file_text, iter_jsonl
 from gptcli.tokenizer import (
     TOKENIZER_FILE,
     CharTokenizer,
@@ -40,7 +40,6 @@ PUBLISHING = ".publishing"  # present while a tokenize moves its files into plac
 OUTPUTS = ("train.bin", "val.bin", "tokenizer.json", META_FILE)  # what tokenize writes
 FORMAT = "gptcli-tokens"
 VERSION = 2  # 2: a corpus that is one long last document still gets a val split
-READ_BYTES = 1 << 20  # bytes read per step while streaming a file
 CHUNK_CHARS = 1 << 18  # characters handed to the encoder per chunk
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -131,83 +130,6 @@ def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = Non
     return files
 
 
-def _decode_error(path: Path, offset: int, reason: str) -> UsageError:
-    return UsageError(
-        f"{path}: {reason} at byte offset {offset}; the corpus must be UTF-8 text "
-        f"(convert it, e.g. iconv -f latin1 -t utf-8, or remove the file)"
-    )
-
-
-def iter_file_text(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
-    """Stream a file's text in pieces, failing on bytes that are not UTF-8 text."""
-    decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    offset = 0  # bytes of the file handed to the decoder so far
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(READ_BYTES)
-            final = not block
-            nul = block.find(b"\0")
-            if nul >= 0:
-                raise _decode_error(path, offset + nul, "NUL byte (binary data)")
-            try:
-                text = decoder.decode(block, final=final)
-            except UnicodeDecodeError as e:
-                pending = len(e.object) - len(block)  # bytes held over from the last block
-                raise _decode_error(path, offset - pending + e.start, "invalid UTF-8") from None
-            offset += len(block)
-            if on_bytes is not None and block:
-                on_bytes(len(block))
-            if text:
-                yield text
-            if final:
-                return
-
-
-def _iter_lines(pieces: Iterator[str]) -> Iterator[str]:
-    buf = ""
-    for piece in pieces:
-        buf += piece
-        *lines, buf = buf.split("\n")
-        yield from lines
-    if buf:
-        yield buf
-
-
-def iter_jsonl(
-    path: Path, shape: str, on_bytes: Callable[[int], None] | None = None
-) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line of a JSONL file; `shape` describes a
-    valid line for the error message."""
-    for lineno, line in enumerate(_iter_lines(iter_file_text(path, on_bytes)), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise UsageError(
-                f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be {shape}"
-            ) from None
-        if not isinstance(obj, dict):
-            raise UsageError(
-                f"{path}:{lineno}: {type(obj).__name__}, not an object; each line must be {shape}"
-            )
-        yield lineno, obj
-
-
-def iter_documents(path: Path, on_bytes: Callable[[int], None] | None = None) -> Iterator[Iterator[str]]:
-    """The documents of one file, each a stream of text pieces (consume them in order).
-
-    A .jsonl file holds one document per line, {"text": ...}; any other file is one document."""
-    if path.suffix.lower() != ".jsonl":
-        yield iter_file_text(path, on_bytes)
-        return
-    shape = '{"text": "..."}'
-    for lineno, obj in iter_jsonl(path, shape, on_bytes):
-        if not isinstance(obj.get("text"), str):
-            raise UsageError(f'{path}:{lineno}: no "text" string; each line must be {shape}')
-        yield iter([obj["text"]])
-
-
 def _newline_terminated(pieces: Iterator[str]) -> Iterator[str]:
     """Separate documents with a newline where there is no end-of-text token to do it."""
     last = "\n"
@@ -263,7 +185,7 @@ def iter_chunks(pieces: Iterator[str], chunk_chars: int = CHUNK_CHARS) -> Iterat
 
 
 def scan_corpus(
-    files: list[Path], want_chars: bool = False, newline_sep: bool = False
+    files: list[Path], want_chars: bool = False, newline_sep: bool = False, reader: Reader = Reader()
 ) -> tuple[CorpusScan, set[str]]:
     """One streaming pass: validate UTF-8 (and JSONL), count bytes, documents and characters,
     hash the text, and (for a char tokenizer) collect the character set. newline_sep: count
@@ -276,7 +198,7 @@ def scan_corpus(
         scan.bytes += n
 
     for path in files:
-        for doc in iter_documents(path, on_bytes):
+        for doc in reader.documents(path, on_bytes):
             scan.documents += 1
             for text in _newline_terminated(doc) if newline_sep else doc:
                 digest.update(text.encode("utf-8"))
@@ -422,6 +344,7 @@ def _split_stream(
     newline_sep: bool,
     on_bytes: Callable[[int], None] | None,
     total_chars: int,
+    reader: Reader = Reader(),
 ) -> Iterator[tuple[str, str | None]]:
     """Yield (split, chunk) over the corpus, and (split, None) where a document ends.
 
@@ -433,7 +356,7 @@ def _split_stream(
     seen = 0
     state = "train" if split_char > 0 else "val"  # train -> seeking -> val
     for path in files:
-        for doc in iter_documents(path, on_bytes):
+        for doc in reader.documents(path, on_bytes):
             for chunk in iter_chunks(_newline_terminated(doc) if newline_sep else doc):
                 if state == "train" and seen + len(chunk) > split_char:
                     state = "seeking"
@@ -494,9 +417,11 @@ def _describe_request(tokenizer: str | Tokenizer) -> tuple[str, str]:
     return "given", f"{tokenizer.name}@{hashlib.sha256(blob).hexdigest()[:16]}"
 
 
-def _scan_for(files: list[Path], tokenizer: str | Tokenizer, kind: str) -> tuple[CorpusScan, set[str]]:
+def _scan_for(
+    files: list[Path], tokenizer: str | Tokenizer, kind: str, reader: Reader
+) -> tuple[CorpusScan, set[str]]:
     newline_sep = kind == "char" or (not isinstance(tokenizer, str) and tokenizer.eot_id is None)
-    return scan_corpus(files, want_chars=kind == "char", newline_sep=newline_sep)
+    return scan_corpus(files, want_chars=kind == "char", newline_sep=newline_sep, reader=reader)
 
 
 def _encode(
@@ -509,6 +434,7 @@ def _encode(
     val_fraction: float,
     progress: Progress | None,
     t0: float,
+    reader: Reader,
 ) -> TokenizeReport:
     """Build the tokenizer if needed, stream the corpus through it, write shards and meta."""
     kind = parse_spec(tokenizer)[0] if isinstance(tokenizer, str) else "given"
@@ -517,7 +443,7 @@ def _encode(
     elif kind == "char":
         tok = CharTokenizer(sorted(charset))
     elif kind == "bpe":
-        texts = (c for f in sources for doc in iter_documents(f) for c in iter_chunks(doc))
+        texts = (c for f in sources for doc in reader.documents(f) for c in iter_chunks(doc))
         tok = build_tokenizer(tokenizer, texts)
     else:
         tok = build_tokenizer(tokenizer)
@@ -533,7 +459,7 @@ def _encode(
 
     try:
         split_char = scan.chars - int(scan.chars * val_fraction)
-        items = _split_stream(sources, split_char, tok.eot_id is None, on_bytes, scan.chars)
+        items = _split_stream(sources, split_char, tok.eot_id is None, on_bytes, scan.chars, reader)
         _encode_stream(tok, items, writer, None if progress is None else lambda: progress(done, scan.bytes))
         writer.finish()
     except BaseException as e:
@@ -606,13 +532,15 @@ def tokenize_corpus(
     val_fraction: float = 0.1,
     force: bool = False,
     progress: Progress | None = None,
+    reader: Reader = Reader(),
 ) -> TokenizeReport:
     """Encode text files (or directories of them) into out/{train,val}.bin.
 
     tokenizer: a spec (char and bpe:N learn their vocabulary from this corpus) or a
     ready tokenizer. The last `val_fraction` of the corpus (by characters, cut at a line
     boundary) becomes the validation split. A document is a file, or a line of a .jsonl file
-    ({"text": ...}); BPE tokenizers end each with <|endoftext|>, others with a newline.
+    ({"text": ...}), or a row of a Parquet file (reader.text_column), compressed or not
+    (gptcli/sources.py); BPE tokenizers end each with <|endoftext|>, others with a newline.
     If out already holds this exact tokenization it is reused, not rewritten.
     """
     _check_val_fraction(val_fraction)
@@ -620,12 +548,12 @@ def tokenize_corpus(
     files = collect_files(paths, exclude=out)
     t0 = time.perf_counter()
     kind, request = _describe_request(tokenizer)
-    scan, charset = _scan_for(files, tokenizer, kind)
+    scan, charset = _scan_for(files, tokenizer, kind, reader)
     if _check_out_dir(out, request, scan, val_fraction, force):
         report = read_meta(out)
         report.reused = True
         return report
-    return _encode(files, out, scan, charset, tokenizer, request, val_fraction, progress, t0)
+    return _encode(files, out, scan, charset, tokenizer, request, val_fraction, progress, t0, reader)
 
 
 def cached_corpus(
@@ -633,6 +561,7 @@ def cached_corpus(
     tokenizer: str | Tokenizer = "char",
     val_fraction: float = 0.1,
     progress: Progress | None = None,
+    reader: Reader = Reader(),
 ) -> tuple[Path, TokenizeReport]:
     """Tokenize raw text into the cache, keyed by its content hash and the tokenizer, so that
     training on the same text again starts at once. Returns (data dir, report)."""
@@ -640,14 +569,14 @@ def cached_corpus(
     files = collect_files(paths)
     t0 = time.perf_counter()
     kind, request = _describe_request(tokenizer)
-    scan, charset = _scan_for(files, tokenizer, kind)
+    scan, charset = _scan_for(files, tokenizer, kind, reader)
     slug = "".join(c if c.isalnum() else "-" for c in request)
     out = cache_dir() / "tokens" / f"{scan.sha256[:20]}-{slug}-v{val_fraction:g}"
     if _check_out_dir(out, request, scan, val_fraction, force=True):
         report = read_meta(out)
         report.reused = True
         return out, report
-    return out, _encode(files, out, scan, charset, tokenizer, request, val_fraction, progress, t0)
+    return out, _encode(files, out, scan, charset, tokenizer, request, val_fraction, progress, t0, reader)
 
 
 def load_split(path: str | os.PathLike, split: str) -> np.ndarray:

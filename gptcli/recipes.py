@@ -46,6 +46,7 @@ from gptcli.model import GPT
 from gptcli.paths import RUNS_DIR
 from gptcli.reports import Notes
 from gptcli.runtime import broadcast_from_main, seed_everything, shared_setup
+from gptcli.sources import Reader
 from gptcli.tasks import LMTask, Task, supervised_task
 from gptcli.tokenizer import Tokenizer
 from gptcli.train import Trainer
@@ -78,7 +79,8 @@ def pretrain_trainer(
     def prepare() -> tuple[Path, Path, TokenizeReport]:
         run_dir = new_run_dir(out, corpus[0].resolve().stem)
         tokenizer, fraction = config.data.tokenizer, config.data.val_fraction
-        return (run_dir, *prepare_text(corpus, tokenizer, fraction, notes, explicit_tokenizer))
+        reader = Reader(config.data.text_column)
+        return (run_dir, *prepare_text(corpus, tokenizer, fraction, notes, explicit_tokenizer, reader))
 
     run_dir, data_dir, report = shared_setup(config.train.device, prepare)
     run_dir = broadcast_from_main(run_dir)  # the same run dir for every process of a torchrun job
@@ -115,7 +117,7 @@ def resume_pretraining(
         tokenizer, fraction = config.data.tokenizer, config.data.val_fraction
         data_dir, report = shared_setup(
             config.train.device,
-            lambda: prepare_text(paths, tokenizer, fraction, notes, explicit_tokenizer=True),
+            lambda: prepare_text(paths, tokenizer, fraction, notes, True, Reader(config.data.text_column)),
         )
         what, sources = " ".join(map(str, paths)), list(report.files)
     elif not data_dir.exists():
@@ -291,7 +293,9 @@ def _finetune_task(
     if settings.task == "lm":
         config.model.n_classes = 0
         paths = [Path(p) for p in settings.data]
-        data_dir, report = prepare_text(paths, tok, settings.val_fraction, notes)
+        data_dir, report = prepare_text(
+            paths, tok, settings.val_fraction, notes, reader=Reader(config.data.text_column)
+        )
         train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
         task = LMTask(train, val, block, config.model.vocab_size, tok.byte_lengths())
         return task, {"data_dir": str(data_dir), "data_sha256": report.source_sha256}
@@ -326,6 +330,7 @@ def prepare_text(
     val_fraction: float,
     notes: Notes | None = None,
     explicit_tokenizer: bool = False,
+    reader: Reader = Reader(),
 ) -> tuple[Path, TokenizeReport]:
     """A tokenized directory for the corpus, and its report: the directory given (made by
     `gptcli tokenize`), or raw text tokenized into the cache, reused when the same text and
@@ -343,7 +348,7 @@ def prepare_text(
         return corpus[0], report
     total = sum(f.stat().st_size for f in collect_files(corpus))
     with notes.progress("tokenizing", total) as update:
-        data_dir, report = cached_corpus(corpus, tokenizer, val_fraction, update)
+        data_dir, report = cached_corpus(corpus, tokenizer, val_fraction, update, reader)
     verb = "reusing the cached tokens of" if report.reused else "tokenized"
     notes.note(
         f"{verb} {len(report.files)} file(s): {report.tokens:,} {report.tokenizer} tokens ({data_dir})"

@@ -41,6 +41,14 @@ def pretrain(
     tokenizer: Annotated[
         str | None, opt("--tokenizer", "-t", help="char, gpt2 or bpe:N (default: char).", panel=RUN)
     ] = None,
+    text_column: Annotated[
+        str | None,
+        opt(
+            "--text-column",
+            help="The column of Parquet files that holds the text (default: text).",
+            panel=RUN,
+        ),
+    ] = None,
     n_layer: Annotated[
         int | None, opt("--n-layer", help="Transformer blocks (default: 6).", panel=MODEL)
     ] = None,
@@ -66,14 +74,15 @@ def pretrain(
     gptcli pretrain corpus.txt                                   char-level, defaults
     gptcli pretrain input.txt -c examples/configs/shakespeare-char-cpu.yaml
     gptcli pretrain books/ -t bpe:8192 --max-time 30m
+    gptcli pretrain fineweb/*.parquet -t gpt2                    Parquet, .jsonl.gz, .txt.zst, ...
     gptcli pretrain --resume --out runs/books-20260101-120000
     """
     from gptcli.config import flag_overrides
     from gptcli.recipes import pretrain_trainer, resume_pretraining
 
     flags = flag_overrides(
-        tokenizer=tokenizer, n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-        dropout=dropout, bias=bias, **(train_flags or {}),
+        tokenizer=tokenizer, text_column=text_column, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+        block_size=block_size, dropout=dropout, bias=bias, **(train_flags or {}),
     )  # fmt: skip
     notes = render.Notes()
     if resume:

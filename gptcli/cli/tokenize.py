@@ -58,6 +58,9 @@ def tokenize(
     val_fraction: Annotated[
         float, typer.Option("--val-fraction", help="Share of the corpus, from its end, kept for validation.")
     ] = 0.1,
+    text_column: Annotated[
+        str, typer.Option("--text-column", help="The column of Parquet files that holds the text.")
+    ] = "text",
     force: Annotated[bool, typer.Option("--force", help="Replace what --out already holds.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
@@ -66,9 +69,10 @@ def tokenize(
     gptcli tokenize "The rabbit dug a"                      position, id and piece of each token
     gptcli tokenize corpus.txt --out data/shakes            train.bin / val.bin for pretrain
     gptcli tokenize books/ --out data/books -t bpe:8192     train an 8192-token BPE on books/
+    gptcli tokenize shards/ --out data/web -t gpt2          Parquet, .jsonl.gz, .txt.zst, ...
     """
     if out is not None:
-        _encode_corpus(inputs, out, tokenizer or "char", val_fraction, force, json_out)
+        _encode_corpus(inputs, out, tokenizer or "char", val_fraction, force, json_out, text_column)
         return
     existing = [p for p in inputs if is_path(p)]
     if existing:
@@ -94,16 +98,25 @@ def tokenize(
 
 
 def _encode_corpus(
-    inputs: list[str], out: Path, tokenizer: str, val_fraction: float, force: bool, json_out: bool
+    inputs: list[str],
+    out: Path,
+    tokenizer: str,
+    val_fraction: float,
+    force: bool,
+    json_out: bool,
+    column: str,
 ) -> None:
     from gptcli.data import collect_files, tokenize_corpus
+    from gptcli.sources import Reader
 
     tok: str | Tokenizer = tokenizer
     if is_path(tokenizer):
         tok = resolve_tokenizer(tokenizer)
     total = sum(f.stat().st_size for f in collect_files(inputs, exclude=out))
     with render.byte_progress("tokenizing", total, show=total > 4 << 20) as update:
-        report = tokenize_corpus(inputs, out, tok, val_fraction=val_fraction, force=force, progress=update)
+        report = tokenize_corpus(
+            inputs, out, tok, val_fraction=val_fraction, force=force, progress=update, reader=Reader(column)
+        )
     if json_out:
         from dataclasses import asdict
 

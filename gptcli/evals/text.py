@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch.nn as nn
 
-from gptcli.data import iter_documents
 from gptcli.errors import UsageError
 from gptcli.evals.result import Result
 from gptcli.evals.scoring import Progress, score
+from gptcli.sources import iter_documents
 from gptcli.tokenizer import Tokenizer
 
 

@@ -7,7 +7,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TimeRemainingColumn
 from rich.table import Table
@@ -25,6 +24,8 @@ class Series:
     a point and drawing the curve cost the same at step 100 and at step 100,000."""
 
     def __init__(self, points: Sequence[tuple[int, float]] = ()) -> None:
+        import numpy as np  # here, not at the top: `gptcli --help` imports this module
+
         self.steps = np.zeros(max(64, len(points)), np.int64)
         self.values = np.zeros(len(self.steps), np.float64)
         self.n = 0
@@ -36,6 +37,8 @@ class Series:
 
     def append(self, step: int, value: float) -> None:
         if self.n == len(self.steps):
+            import numpy as np
+
             self.steps = np.concatenate([self.steps, np.zeros_like(self.steps)])
             self.values = np.concatenate([self.values, np.zeros_like(self.values)])
         self.steps[self.n], self.values[self.n] = step, value
@@ -44,6 +47,8 @@ class Series:
     def downsample(self, n: int) -> tuple[list[int], list[float]]:
         """At most n points: consecutive points averaged in n groups of nearly equal size
         (the chart has no more columns than that, so the curve looks the same)."""
+        import numpy as np
+
         count = self.n  # read once: the training thread may append meanwhile
         steps, values = self.steps[:count], self.values[:count]
         if count <= n:
