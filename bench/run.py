@@ -587,6 +587,63 @@ def case_bpe(args) -> list[Result]:
     ]
 
 
+def case_formats(args) -> list[Result]:
+    """`gptcli tokenize` of the same documents as JSONL, gzip and zstd JSONL, and Parquet:
+    MB of text per second, each against plain JSONL in the same run."""
+    import gzip
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    from gptcli.data import tokenize_corpus
+    from gptcli.sources import Reader
+
+    work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
+    seed = (args.corpus.read_text(encoding="utf-8") if args.corpus else None) or _generated_text()
+    lines = [ln for ln in seed.splitlines() if ln.strip()]
+    size = (5 if args.quick else 25) * 1_000_000
+    docs, total = [], 0
+    while total < size:
+        doc = "\n".join(lines[len(docs) * 7 % len(lines) :][:7])
+        docs.append(doc)
+        total += len(doc.encode())
+    blob = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
+    paths = {"jsonl": work / "d.jsonl", "jsonl.gz": work / "d.jsonl.gz", "jsonl.zst": work / "d.jsonl.zst"}
+    paths["jsonl"].write_bytes(blob)
+    paths["jsonl.gz"].write_bytes(gzip.compress(blob, compresslevel=6))
+    paths["jsonl.zst"].write_bytes(zstandard.ZstdCompressor(level=3).compress(blob))
+    paths["parquet"] = work / "d.parquet"
+    pq.write_table(pa.table({"text": docs}), paths["parquet"])
+
+    def rate(path: Path) -> float:
+        out = work / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        tokenize_corpus([path], out, "gpt2", reader=Reader())
+        return total / 1e6 / (time.perf_counter() - t0)
+
+    runs: dict[str, list[float]] = {k: [] for k in paths}
+    for _ in range(args.repeats):
+        for k, p in paths.items():
+            runs[k].append(rate(p))
+    shutil.rmtree(work, ignore_errors=True)
+    plain = statistics.median(runs["jsonl"])
+    return [
+        Result(
+            f"tokenize {total / 1e6:.0f} MB of documents as .{k} (GPT-2 BPE)",
+            statistics.median(runs[k]),
+            plain,
+            "MB/s",
+            "the same documents as plain .jsonl",
+            ">= 0.9x",
+            statistics.median(runs[k]) / plain >= 0.9,
+        )
+        for k in ("jsonl.gz", "jsonl.zst", "parquet")
+    ]
+
+
 def _generated_text() -> str:
     sys.path.insert(0, str(ROOT / "examples"))
     import random
@@ -793,6 +850,7 @@ CASES = {
     "eval-text": case_eval_text,
     "eval-choice": case_eval_choice,
     "chart": case_chart,
+    "formats": case_formats,
 }
 
 
