@@ -222,6 +222,12 @@ class TrainConfig:
     sample_tokens: int = knob(
         32, check=Range(1, 4096), flag="--sample-tokens", on_resume=True, help="Tokens per sample"
     )
+    trackers: list[str] = knob(
+        [],
+        flag="--tracker",
+        on_resume=True,
+        help="Send the metrics to an experiment tracker: tensorboard; repeat for more (default: none)",
+    )
     eval_files: list[str] = knob(
         [],
         flag="--eval-file",
@@ -230,7 +236,10 @@ class TrainConfig:
     )
 
     def validate(self) -> None:
+        from gptcli.trackers import check_names
+
         check_fields(self, "train")
+        check_names(self.trackers)
         if self.min_lr > self.lr:
             raise UsageError(
                 f"{key_name('train', 'min_lr')} = {self.min_lr} must not exceed "

@@ -98,8 +98,12 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = Fals
     if interrupted. json_out: progress as plain lines on stderr, the summary as JSON on stdout."""
     title = f"gptcli {verb} →"
     render.carry_on_without_output()
-    reporter = render.TrainLog(title, render.err) if json_out else render.train_reporter(title)
-    summary = trainer.run(resume=resume, reporter=reporter)
+    from gptcli.reports import Reporters
+    from gptcli.trackers import make_trackers
+
+    view = render.TrainLog(title, render.err) if json_out else render.train_reporter(title)
+    trackers = make_trackers(trainer.cfg.trackers, trainer.run_dir, trainer.config.to_dict())
+    summary = trainer.run(resume=resume, reporter=Reporters(view, *trackers))
     png = trainer.run_dir / "loss.png"
     # only the main process writes to the run directory
     saved = trainer.dist.is_main and figures.save_loss_png(trainer.run_dir / "metrics.jsonl", png)

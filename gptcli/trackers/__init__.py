@@ -1,0 +1,43 @@
+"""Experiment trackers: reports.Reporter subclasses that send what the training loop
+reports (the same figures, at the same steps, as metrics.jsonl) to a tracker's store.
+
+A new tracker is a module here with a Reporter subclass taking (run_dir, config), and one
+line in TRACKERS. Trackers run on rank 0 only (the trainer gives other processes a silent
+reporter) and must keep each step once across --resume.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from gptcli.errors import UsageError
+from gptcli.reports import Reporter
+
+# --tracker NAME -> (module.Class, the extra that installs what it needs)
+TRACKERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("gptcli.trackers.tensorboard:TensorBoard", "tensorboard"),
+}
+
+
+def check_names(names: list[str]) -> None:
+    for name in names:
+        if name not in TRACKERS:
+            raise UsageError(f"--tracker {name!r}: use {' or '.join(TRACKERS)}")
+
+
+def make_trackers(names: list[str], run_dir: Path, config: dict[str, Any]) -> list[Reporter]:
+    """One reporter per --tracker; a missing package is a one-line error naming its extra."""
+    check_names(names)
+    out = []
+    for name in dict.fromkeys(names):  # once each
+        target, extra = TRACKERS[name]
+        module, cls = target.split(":")
+        try:
+            tracker = getattr(importlib.import_module(module), cls)
+            out.append(tracker(run_dir, config))
+        except ImportError as e:
+            needs = e.name or name
+            raise UsageError(f"--tracker {name} needs {needs}: pip install 'gptcli[{extra}]'") from None
+    return out
