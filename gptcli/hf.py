@@ -22,7 +22,7 @@ from gptcli import files
 from gptcli.config import ModelConfig
 from gptcli.errors import UsageError
 from gptcli.model import GPT
-from gptcli.tokenizer import ENDOFTEXT, _gpt2_data_dir
+from gptcli.tokenizer import ENDOFTEXT, GPTCLI_TOKENIZER_FILE, _gpt2_data_dir
 from gptcli.validate import check_against, check_finite, check_types, header
 
 # hub names and the repositories that hold them (the short names are the old aliases)
@@ -36,8 +36,8 @@ HUB_MODELS = {
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # every file export may write
 EXPORTED = ("config.json", "model.safetensors", "vocab.json", "merges.txt", "special_tokens_map.json",
-            "tokenizer_config.json", "gptcli_tokenizer.json")  # fmt: skip
-GPTCLI_TOKENIZER = "gptcli_tokenizer.json"  # our tokenizer, for models not on GPT-2's BPE
+            "tokenizer_config.json", "tokenizer.json", "gptcli_tokenizer.json")  # fmt: skip
+GPTCLI_TOKENIZER = GPTCLI_TOKENIZER_FILE  # our tokenizer, beside Hugging Face's
 
 # Hugging Face's GPT-2 stores these projections as Conv1D, i.e. weight (in, out): the
 # transpose of nn.Linear's (out, in).
@@ -275,6 +275,8 @@ def load_hf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[s
 
 
 def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
+    from gptcli.hf_tokenizer import hf_tokenizer_files
+
     """Write out/ so that transformers.GPT2LMHeadModel.from_pretrained(out) gives the same
     logits. Returns the files written."""
     c = model.config
@@ -310,6 +312,8 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
     state = gptcli_to_hf_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
     files.save_tensors(state, out / "model.safetensors", metadata={"format": "pt"})
     contents: dict[str, str | bytes] = {"config.json": json.dumps(config, indent=2)}
+    # Hugging Face's tokenizer.json (and its config) for every tokenizer, so AutoTokenizer loads it
+    contents |= hf_tokenizer_files(tokenizer, c.block_size)
     if tokenizer.name == "gpt2":
         data = _gpt2_data_dir()
         special = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT, "unk_token": ENDOFTEXT}
@@ -320,8 +324,7 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
             "special_tokens_map.json": json.dumps(special, indent=2),
             "tokenizer_config.json": json.dumps(tok_cfg, indent=2),
         }
-    else:
-        # Hugging Face has no loader for these; keep gptcli's own file beside the weights
+    else:  # and gptcli's own, which gptcli reads back exactly
         contents[GPTCLI_TOKENIZER] = tokenizer.dumps()
     for name, content in contents.items():
         files.write_file(out / name, content)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import tiktoken
 
 TOKENIZER_FILE = "tokenizer.json"
+GPTCLI_TOKENIZER_FILE = "gptcli_tokenizer.json"  # beside Hugging Face's tokenizer.json in an export
 FORMAT = "gptcli-tokenizer"
 VERSION = 1
 ENDOFTEXT = "<|endoftext|>"
@@ -314,6 +315,11 @@ def build_tokenizer(spec: str, texts: Iterable[str] | None = None) -> Tokenizer:
 
 
 def tokenizer_from_dict(d: dict, source: str = "tokenizer") -> Tokenizer:
+    if d.get("format") != FORMAT and "model" in d and "pre_tokenizer" in d:  # the same name, HF's content
+        raise UsageError(
+            f"{source} is a Hugging Face tokenizer.json (for transformers); gptcli reads its own "
+            f"tokenizer files: give a run, a data dir, an export's {GPTCLI_TOKENIZER_FILE}, or -t gpt2"
+        )
     if d.get("format") != FORMAT:
         raise UsageError(f"{source} is not a gptcli tokenizer file (no 'format': '{FORMAT}')")
     version = d.get("version", 0)
@@ -354,7 +360,8 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     path = Path(path)
     file = path
     if path.is_dir():  # a data dir or checkpoint holds tokenizer.json; a run, in best/ or last/
-        candidates = [path / TOKENIZER_FILE, path / "best" / TOKENIZER_FILE, path / "last" / TOKENIZER_FILE]
+        candidates = [path / GPTCLI_TOKENIZER_FILE, path / TOKENIZER_FILE]  # an HF export keeps ours aside
+        candidates += [path / "best" / TOKENIZER_FILE, path / "last" / TOKENIZER_FILE]
         file = next((c for c in candidates if c.is_file()), candidates[0])
     if not file.is_file():
         raise UsageError(f"no tokenizer at {path} (expected {TOKENIZER_FILE})")

@@ -1,0 +1,107 @@
+"""gptcli's tokenizers as Hugging Face `tokenizer.json` files, built with the `tokenizers`
+library, so that `AutoTokenizer` / `PreTrainedTokenizerFast`, `pipeline(...)` and
+lm-evaluation-harness load an exported model with the ids gptcli gives it.
+
+- byte-level BPE (gpt2, bpe:N): the tiktoken ranks become a BPE vocabulary (bytes as
+  GPT-2's printable characters) and merges (each token's last merge, recovered by running
+  BPE on its bytes with the ranks below its own), behind the same split pattern;
+  <|endoftext|> is a special token.
+- char: one token per character (a WordLevel model over single characters), no special
+  token: text such as "<|endoftext|>" stays characters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gptcli.errors import UsageError
+from gptcli.tokenizer import ENDOFTEXT, CharTokenizer, TiktokenTokenizer, Tokenizer
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map from bytes to printable characters (so that BPE tokens are strings)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = printable[:], 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return dict(zip(printable, map(chr, chars), strict=True))
+
+
+def _last_merge(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
+    """The two tokens whose merge made token: BPE on its bytes with the ranks below its own."""
+    limit = ranks[token]
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 2:
+        best, at = None, -1
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1])
+            if rank is not None and rank < limit and (best is None or rank < best):
+                best, at = rank, i
+        if best is None:
+            break
+        parts[at : at + 2] = [parts[at] + parts[at + 1]]
+    if len(parts) != 2:
+        raise UsageError(f"the BPE token {token!r} has no merge that makes it; the tokenizer is damaged")
+    return parts[0], parts[1]
+
+
+def hf_tokenizer(tokenizer: Tokenizer) -> Any:
+    """A tokenizers.Tokenizer that encodes and decodes as tokenizer does."""
+    try:
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:
+        raise UsageError("exporting the tokenizer needs tokenizers: pip install 'gptcli[hf]'") from None
+
+    if isinstance(tokenizer, CharTokenizer):
+        vocab = {c: i for i, c in enumerate(tokenizer.chars)}
+        hf = HFTokenizer(models.WordLevel(vocab, unk_token=ENDOFTEXT))  # no unk: unknown characters fail
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        hf.decoder = decoders.Fuse()
+        return hf
+    if not isinstance(tokenizer, TiktokenTokenizer):
+        raise UsageError(f"cannot write a {tokenizer.name} tokenizer in Hugging Face's format")
+    ranks: dict[bytes, int] = tokenizer.enc._mergeable_ranks
+    to_str = _bytes_to_unicode()
+
+    def text(b: bytes) -> str:
+        return "".join(to_str[x] for x in b)
+
+    vocab = {text(b): r for b, r in ranks.items()}
+    merges = [tuple(map(text, _last_merge(ranks, b))) for b, _ in sorted(ranks.items(), key=lambda kv: kv[1])
+              if len(b) > 1]  # fmt: skip
+    hf = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(tokenizer.enc._pat_str), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(ENDOFTEXT, special=True, normalized=False)])
+    if hf.token_to_id(ENDOFTEXT) != tokenizer.eot_id:
+        raise UsageError(f"{ENDOFTEXT} would get id {hf.token_to_id(ENDOFTEXT)}, not {tokenizer.eot_id}")
+    return hf
+
+
+def hf_tokenizer_files(tokenizer: Tokenizer, block_size: int) -> dict[str, str]:
+    """tokenizer.json, tokenizer_config.json and special_tokens_map.json for an export dir."""
+    import json
+
+    hf = hf_tokenizer(tokenizer)
+    special = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT} if tokenizer.eot_id is not None else {}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": block_size,
+        "clean_up_tokenization_spaces": False,  # decode gives back the text, spaces as they were
+        **special,
+    }
+    return {
+        "tokenizer.json": hf.to_str(),
+        "tokenizer_config.json": json.dumps(config, indent=2),
+        "special_tokens_map.json": json.dumps(special, indent=2),
+    }
