@@ -85,3 +85,54 @@ def test_unknown_and_missing_trackers_get_one_line(tmp_path, monkeypatch):
     result = run("pretrain", "c.txt", "--out", "r", *TINY, "--tracker", "tensorboard")
     assert_usage_error(result, "pip install 'gptcli[tensorboard]'")
     assert not Path("r").exists()
+
+
+def mlflow_history(run_dir: Path, key: str) -> list[tuple[int, float]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve() / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("gptcli").experiment_id])
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+
+def test_mlflow_holds_metrics_and_config_and_a_resume_adds_each_step_once(tmp_path, monkeypatch):
+    """A crash after step 18 was logged but before its checkpoint: the resumed run replays
+    steps 16 to 20 bit for bit, and MLflow skips those it already holds."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from gptcli.config import flag_overrides
+    from gptcli.recipes import pretrain_trainer, resume_pretraining
+    from gptcli.reports import Reporter, Reporters
+    from gptcli.trackers.mlflow import MLflow
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    make_corpus(tmp_path / "c.txt", n_sentences=200)
+    flags = flag_overrides(
+        n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=8, max_iters=20, eval_interval=5,
+        eval_iters=2, log_interval=1, device="cpu", dtype="fp32", warmup_iters=3, lr=3e-3,
+    )  # fmt: skip
+
+    class KeepLast(Reporter):  # what a crash would leave: the checkpoint of step 15
+        def on_checkpoint(self, name: str, path: Path, step: int) -> None:
+            if name == "last" and step == 15:
+                shutil.copytree(path, tmp_path / "last-at-15")
+
+    trainer = pretrain_trainer(["c.txt"], flags=flags, out="r")
+    trainer.run(reporter=Reporters(KeepLast(), MLflow(trainer.run_dir, trainer.config.to_dict())))
+    first = records(Path("r"), "train")
+    shutil.rmtree("r/last")
+    shutil.copytree(tmp_path / "last-at-15", "r/last")
+    again = resume_pretraining("r", flags=flags)
+    again.run(resume=True, reporter=MLflow(again.run_dir, again.config.to_dict()))
+    train = records(Path("r"), "train")
+    assert [(r["step"], r["loss"]) for r in train] == [(r["step"], r["loss"]) for r in first]  # bit for bit
+    logged = mlflow_history(Path("r"), "train/loss")
+    assert [s for s, _ in logged] == list(range(1, 21))
+    assert [v for _, v in logged] == pytest.approx([r["loss"] for r in train], rel=1e-6)
+    assert [s for s, _ in mlflow_history(Path("r"), "eval/val_loss")] == [0, 5, 10, 15, 20]
+    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'r' / 'mlflow.db').resolve()}")
+    (run,) = client.search_runs([client.get_experiment_by_name("gptcli").experiment_id])
+    assert run.data.params["model.n_layer"] == "1" and run.data.params["train.lr"] == "0.003"
+    assert not Path("mlruns").exists()  # nothing written outside the run directory

@@ -18,6 +18,7 @@ from gptcli.reports import Reporter
 # --tracker NAME -> (module.Class, the extra that installs what it needs)
 TRACKERS: dict[str, tuple[str, str]] = {
     "tensorboard": ("gptcli.trackers.tensorboard:TensorBoard", "tensorboard"),
+    "mlflow": ("gptcli.trackers.mlflow:MLflow", "mlflow"),
 }
 
 
