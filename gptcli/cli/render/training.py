@@ -200,18 +200,20 @@ class TrainView(reports.Reporter):
         best_at = f" @{s['best_step']}" if "best_step" in s else ""
         numbers.add_row(
             f"step [bold]{s.get('step', 0)}[/]",
-            f"lr {fmt(s.get('lr'), '.2e')}  grad norm {fmt(s.get('grad_norm'), '.3g')}",
+            f"lr {fmt(s.get('lr'), '.2e')}",
             f"train [bold cyan]{fmt(s.get('loss'))}[/] (best {fmt(s.get('best_train'))})",
             f"val [bold orange1]{fmt(s.get('val'))}[/] (best {fmt(s.get('best_val'))}{best_at})",
         )
-        extras = "  ".join(f"{METRIC_NAMES.get(k, k)} {v:.4f}" for k, v in s.get("val_extra", {}).items())
+        extras = "  ".join(f"val {METRIC_NAMES.get(k, k)} {v:.4f}" for k, v in s.get("val_extra", {}).items())
         budget = f"time {duration(s.get('elapsed', 0))} of {duration(self.max_time)}" if self.max_time else ""
         numbers.add_row(
             f"{fmt(s.get('tps'), ',.0f')} tok/s",
             f"MFU {mfu}",
+            f"grad norm {fmt(s.get('grad_norm'), '.3g')}",
             f"saved last @{s['saved_last']}" if "saved_last" in s else "",
-            extras or budget,
         )
+        if extras or budget:
+            numbers.add_row("", "", Text(extras, style="dim"), budget)
         for label, metrics in s.get("files", {}).items():
             numbers.add_row(Text(label, style="dim"), Text(headline(metrics)), "", "")
         parts: list[Any] = [self.header, self.progress, numbers]
