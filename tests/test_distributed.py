@@ -217,6 +217,7 @@ def test_other_ranks_leave_the_run_directory_alone(tmp_path, monkeypatch):
         trainer = SimpleNamespace(
             dist=SimpleNamespace(is_main=rank == 0), run_dir=tmp_path, meta={},
             run=lambda resume, reporter: summary,
+            config=SimpleNamespace(train=SimpleNamespace(trackers=[]), to_dict=dict),
         )  # fmt: skip
         training.run_trainer(trainer, resume=False, verb="pretrain")
     assert calls[0] == ("summary", None)  # rank 1: no figure

@@ -102,7 +102,8 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = Fals
     from gptcli.trackers import make_trackers
 
     view = render.TrainLog(title, render.err) if json_out else render.train_reporter(title)
-    trackers = make_trackers(trainer.cfg.trackers, trainer.run_dir, trainer.config.to_dict())
+    config = trainer.config
+    trackers = make_trackers(config.train.trackers, trainer.run_dir, config.to_dict(), trainer.dist.is_main)
     summary = trainer.run(resume=resume, reporter=Reporters(view, *trackers))
     png = trainer.run_dir / "loss.png"
     # only the main process writes to the run directory

@@ -28,8 +28,12 @@ def check_names(names: list[str]) -> None:
             raise UsageError(f"--tracker {name!r}: use {' or '.join(TRACKERS)}")
 
 
-def make_trackers(names: list[str], run_dir: Path, config: dict[str, Any]) -> list[Reporter]:
-    """One reporter per --tracker; a missing package is a one-line error naming its extra."""
+def make_trackers(
+    names: list[str], run_dir: Path, config: dict[str, Any], create: bool = True
+) -> list[Reporter]:
+    """One reporter per --tracker; a missing package is a one-line error naming its extra.
+    create: False on the processes that do not log (under torchrun, all but rank 0), which
+    still check the packages, so that every process fails alike."""
     check_names(names)
     out = []
     for name in dict.fromkeys(names):  # once each
@@ -37,7 +41,8 @@ def make_trackers(names: list[str], run_dir: Path, config: dict[str, Any]) -> li
         module, cls = target.split(":")
         try:
             tracker = getattr(importlib.import_module(module), cls)
-            out.append(tracker(run_dir, config))
+            if create:
+                out.append(tracker(run_dir, config))
         except ImportError as e:
             needs = e.name or name
             raise UsageError(f"--tracker {name} needs {needs}: pip install 'gptcli[{extra}]'") from None
