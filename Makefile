@@ -2,6 +2,7 @@
 #
 #   make test                 ruff + pytest (installs torch, then gptcli[dev,plot])
 #   make demo                 train the demo GPT on examples/demo (once) and sample from it
+#                             (installs torch, then gptcli[plot]: no test dependencies)
 #   make test TORCH=torch TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
 #                             pick another torch build (CUDA, ROCm, CPU wheel index, ...)
 
@@ -10,9 +11,11 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 EXTRAS ?= dev,plot
+DEMO_EXTRAS ?= plot
 
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.gptcli-installed
+STAMP := $(VENV)/.gptcli-installed-$(EXTRAS)
+DEMO_STAMP := $(VENV)/.gptcli-installed-$(DEMO_EXTRAS)
 
 .PHONY: install test lint demo clean
 
@@ -20,11 +23,12 @@ install: $(STAMP)
 
 # torch goes in first so that the project's `torch>=2.4` is already satisfied and pip
 # never pulls a different (multi-GB) build as a dependency.
-$(STAMP): pyproject.toml
+# one stamp per set of extras: `make demo` needs only plot, `make test` adds dev
+$(VENV)/.gptcli-installed-%: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
-	touch $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[$*]"
+	touch $@
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -39,7 +43,7 @@ DEMO_RUN ?= runs/demo
 
 # trains once (about two minutes on a laptop CPU); a later run finishes an interrupted
 # training with --resume, or samples straight away when it is complete
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	if [ -f $(DEMO_RUN)/last/checkpoint.json ]; then \
 	  $(BIN)/gptcli pretrain examples/demo --resume --out $(DEMO_RUN); \
 	else \
