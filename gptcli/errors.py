@@ -6,7 +6,9 @@ and an exit code (2 for bad input, 1 for other failures).
 
 from __future__ import annotations
 
+import importlib
 import shlex
+from typing import Any
 
 
 class GptcliError(Exception):
@@ -19,6 +21,14 @@ class UsageError(GptcliError):
     """Bad input: a missing file, a wrong flag value, an incompatible checkpoint, ..."""
 
     exit_code = 2
+
+
+def need(module: str, extra: str, what: str) -> Any:
+    """Import an optional dependency, or say in one line which gptcli extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UsageError(f"{what} needs {module.split('.')[0]}: pip install 'gptcli[{extra}]'") from None
 
 
 def command(*args: object) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptcli.errors import UsageError
+from gptcli.errors import UsageError, need
 from gptcli.tokenizer import ENDOFTEXT, CharTokenizer, TiktokenTokenizer, Tokenizer
 
 
@@ -51,11 +51,9 @@ def _last_merge(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
 
 def hf_tokenizer(tokenizer: Tokenizer) -> Any:
     """A tokenizers.Tokenizer that encodes and decodes as tokenizer does."""
-    try:
-        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
-    except ImportError:
-        raise UsageError("exporting the tokenizer needs tokenizers: pip install 'gptcli[hf]'") from None
+    tk = need("tokenizers", "hf", "exporting the tokenizer")
+    AddedToken, Regex, HFTokenizer = tk.AddedToken, tk.Regex, tk.Tokenizer
+    decoders, models, pre_tokenizers = tk.decoders, tk.models, tk.pre_tokenizers
 
     if isinstance(tokenizer, CharTokenizer):
         vocab = {c: i for i, c in enumerate(tokenizer.chars)}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from gptcli.errors import UsageError
+from gptcli.errors import UsageError, need
 
 READ_BYTES = 1 << 20  # bytes read per step while streaming a file
 PARQUET_ROWS = 1024  # rows read per batch from a Parquet file
@@ -31,16 +31,6 @@ def _decode_error(path: Path, offset: int, reason: str) -> UsageError:
         f"{path}: {reason} at byte offset {offset}; the corpus must be UTF-8 text "
         f"(convert it, e.g. iconv -f latin1 -t utf-8, or remove the file)"
     )
-
-
-def need(module: str, extra: str, what: str) -> Any:
-    """Import an optional dependency, or say which extra to install."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise UsageError(f"{what} needs {module}: pip install 'gptcli[{extra}]'") from None
 
 
 class _Counting(io.RawIOBase):

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from gptcli.model import KVCache
+from gptcli.tasks.base import pad_batch
 
 BATCH_TOKENS = 8192  # tokens per forward pass (padding included)
 LOGIT_ROWS = 1024  # positions projected onto the vocabulary at once (GPT-2: 200 MB of fp32 logits)
@@ -52,27 +53,29 @@ def score(
         T = len(seqs[order[done]])
         rows = order[done : done + max(1, batch_tokens // max(1, T))]
         rows = [i for i in rows if 4 * len(seqs[i]) >= 3 * T]  # at most a quarter of a row is padding
-        x = torch.zeros(len(rows), T, dtype=torch.long)
-        pos, tgt, owner = [], [], []
+        x, _ = pad_batch([seqs[i] for i in rows])  # (B, T)
+        pos, tgt = [], []
         for r, i in enumerate(rows):
             s, f = seqs[i], first[i]
             if not 1 <= f <= len(s):
                 raise ValueError(f"first scored token {f} outside 1..{len(s)}")
-            x[r, : len(s)] = torch.as_tensor(s, dtype=torch.long)
             pos.extend(r * T + j - 1 for j in range(f, len(s)))  # the position that predicts token j
             tgt.extend(s[f:])
-            owner.extend([r] * (len(s) - f))
         h = model.hidden_states(x.to(device))  # (B, T, C)
         h = h.reshape(-1, h.size(-1))[torch.as_tensor(pos, device=device)]  # (N, C): scored positions only
         logp, hit = _token_scores(model, h, torch.as_tensor(tgt, device=device))
-        owner_ = np.asarray(owner, dtype=np.int64)
-        for r, i in enumerate(rows):
-            mine = owner_ == r
-            out[i] = Scores(logp[mine], hit[mine])
+        for i, scores in zip(rows, _split(logp, hit, [len(seqs[i]) - first[i] for i in rows]), strict=True):
+            out[i] = scores
         done += len(rows)
         if progress is not None:
             progress(done, len(order))
     return out  # type: ignore[return-value]
+
+
+def _split(logp: np.ndarray, hit: np.ndarray, counts: Sequence[int]) -> list[Scores]:
+    """The scores of consecutive sequences, counts[i] tokens each."""
+    ends = np.cumsum(counts)[:-1]
+    return [Scores(lp, h) for lp, h in zip(np.split(logp, ends), np.split(hit, ends), strict=True)]
 
 
 def _token_scores(model: nn.Module, h: torch.Tensor, targets: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -116,18 +119,15 @@ def score_shared(
             lc, lk, n = lc2, lk2, n2
         x = torch.zeros(len(batch), lc, dtype=torch.long)
         x_mask = torch.zeros(len(batch), lc, dtype=torch.bool)
-        y = torch.zeros(n, lk, dtype=torch.long)
-        y_mask = torch.zeros(n, lk, dtype=torch.bool)
-        owner, rows, targets = [], [], []
-        for r, e in enumerate(batch):
+        for r, e in enumerate(batch):  # prefixes left-padded: each one's last token in the last column
             p = prefixes[e]
             x[r, lc - len(p) :], x_mask[r, lc - len(p) :] = torch.as_tensor(p, dtype=torch.long), True
-            for c in continuations[e]:
-                i = len(owner)
-                owner.append(r)
-                y[i, : len(c)], y_mask[i, : len(c)] = torch.as_tensor(c, dtype=torch.long), True
-                rows.extend(i * lk + j for j in range(len(c)))  # row j of choice i predicts its token j
-                targets.extend(c)
+        conts = [c for e in batch for c in continuations[e]]
+        owner = [r for r, e in enumerate(batch) for _ in continuations[e]]
+        y, lengths = pad_batch(conts)  # (n, lk), right-padded
+        y_mask = torch.arange(y.size(1))[None, :] < lengths[:, None]
+        rows = [i * lk + j for i, c in enumerate(conts) for j in range(len(c))]  # row j of choice i: token j
+        targets = [t for c in conts for t in c]
         weights = next(model.parameters())
         cache = KVCache(model.config, len(batch), lc + lk, device, weights.dtype)
         last = model.hidden_states(x.to(device), kv_cache=cache, attention_mask=x_mask.to(device))[:, -1]
@@ -137,13 +137,9 @@ def score_shared(
         h = torch.cat([last[index][:, None], h[:, :-1]], dim=1)  # row j predicts token j
         h = h.reshape(-1, h.size(-1))[torch.as_tensor(rows, device=device)]
         logp, hit = _token_scores(model, h, torch.as_tensor(targets, device=device))
-        ends = np.cumsum([0] + [len(c) for e in batch for c in continuations[e]])
-        k = 0
+        scores = iter(_split(logp, hit, [len(c) for c in conts]))
         for e in batch:
-            out[e] = []
-            for _ in continuations[e]:
-                out[e].append(Scores(logp[ends[k] : ends[k + 1]], hit[ends[k] : ends[k + 1]]))
-                k += 1
+            out[e] = [next(scores) for _ in continuations[e]]
         done += len(batch)
         if progress is not None:
             progress(done, len(order))

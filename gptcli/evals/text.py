@@ -50,7 +50,7 @@ def encode_text(path: Path, tokenizer: Tokenizer) -> Encoded:
             doc_ids = tokenizer.encode(doc)
         except UsageError as e:
             raise UsageError(f"{path}: {e}") from None
-        b, c = _bytes_and_chars(doc, [tokenizer.token_bytes(i) for i in doc_ids], path)
+        b, c = _bytes_and_chars(doc, tokenizer.byte_lengths()[doc_ids], path)
         ids += doc_ids
         nbytes.append(b)
         nchars.append(c)
@@ -59,8 +59,8 @@ def encode_text(path: Path, tokenizer: Tokenizer) -> Encoded:
     return Encoded(ids, np.concatenate(nbytes), np.concatenate(nchars))
 
 
-def _bytes_and_chars(text: str, pieces: list[bytes], path: Path) -> tuple[np.ndarray, np.ndarray]:
-    nbytes = np.fromiter((len(p) for p in pieces), np.int64, len(pieces))
+def _bytes_and_chars(text: str, nbytes: np.ndarray, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes (given) and characters of each token of text."""
     data = text.encode("utf-8")
     if nbytes.sum() != len(data):
         raise UsageError(
@@ -72,7 +72,7 @@ def _bytes_and_chars(text: str, pieces: list[bytes], path: Path) -> tuple[np.nda
     token_ends = np.cumsum(nbytes)
     # the token holding each character's last byte: the first token ending at or after it
     owner = np.searchsorted(token_ends, char_ends, side="left")
-    return nbytes, np.bincount(owner, minlength=len(pieces)).astype(np.int64)
+    return nbytes, np.bincount(owner, minlength=len(nbytes)).astype(np.int64)
 
 
 def windows(n: int, block_size: int, stride: int) -> list[tuple[int, int, int]]:
