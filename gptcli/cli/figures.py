@@ -47,6 +47,10 @@ def save_loss_png(metrics_path: Any, png_path: Any) -> bool:
     ax.set_ylabel("loss")
     if all(v > 0 for _, v in train + val):
         ax.set_yscale("log")  # the late, small improvements stay visible beside the early drop
+        from matplotlib.ticker import FormatStrFormatter
+
+        for axis_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis_formatter(FormatStrFormatter("%g"))  # 0.6, 2, 4, not 6 x 10^-1
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3, which="both")
     ax.legend()
