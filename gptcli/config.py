@@ -226,7 +226,7 @@ class TrainConfig:
         [],
         flag="--tracker",
         on_resume=True,
-        help="Send metrics to a tracker: tensorboard or mlflow; repeat for more (default: none)",
+        help="Send metrics to a tracker: tensorboard, mlflow or wandb; repeat for more (default: none)",
     )
     eval_files: list[str] = knob(
         [],

@@ -136,3 +136,72 @@ def test_mlflow_holds_metrics_and_config_and_a_resume_adds_each_step_once(tmp_pa
     (run,) = client.search_runs([client.get_experiment_by_name("gptcli").experiment_id])
     assert run.data.params["model.n_layer"] == "1" and run.data.params["train.lr"] == "0.003"
     assert not Path("mlruns").exists()  # nothing written outside the run directory
+
+
+def wandb_records(run_dir: Path) -> list:
+    """Every record W&B wrote offline for this run, in order (each resume is a new
+    offline-run directory). A .wandb file is a 7-byte header, then LevelDB's log format:
+    32 KiB blocks of chunks (crc32, length, type: 1 whole, 2 first, 3 middle, 4 last)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    out = []
+    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        data, pos, block, pending = path.read_bytes(), 7, 32768, b""
+        assert data[:4] == b":W&B"
+        while pos + 7 <= len(data):
+            if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+                pos += block - pos % block
+                continue
+            length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+            chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+            if kind == 0 and length == 0:
+                break  # zero-filled tail
+            pending = chunk if kind in (1, 2) else pending + chunk
+            if kind in (1, 4):
+                record = pb.Record()
+                record.ParseFromString(pending)
+                out.append(record)
+    return out
+
+
+def wandb_history(run_dir: Path) -> list[dict]:
+    return [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+        for r in wandb_records(run_dir)
+        if r.WhichOneof("record_type") == "history"
+    ]
+
+
+def test_wandb_offline_holds_metrics_and_config_and_a_resume_continues_the_same_run(tmp_path, monkeypatch):
+    """Offline W&B, crash after step 13 was logged but before its checkpoint: the resumed run
+    is the same W&B run, and the replayed steps 11 to 13 are not logged twice."""
+    pytest.importorskip("wandb")
+    monkeypatch.chdir(tmp_path)
+    for key in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT", "WANDB_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login: offline by itself
+    make_corpus(tmp_path / "c.txt", n_sentences=200)
+    args = [*TINY, "--log-interval", "1", "--eval-interval", "5", "--tracker", "wandb"]
+    sample = ["--sample-every", "5", "--sample-prompt", "The ", "--sample-tokens", "4"]
+    assert run("pretrain", "c.txt", "--out", "r", *args, *sample, "--max-iters", "10").exit_code == 0
+    shutil.copytree("r/last", "last-at-10")
+    assert run("pretrain", "c.txt", "--out", "r", *args, "--max-iters", "13", "--resume").exit_code == 0
+    shutil.rmtree("r/last")
+    shutil.copytree("last-at-10", "r/last")  # as if the run died before saving step 13
+    again = run("pretrain", "c.txt", "--out", "r", *args, "--max-iters", "20", "--resume")
+    assert again.exit_code == 0, again.output
+
+    runs = {r.run.run_id for r in wandb_records(Path("r")) if r.WhichOneof("record_type") == "run"}
+    assert len(list(Path("r").glob("wandb/offline-run-*"))) == 3 and len(runs) == 1  # one W&B run
+    history, train = wandb_history(Path("r")), records(Path("r"), "train")
+    logged = [(h["step"], h["train/loss"]) for h in history if "train/loss" in h]
+    assert [s for s, _ in logged] == list(range(1, 21)) == [r["step"] for r in train]
+    assert [v for _, v in logged] == pytest.approx([r["loss"] for r in train], rel=1e-6)
+    # the run that stopped at 13 evaluated there; W&B cannot drop it as TensorBoard's purge does
+    assert [h["step"] for h in history if "eval/val_loss" in h] == [0, 5, 10, 13, 15, 20]
+    samples = [(h["step"], h["sample"]) for h in history if "sample" in h]
+    assert [s for s, _ in samples] == [5, 10, 15, 20] and all(t.startswith("The ") for _, t in samples)
+    config = next(r.run.config for r in wandb_records(Path("r")) if r.WhichOneof("record_type") == "run")
+    values = {u.key: json.loads(u.value_json) for u in config.update}
+    assert values["model"]["n_layer"] == 1 and values["train"]["trackers"] == ["wandb"]
+    assert not Path("wandb").exists()  # nothing written outside the run directory

@@ -19,6 +19,7 @@ from gptcli.reports import Reporter
 TRACKERS: dict[str, tuple[str, str]] = {
     "tensorboard": ("gptcli.trackers.tensorboard:TensorBoard", "tensorboard"),
     "mlflow": ("gptcli.trackers.mlflow:MLflow", "mlflow"),
+    "wandb": ("gptcli.trackers.wandb:WandB", "wandb"),
 }
 
 
