@@ -53,9 +53,11 @@ class _Counting(io.RawIOBase):
 def _decompressed(path: Path, raw: IO[bytes]) -> IO[bytes]:
     suffix = path.suffix.lower()
     if suffix == ".gz":
-        import gzip
-
-        return gzip.GzipFile(fileobj=raw, mode="rb")
+        try:  # the gzip extra: ISA-L decompresses about 3x faster, so a .gz corpus tokenizes
+            from isal.igzip import IGzipFile  # at plain text's pace (same bytes, same errors)
+        except ImportError:
+            from gzip import GzipFile as IGzipFile
+        return IGzipFile(fileobj=raw, mode="rb")
     if suffix == ".zst":
         zstd = need("zstandard", "zstd", f"{path} (zstd)")
         return zstd.ZstdDecompressor().stream_reader(raw, read_across_frames=True)

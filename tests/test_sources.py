@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gptcli.errors import UsageError
 from tests.helpers import TINY, assert_usage_error, make_corpus, run
 
 pa = pytest.importorskip("pyarrow")
@@ -122,3 +123,32 @@ def test_a_missing_extra_is_named(tmp_path, docs, monkeypatch):
     assert_usage_error(out, "pip install 'gptcli[zstd]'")
     out = run("tokenize", tmp_path / "shard.parquet", "--out", tmp_path / "o")
     assert_usage_error(out, "pip install 'gptcli[parquet]'")
+
+
+@pytest.mark.parametrize("isal", [True, False], ids=["isal", "stdlib"])
+def test_gzip_reads_alike_with_and_without_the_gzip_extra(tmp_path, monkeypatch, isal):
+    """The gzip extra (ISA-L) only makes .gz faster: the same text from several gzip
+    members, and the same one-line errors for a cut file and a file that is not gzip."""
+    from gptcli.sources import iter_file_text
+
+    if isal:
+        pytest.importorskip("isal")
+    else:
+        real_import = builtins.__import__
+
+        def no_isal(name, *args, **kwargs):
+            if name.startswith("isal"):
+                raise ImportError(name)
+            return real_import(name, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "__import__", no_isal)
+    text = "".join(f"line {i} ünï ✓\n" for i in range(50_000))
+    members = gzip.compress(text[:1000].encode()) + gzip.compress(text[1000:].encode())
+    (tmp_path / "two.txt.gz").write_bytes(members)
+    assert "".join(iter_file_text(tmp_path / "two.txt.gz")) == text
+    blob = gzip.compress(text.encode())
+    (tmp_path / "cut.txt.gz").write_bytes(blob[: len(blob) // 2])
+    (tmp_path / "fake.txt.gz").write_bytes(b"plain text, not gzip")
+    for name in ("cut.txt.gz", "fake.txt.gz"):
+        with pytest.raises(UsageError, match=f"{name}: not a complete gzip file"):
+            "".join(iter_file_text(tmp_path / name))
