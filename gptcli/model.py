@@ -81,8 +81,11 @@ class Probe:
     stream after the embeddings and after every block, and every layer's attention
     weights. Subclass it and override what you need; the base class keeps nothing.
 
-    While a probe is attached, attention is computed step by step
-    (softmax(QK^T / sqrt(d_head)) written out) so that its weights exist to be seen."""
+    While a probe that wants attention is attached, attention is computed step by step
+    (softmax(QK^T / sqrt(d_head)) written out) so that its weights exist to be seen; a probe
+    with wants_attention = False leaves the forward pass exactly as it is without one."""
+
+    wants_attention = True
 
     def residual(self, layer: int, x: torch.Tensor) -> None:
         """x (B, T, C): layer 0 is the embeddings, layer l the output of block l (before ln_f)."""
@@ -138,7 +141,7 @@ class CausalSelfAttention(nn.Module):
         mask (broadcastable to (B, nh, T, S), True = may attend) or None (causal); the
         weights go to the probe, if one is attached."""
         T, S, hs = q.size(2), k.size(2), q.size(3)
-        if probe is None and not self.explicit:
+        if (probe is None or not probe.wants_attention) and not self.explicit:
             # fused kernel (flash / memory-efficient where available); mask=None means the
             # plain causal case with T == S, or a single new token that sees everything
             return F.scaled_dot_product_attention(
@@ -155,7 +158,7 @@ class CausalSelfAttention(nn.Module):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
         att = att.masked_fill(~mask, float("-inf"))
         att = F.softmax(att, dim=-1)
-        if probe is not None:
+        if probe is not None and probe.wants_attention:
             probe.attention(self.layer_idx, att)
         return self.attn_dropout(att) @ v  # (B, nh, T, S) x (B, nh, S, hs) -> (B, nh, T, hs)
 

@@ -26,6 +26,7 @@ from gptcli.cli.eval import eval_
 from gptcli.cli.export import export
 from gptcli.cli.finetune import finetune
 from gptcli.cli.inspect_attn import inspect_attn
+from gptcli.cli.inspect_lens import inspect_lens
 from gptcli.cli.pretrain import pretrain
 from gptcli.cli.sample import sample
 from gptcli.cli.tokenize import tokenize
@@ -105,6 +106,7 @@ _MEMORY_KNOBS = {
     "sample": "lower --num-samples or --max-new-tokens, or use --dtype bf16",
     "beam": "lower --beams or --max-new-tokens, or use --dtype bf16",
     "inspect-attn": "use a shorter prompt or --dtype bf16",
+    "inspect-lens": "use a shorter prompt, --position -1, or --dtype bf16",
     "classify": "classify fewer texts at a time, or use --dtype bf16",
     "eval": "use --dtype bf16, or a smaller model",
 }
@@ -171,6 +173,7 @@ app.command("finetune")(finetune)
 app.command("sample")(sample)
 app.command("beam")(beam)
 app.command("inspect-attn")(inspect_attn)
+app.command("inspect-lens")(inspect_lens)
 app.command("classify")(classify)
 app.command("eval")(eval_)
 app.command("export")(export)

@@ -1,4 +1,5 @@
-"""Figures saved to files for people to look at: loss curves, attention maps (PNG, HTML).
+"""Figures saved to files for people to look at: loss curves, attention maps and the logit
+lens (PNG, HTML).
 
 matplotlib is optional (the `plot` extra): the PNG writers return False without it.
 """
@@ -122,10 +123,58 @@ def script_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def _save_page(template: str, path: Path, data: dict[str, Any], replace: bool) -> None:
+    page = resources("gptcli.cli").joinpath(template).read_text(encoding="utf-8")
+    head, tail = page.split("/*DATA*/null")
+    files.write_file(path, head + script_json(data) + tail, replace=replace)
+
+
 def save_attention_html(path: Path, data: dict[str, Any], replace: bool = False) -> None:
     """One self-contained page (no network) to pick a layer and head and hover the cells.
     data: {"prompt", "tokens", "attention": [layer][head][query][key], "top_k": [...]}.
     The page puts every text into the document with textContent, never as markup."""
-    template = resources("gptcli.cli").joinpath("attention.html").read_text(encoding="utf-8")
-    head, tail = template.split("/*DATA*/null")
-    files.write_file(path, head + script_json(data) + tail, replace=replace)
+    _save_page("attention.html", path, data, replace)
+
+
+def save_lens_html(path: Path, data: dict[str, Any], replace: bool = False) -> None:
+    """One self-contained page of the logit lens: the grid of top tokens, each cell's top-k
+    on hover. data: inspect-lens's JSON document. Texts go in with textContent only."""
+    _save_page("lens.html", path, data, replace)
+
+
+def _visible(token: str) -> str:
+    return token.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u2192")
+
+
+def save_lens_png(path: Path, data: dict[str, Any], replace: bool = False) -> bool:
+    """The logit lens as a heatmap: rows layers, columns positions, each cell the top token
+    on a shade of its probability. False if matplotlib is missing."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    import numpy as np
+
+    lens, positions = data["lens"], data["positions"]
+    L, P = len(lens), len(positions)
+    probs = np.array([[cell[0]["prob"] for cell in row] for row in lens])
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * P, 0.9 + 0.42 * L), dpi=110, layout="constrained")
+    image = ax.imshow(probs, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    for i, row in enumerate(lens):
+        for j, cell in enumerate(row):
+            ink = "black" if cell[0]["prob"] > 0.55 else "white"
+            ax.text(j, i, _visible(cell[0]["token"])[:10], ha="center", va="center", fontsize=7,
+                    color=ink, parse_math=False)  # fmt: skip
+    ax.set_xticks(range(P))
+    labels = [f"{_visible(data['tokens'][p])[:10]}\n{p}" for p in positions]
+    ax.set_xticklabels(labels, fontsize=7, parse_math=False)
+    ax.set_yticks(range(L))
+    ax.set_yticklabels(["embed", *(f"layer {i}" for i in range(1, L))], fontsize=7)
+    ax.set_xlabel("position (the token read there)", fontsize=8)
+    ax.set_title("logit lens: the top next token after each layer", fontsize=9)
+    fig.colorbar(image, ax=ax, shrink=0.8, label="top-1 probability")
+    try:
+        with files.writing(path, replace=replace) as f:
+            fig.savefig(f, format="png", bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return True

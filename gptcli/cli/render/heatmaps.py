@@ -15,7 +15,7 @@ _SCALE = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 
 _SHADES = " ░▒▓█"
 
 
-def _color(w: float) -> str:
+def color(w: float) -> str:
     x = min(max(w, 0.0), 1.0) * (len(_SCALE) - 1)
     i = min(int(x), len(_SCALE) - 2)
     f = x - i
@@ -29,9 +29,9 @@ def _cell(w: float, masked: bool, numbers: bool) -> Text:
         return Text("  · " if numbers else "· ", style="grey35")
     if numbers:
         label = " 1.0" if w >= 0.995 else " " + f"{w:.2f}"[1:]
-        return Text(label, style=f"{'black' if w > 0.55 else 'white'} on {_color(w)}")
+        return Text(label, style=f"{'black' if w > 0.55 else 'white'} on {color(w)}")
     shade = _SHADES[min(len(_SHADES) - 1, round(w * (len(_SHADES) - 1)))]
-    return Text(shade * 2, style=_color(w))
+    return Text(shade * 2, style=color(w))
 
 
 def attention_heatmap(tokens: Sequence[str], weights: Any, title: str) -> None:
@@ -68,11 +68,11 @@ def attention_grid(tokens: Sequence[str], maps: Sequence[tuple[str, Any]]) -> No
                 lines.append("\n")
         panels.append(Panel(lines, title=title, expand=False, padding=(0, 0), border_style="grey42"))
     out.print(Columns(panels, padding=(0, 1)))
-    out.print(Text("rows: queries, columns: keys, · masked (future)   ", style="dim") + _legend())
+    out.print(Text("rows: queries, columns: keys, · masked (future)   ", style="dim") + legend())
 
 
-def _legend() -> Text:
-    legend = Text("weight 0 ", style="dim")
+def legend(what: str = "weight") -> Text:
+    legend = Text(f"{what} 0 ", style="dim")
     for i in range(5):
         legend.append_text(_cell(i / 4, False, numbers=False))
     return legend + Text(" 1", style="dim")

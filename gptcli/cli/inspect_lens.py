@@ -1,0 +1,153 @@
+"""`gptcli inspect-lens`: the logit lens, what the model would predict after each layer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gptcli import files
+from gptcli.cli import figures, render
+from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg, warn_if_cut
+from gptcli.errors import UsageError
+
+SAVE_FORMATS = (".json", ".png", ".html")
+
+
+def _positions(value: str, n: int) -> list[int]:
+    """--position: an index (negative counts from the end, -1 the last token) or all."""
+    v = value.strip().lower()
+    if v == "all":
+        return list(range(n))
+    try:
+        i = int(v)
+    except ValueError:
+        raise UsageError(f"--position takes N (-1 for the last token) or all, got {value!r}") from None
+    if not -n <= i < n:
+        raise UsageError(f"--position {i}: the prompt has {n} tokens, numbered 0 to {n - 1} (or -1 to -{n})")
+    return [i % n]
+
+
+def _track_id(tok, text: str) -> int:
+    """The one token --track names."""
+    from gptcli.tokenizer import CharTokenizer
+
+    if isinstance(tok, CharTokenizer) and len(text) == 1 and text not in tok.stoi:
+        raise UsageError(f"--track {text!r}: not a character this model knows")
+    ids = tok.encode_prompt(text)
+    if len(ids) != 1:
+        pieces = ", ".join(repr(tok.piece(i)) for i in ids)
+        raise UsageError(f"--track {text!r} is {len(ids)} tokens ({pieces}); give a single token")
+    return ids[0]
+
+
+def inspect_lens(
+    prompt: Annotated[str, typer.Argument(help="Text to look inside.", show_default=False)],
+    ckpt: Ckpt = None,
+    top_k: Annotated[int, typer.Option("--top-k", "-k", help="Next tokens to list per layer.")] = 5,
+    position: Annotated[
+        str, typer.Option("--position", "-p", help="A token position (-1 = the last), or all.")
+    ] = "all",
+    track: Annotated[
+        str | None,
+        typer.Option("--track", help="Follow one token's probability and rank through the layers."),
+    ] = None,
+    save: Annotated[
+        Path | None,
+        typer.Option(
+            "--save", help="Also write FILE.json, FILE.png (matplotlib) or FILE.html (interactive)."
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the --save file if it exists.")] = False,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    json_out: Json = False,
+) -> None:
+    """Show what the model would predict after each layer (the logit lens).
+
+    gptcli inspect-lens "The rabbit dug a"                       every layer, every position
+    gptcli inspect-lens "The rabbit dug a" --track " hole"       when does " hole" win?
+    gptcli inspect-lens "The rabbit dug a" --save lens.html      hover the cells in a browser
+    """
+    from gptcli.completion import encode_prompt
+    from gptcli.lens import logit_lens
+
+    if top_k < 1:
+        raise UsageError(f"--top-k must be >= 1, got {top_k}")
+    if save is not None:
+        if save.suffix.lower() not in SAVE_FORMATS:
+            raise UsageError(f"--save {save}: use a .json, .png or .html file name")
+        files.check_writable(save, replace=force)
+    if not prompt:
+        raise UsageError("give a prompt to look at")
+    if track == "":
+        raise UsageError("--track needs a token, e.g. --track ' hole'")
+    prompt = text_arg(prompt, "the prompt")
+    loaded = load_model(ckpt, device, dtype, decode=False)
+    tok, cfg = loaded.tokenizer, loaded.model.config
+    track_id = None if track is None else _track_id(tok, text_arg(track, "--track"))
+    p = encode_prompt(tok, prompt, cfg.block_size)
+    warn_if_cut(p, f"the model's block_size {cfg.block_size}")
+    positions = _positions(position, len(p.ids))
+
+    lens = logit_lens(loaded.model, p.ids, positions, top_k, vocab_size=tok.vocab_size, track=track_id)
+    document = _document(tok, p.text, p.ids, lens, track_id)
+    if save is not None:
+        _save(save, document, force)
+    if json_out:
+        render.print_json(document)
+        return
+
+    pieces = [render.visible_piece(tok.token_bytes(i)) for i in p.ids]
+    show = [[[(render.visible_piece(tok.token_bytes(i)), pr) for i, pr in zip(ids, probs, strict=True)]
+             for ids, probs in zip(layer_ids.tolist(), layer_probs.tolist(), strict=True)]
+            for layer_ids, layer_probs in zip(lens.ids, lens.probs, strict=True)]  # fmt: skip
+    tracked = None
+    if track_id is not None:
+        tracked = (
+            render.visible_piece(tok.token_bytes(track_id)),
+            [row[-1] for row in lens.track_probs.tolist()],
+            [row[-1] for row in lens.track_ranks.tolist()],
+        )
+    render.lens_grid([pieces[i] for i in positions], positions, show)
+    render.lens_table(pieces[positions[-1]], positions[-1], [layer[-1] for layer in show], tracked)
+    if save is not None:
+        render.info(f"saved {save}")
+
+
+def _document(tok, text: str, ids: list[int], lens, track_id: int | None) -> dict:
+    """What --json prints and --save writes: lens[layer][position] -> the top-k."""
+
+    def top(row_ids: list[int], row_probs: list[float]) -> list[dict]:
+        return [{"token": tok.piece(i), "id": i, "prob": p} for i, p in zip(row_ids, row_probs, strict=True)]
+
+    document = {
+        "prompt": text,
+        "tokens": [tok.piece(i) for i in ids],
+        "ids": ids,
+        "positions": lens.positions,
+        "lens": [
+            [top(row_ids, row_probs) for row_ids, row_probs in zip(layer_ids, layer_probs, strict=True)]
+            for layer_ids, layer_probs in zip(lens.ids.tolist(), lens.probs.tolist(), strict=True)
+        ],
+    }
+    if track_id is not None:
+        document["track"] = {
+            "token": tok.piece(track_id),
+            "id": track_id,
+            "prob": lens.track_probs.tolist(),
+            "rank": lens.track_ranks.tolist(),
+        }
+    return document
+
+
+def _save(path: Path, document: dict, force: bool) -> None:
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        files.write_file(path, json.dumps(document, ensure_ascii=False), replace=force)
+    elif suffix == ".html":
+        figures.save_lens_html(path, document, replace=force)
+    elif not figures.save_lens_png(path, document, replace=force):
+        raise UsageError("--save .png needs matplotlib: pip install 'gptcli[plot]' (or save .html / .json)")
