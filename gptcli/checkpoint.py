@@ -30,7 +30,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from gptcli import __version__, files
+from gptcli import __version__, files, lora
 from gptcli.config import Config, merge
 from gptcli.errors import UsageError
 from gptcli.model import GPT
@@ -100,9 +100,11 @@ class RunLock:
 
 def model_state(model: GPT, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """State dict for safetensors (model's own, or state gathered for it elsewhere):
-    contiguous, detached, tied unembedding stored once."""
+    contiguous, detached, tied unembedding stored once. A model with LoRA adapters saves
+    only what it trains (the adapters, and a task's head): its base is a checkpoint of its own."""
     state = model.state_dict() if state is None else state
-    return {k: v.detach().contiguous() for k, v in state.items() if k != "lm_head.weight"}
+    keep = lora.is_trained if lora.has_adapters(model) else lambda name: name != "lm_head.weight"
+    return {k: v.detach().contiguous() for k, v in state.items() if keep(k)}
 
 
 def split_tensors(tree: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any:
@@ -257,6 +259,8 @@ META_SCHEMA: dict[str, tuple[type, ...]] = {
     "sources": (list,), "data_sha256": (str,), "data_changes": (list,), "labels": (list,),
     "split": (str, type(None)), "delimiter": (str,), "both_orders": (bool,), "base": (str,),
     "data": (list,), "val_data": (str, type(None)), "val_fraction": (float,), "aux_lm_weight": (float,),
+    "lora_rank": (int,), "lora_alpha": (float, type(None)), "lora_dropout": (float,), "lora_targets": (list,),
+    "base_checkpoint": (str,), "base_sha256": (str,),
 }  # fmt: skip
 
 
@@ -277,7 +281,7 @@ def read_meta(ckpt_dir: Path) -> dict[str, Any]:
             f"this gptcli reads {VERSION}); upgrade gptcli"
         )
     check_types(meta, META_SCHEMA, source)
-    for key in ("labels", "data", "sources"):
+    for key in ("labels", "data", "sources", "lora_targets"):
         items = meta.get(key, [])
         if not all(isinstance(x, str) or (key == "labels" and _is_int(x)) for x in items):
             raise UsageError(f"{source}: '{key}' holds values of the wrong type; it is damaged")
@@ -287,6 +291,10 @@ def read_meta(ckpt_dir: Path) -> dict[str, Any]:
         ("data", lambda v: len(v) > 0),
         ("split", lambda v: v in (None, "stratified")),
         ("labels", lambda v: len(set(map(json.dumps, v))) == len(v)),
+        ("lora_rank", lambda v: 0 <= v <= 2**16),
+        ("lora_alpha", lambda v: v is None or 0 < v < math.inf),
+        ("lora_dropout", lambda v: 0 <= v < 1),
+        ("lora_targets", lambda v: len(v) > 0 and set(v) <= set(lora.TARGETS)),
     )
     for key, ok in bad:
         if key in meta and not ok(meta[key]):
@@ -309,15 +317,23 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def model_config(ckpt: Path, meta: dict[str, Any]) -> Any:
+    """The ModelConfig a checkpoint's metadata describes, checked."""
+    if not isinstance(meta.get("model"), dict):
+        raise UsageError(f"{ckpt / META_FILE} has no model config; the checkpoint is damaged")
+    config = merge(Config(), {"model": meta["model"]}, str(ckpt / META_FILE)).model
+    config.validate()
+    return config
+
+
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:
     """Load a model (eval mode, on device) with its tokenizer and metadata from a gptcli run
     dir or checkpoint dir (gptcli.loading also takes Hugging Face directories and names)."""
     ckpt = resolve_checkpoint(Path(path))
     meta = read_meta(ckpt)
-    if not isinstance(meta.get("model"), dict):
-        raise UsageError(f"{ckpt / META_FILE} has no model config; the checkpoint is damaged")
-    config = merge(Config(), {"model": meta["model"]}, str(ckpt / META_FILE)).model
-    config.validate()
+    if meta.get("lora_rank"):
+        raise UsageError(f"{ckpt} holds LoRA adapters, not a whole model: load it with gptcli.loading.load")
+    config = model_config(ckpt, meta)
     if meta.get("task") == "classify" and len(meta.get("labels", [])) != config.n_classes:
         raise UsageError(
             f"{ckpt / META_FILE}: {len(meta.get('labels', []))} labels for a head of {config.n_classes} "

@@ -256,6 +256,7 @@ FINETUNE_DEFAULTS = TrainConfig(
     batch_size=16, lr=1e-4, min_lr=1e-5, warmup_iters=20, max_iters=300, eval_interval=50, weight_decay=0.01
 )
 FINETUNE_TASKS = ("lm", "classify", "choice", "sft")
+LORA_TARGETS = ("attn", "proj", "mlp")  # attn.c_attn; attn.c_proj; mlp.c_fc and mlp.c_proj (gptcli/lora.py)
 
 
 @dataclass
@@ -270,9 +271,27 @@ class FinetuneSettings:
     aux_lm_weight: float = knob(0.5, check=NON_NEGATIVE, flag="--aux-lm-weight")  # lambda in L2 + lambda L1
     delimiter: str = "\n"  # between a pair's parts, or context and choice
     both_orders: bool = False  # pairs: score both orders and add them (GPT-1's similarity)
+    # LoRA (gptcli/lora.py): rank > 0 trains low-rank adapters (and a task's head) beside
+    # the frozen base, whose checkpoint a LoRA run refers to rather than copies
+    lora_rank: int = knob(0, check=Range(0, 2**16), flag="--lora-rank")
+    lora_alpha: float | None = knob(None, check=GREATER_THAN_ZERO, flag="--lora-alpha")  # None: 2 x rank
+    lora_dropout: float = knob(0.0, check=FRACTION, flag="--lora-dropout")
+    lora_targets: list[str] = knob(list(LORA_TARGETS), flag="--lora-targets")
 
     def validate(self) -> FinetuneSettings:
         check_fields(self)
+        if self.lora_rank:
+            unknown = [t for t in self.lora_targets if t not in LORA_TARGETS]
+            if unknown or not self.lora_targets:
+                raise UsageError(
+                    f"--lora-targets {','.join(self.lora_targets) or '(none)'}: use a comma-separated "
+                    f"list of {', '.join(LORA_TARGETS)}"
+                )
+            self.lora_targets = [t for t in LORA_TARGETS if t in self.lora_targets]  # once each, in order
+            if self.lora_alpha is None:
+                self.lora_alpha = 2.0 * self.lora_rank
+        elif self.lora_alpha is not None or self.lora_dropout or self.lora_targets != list(LORA_TARGETS):
+            raise UsageError("--lora-alpha, --lora-dropout and --lora-targets go with --lora-rank R")
         if self.task not in FINETUNE_TASKS:
             raise UsageError(f"--task {self.task!r}: use one of {', '.join(FINETUNE_TASKS)}")
         if not self.data:

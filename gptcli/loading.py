@@ -2,24 +2,47 @@
 directory, or a hub name (gpt2, gpt2-medium, ...) from the local Hugging Face cache.
 
 The one place that knows all three: checkpoint.py reads gptcli's own format and hf.py
-Hugging Face's, and neither knows the other.
+Hugging Face's, and neither knows the other. A LoRA run's checkpoint holds only adapters
+(gptcli/lora.py) and names its base, by path and content hash: it is loaded on top of
+that base, checked to be the very one it was trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from gptcli import hf
-from gptcli.checkpoint import Loaded, is_checkpoint_dir, load_checkpoint
+from gptcli.checkpoint import (
+    META_FILE,
+    MODEL_FILE,
+    Loaded,
+    is_checkpoint_dir,
+    load_checkpoint,
+    model_config,
+    read_meta,
+    resolve_checkpoint,
+)
 from gptcli.errors import UsageError
-from gptcli.tokenizer import gpt2_tokenizer, load_tokenizer
+from gptcli.tokenizer import TOKENIZER_FILE, gpt2_tokenizer, load_tokenizer
+from gptcli.validate import read_tensors
 
 
-def load(spec: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:
-    """The model (eval mode, on device), its tokenizer and metadata, for any --ckpt."""
+def load(
+    spec: str | os.PathLike,
+    device: torch.device | str = "cpu",
+    *,
+    base: str | os.PathLike | None = None,
+    merge: bool = True,
+) -> Loaded:
+    """The model (eval mode, on device), its tokenizer and metadata, for any --ckpt.
+    For a LoRA checkpoint: base, where its base checkpoint is now, if it moved; merge,
+    whether the adapters are folded into the weights (for inference) or kept apart (to
+    train on)."""
     path = Path(spec)
     if not path.exists():
         if str(spec) not in hf.HUB_MODELS:
@@ -29,7 +52,73 @@ def load(spec: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:
         path = hf.resolve_hub_name(str(spec))
     if path.is_dir() and not is_checkpoint_dir(path) and hf.is_hf_dir(path):
         return _load_hf(path, device)
-    return load_checkpoint(path, device)
+    ckpt = resolve_checkpoint(path)
+    meta = read_meta(ckpt)
+    if meta.get("lora_rank"):
+        return _load_lora(ckpt, meta, device, base, merge)
+    return load_checkpoint(ckpt, device)
+
+
+def weights_file(loaded: Loaded) -> Path:
+    """The file that holds a loaded model's weights (a LoRA checkpoint's: its adapters)."""
+    if is_checkpoint_dir(loaded.path):
+        return loaded.path / MODEL_FILE
+    return next(loaded.path / f for f in hf.WEIGHT_FILES if (loaded.path / f).is_file())
+
+
+def weights_sha256(loaded: Loaded) -> str:
+    """The content hash by which a LoRA run knows its base."""
+    digest = hashlib.sha256()
+    with open(weights_file(loaded), "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _load_lora(
+    ckpt: Path, meta: dict[str, Any], device: torch.device | str, base: str | os.PathLike | None, merge: bool
+) -> Loaded:
+    """A LoRA checkpoint on top of its base: the base loaded (and checked by hash), shaped
+    as the run trained it (context, head, dropout), the adapters put on and loaded."""
+    from gptcli import lora
+
+    where = Path(base) if base is not None else Path(meta.get("base_checkpoint", ""))
+    if not meta.get("base_checkpoint") or not meta.get("base_sha256"):
+        raise UsageError(f"{ckpt / META_FILE} does not name the base of its LoRA adapters; it is damaged")
+    run = ckpt.parent
+    if not where.exists():
+        raise UsageError(
+            f"{run} holds LoRA adapters for the base checkpoint {where}, which is not there; "
+            "if it moved, say where it is now with --base PATH"
+        )
+    loaded_base = load(where)
+    found = weights_sha256(loaded_base)
+    if found != meta["base_sha256"]:
+        raise UsageError(
+            f"{loaded_base.path} is not the base {run} was trained on (its weights' sha256 is "
+            f"{found[:12]}, the run's base's {meta['base_sha256'][:12]}): it changed since; give the "
+            "original with --base PATH"
+        )
+    config = model_config(ckpt, meta)
+    model = loaded_base.model
+    mismatch = [k for k in ("vocab_size", "n_layer", "n_head", "n_embd", "bias")
+                if getattr(model.config, k) != getattr(config, k)]  # fmt: skip
+    if mismatch or config.block_size > model.config.block_size:
+        raise UsageError(
+            f"{ckpt}: its model ({', '.join(mismatch) or 'block_size'}) is not the shape of its base "
+            f"{loaded_base.path}; the checkpoint is damaged"
+        )
+    if config.block_size < model.config.block_size:
+        model.crop_block_size(config.block_size)
+    model.set_dropout(config.dropout)
+    model.set_classifier(config.n_classes)  # the run's head, or none (the base may have had one)
+    settings = lora.LoRASettings.of(meta)
+    lora.add_adapters(model, settings)
+    model.load_state_dict(read_tensors(ckpt / MODEL_FILE, lora.adapter_shapes(model)), strict=False)
+    if merge:
+        lora.merge(model)
+    model.to(device).eval()
+    return Loaded(ckpt, model, load_tokenizer(ckpt / TOKENIZER_FILE), meta)
 
 
 def _load_hf(path: Path, device: torch.device | str) -> Loaded:

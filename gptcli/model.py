@@ -260,6 +260,21 @@ class GPT(nn.Module):
         self.config.block_size = block_size
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
 
+    def set_classifier(self, n_classes: int) -> None:
+        """A new classification head of n_classes (none for 0), on the model's device."""
+        self.config.n_classes = n_classes
+        device = self.lm_head.weight.device
+        self.classifier = nn.Linear(self.config.n_embd, n_classes, device=device) if n_classes else None
+
+    def set_dropout(self, p: float) -> None:
+        """Use dropout probability p everywhere (a finetuning run may pick its own)."""
+        self.config.dropout = p
+        for m in self.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = p
+            elif isinstance(m, CausalSelfAttention):
+                m.dropout = p
+
     def set_attention(self, kind: str) -> None:
         """ "sdpa": F.scaled_dot_product_attention (flash kernels on GPUs, the default), or
         "explicit": the same maths as separate matmuls and a softmax, which bf16 CPUs run
@@ -275,10 +290,14 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs per token (forward + backward), as in the PaLM paper's appendix B."""
+        """Training FLOPs per token (forward + backward), as in the PaLM paper's appendix B:
+        6N, of which 2N for the forward pass, 2N for the gradient of the activations and 2N
+        for the gradient of the weights, which frozen weights (LoRA's base) do not take."""
         cfg = self.config
         T = seq_len or cfg.block_size
-        return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * T
+        n = self.num_params()
+        trained = min(n, sum(p.numel() for p in self.parameters() if p.requires_grad))
+        return 4 * n + 2 * trained + 12 * cfg.n_layer * cfg.n_embd * T
 
     def hidden_states(
         self,

@@ -15,12 +15,12 @@ goes to a gptcli.reports.Notes.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
-from gptcli import loading
-from gptcli.checkpoint import LAST, Loaded, checkpoint_in, load_checkpoint, newest_run
+from gptcli import loading, lora
+from gptcli.checkpoint import LAST, Loaded, checkpoint_in, newest_run
 from gptcli.config import (
     FINETUNE_DEFAULTS,
     Config,
@@ -186,6 +186,11 @@ def finetune_trainer(
     state = {k: v for k, v in loaded.model.state_dict().items() if not k.startswith("classifier.")}
     model.load_state_dict(state, strict=False)  # a new classification head, if the task has one
     meta = {**asdict(settings), **extra}
+    adapters = lora.LoRASettings.of(meta)
+    if adapters is not None:  # the run saves its adapters and refers to this base, by path and hash
+        lora.add_adapters(model, adapters)
+        meta |= {"base_checkpoint": str(loaded.path.resolve()), "base_sha256": loading.weights_sha256(loaded)}
+        notes.info(f"LoRA: {lora.describe(model, adapters)}")
     return Trainer(model, loaded.tokenizer, task, config, run_dir, meta=meta)
 
 
@@ -221,18 +226,20 @@ def resume_finetuning(
     given: FinetuneSettings fields the command repeats (None where not given), which must
     be the run's; its data is compared by content, and may change only with new_data."""
     notes = notes or Notes()
-    loaded, config = load_for_resume(out, flags or {}, config_path, notes)
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    moved_base = given.pop("base_checkpoint", None)  # --base: where a LoRA run's base is now
+    loaded, config = load_for_resume(out, flags or {}, config_path, notes, base=moved_base)
     meta = loaded.meta
     if "base" not in meta:
         raise UsageError(
             f"{loaded.path.parent} is a pretraining run; resume it with gptcli pretrain --resume"
         )
     names = [f.name for f in fields(FinetuneSettings)]
-    missing = [k for k in names if k not in meta]
+    required = [f.name for f in fields(FinetuneSettings) if f.default is f.default_factory is MISSING]
+    missing = [k for k in required if k not in meta]
     if missing:
         raise UsageError(f"{loaded.path}/checkpoint.json lacks {', '.join(missing)}; it cannot be resumed")
-    settings = FinetuneSettings(**{k: meta[k] for k in names})
-    given = {k: v for k, v in (given or {}).items() if v is not None}
+    settings = FinetuneSettings(**{k: meta[k] for k in names if k in meta})  # older runs: defaults
     _check_same_settings(settings, given)
     if given.get("data"):  # the same data, perhaps by another path (checked by content below)
         settings.data = [str(p) for p in given["data"]]
@@ -245,6 +252,9 @@ def resume_finetuning(
         ),
     )
     extra |= same_data(meta, extra["data_sha256"], new_data, " ".join(settings.data), notes)
+    if settings.lora_rank:  # the same base (checked by hash on loading), perhaps in a new place
+        where = Path(moved_base).resolve() if moved_base is not None else meta["base_checkpoint"]
+        extra |= {"base_checkpoint": str(where), "base_sha256": meta["base_sha256"]}
     meta = {**asdict(settings), **extra}
     return Trainer(loaded.model, loaded.tokenizer, task, config, loaded.path.parent, meta)
 
@@ -260,6 +270,8 @@ def _check_same_settings(settings: FinetuneSettings, given: dict[str, Any]) -> N
         flag = "--ckpt" if key == "base" else "--" + key.replace("_", "-")
         if key in ("base", "val_data"):
             same = saved is not None and (str(value) == saved or _same_file(Path(value), Path(saved)))
+        elif key == "lora_targets":
+            same = set(value) == set(saved)
         else:
             same = value == saved
         if not same:
@@ -357,11 +369,16 @@ def prepare_text(
 
 
 def load_for_resume(
-    out: str | Path | None, flags: Flags, config_path: str | Path | None, notes: Notes
+    out: str | Path | None,
+    flags: Flags,
+    config_path: str | Path | None,
+    notes: Notes,
+    base: str | Path | None = None,
 ) -> tuple[Loaded, Config]:
     """The last/ checkpoint of the run to resume, and its config: the saved one, where the
     --config file and the flags may repeat its values, and change only what a resumed run
-    may change."""
+    may change. A LoRA run's adapters come on top of its base (base: where it is now, if it
+    moved), kept apart from the weights to train on."""
     if out is None:
         found_run = newest_run()
         if found_run is None:
@@ -375,7 +392,7 @@ def load_for_resume(
     found = checkpoint_in(run, LAST)
     if found is None:
         raise UsageError(f"--resume: {run} has no last/ checkpoint to continue from")
-    loaded = load_checkpoint(found)
+    loaded = loading.load(found, base=base, merge=False)
     if not isinstance(loaded.meta.get("config"), dict):
         raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")
     saved = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gptcli import files
+from gptcli import files, lora
 from gptcli.checkpoint import LAST, RunLock, copy_checkpoint
 from gptcli.config import Config
 from gptcli.errors import GptcliError, UsageError
@@ -179,6 +179,9 @@ class Trainer:
             keep_freed_memory()  # no page faults on every step's fresh activations
             if self.precision.name == "bf16":
                 self.model.set_attention("explicit")  # faster than the CPU's fused kernel in bf16
+        if self.precision.name == "bf16" and not sharding:
+            lora.hold_base_in(self.model, torch.bfloat16)  # frozen LoRA bases: half the memory (FSDP
+            # units all-gather one dtype, so sharded bases stay as they are)
         if not sharding:  # sharded, each block goes to the device as it is split: never whole
             self._check_memory()
             self.model.to(self.device)
@@ -205,8 +208,9 @@ class Trainer:
     def _check_memory(self) -> None:
         """Refuse a batch that cannot fit before allocating it (a lower bound on the need)."""
         params = sum(p.numel() for p in self.model.parameters())
+        trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # less under LoRA
         fused = not self.model.transformer.h[0].attn.explicit  # SDPA keeps no attention matrix
-        needed = training_bytes(self.model.config, params, self.cfg.batch_size, self.precision, fused)
+        needed = training_bytes(self.model.config, trained, self.cfg.batch_size, self.precision, fused)
         if self.device.type != "cpu":
             needed += 4 * params  # the weights, still on the CPU
         check_fits(needed, self.device, f"training with --batch-size {self.cfg.batch_size}")

@@ -118,9 +118,23 @@ _BLOCK = re.compile(r"^transformer\.h\.(\d+)\.")
 def read_weights(file: Path, config: Any) -> dict[str, torch.Tensor]:
     """The weights a model of config needs from a safetensors file, checked against its
     header first (see check_against), then each one for NaN and inf."""
+    return _read(file, check_against(header(file), config, str(file)))
+
+
+def read_tensors(file: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Exactly the tensors named in expected ({name: shape}) from a safetensors file (a LoRA
+    checkpoint's adapters, say), checked against its header first, then for NaN and inf."""
+    found = header(file)
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise UsageError(f"{file} holds {extra[0]}, which the model has no place for; it does not fit")
+    check_shapes(found, expected, str(file))
+    return _read(file, expected)
+
+
+def _read(file: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError, safe_open
 
-    expected = check_against(header(file), config, str(file))
     out = {}
     try:
         with safe_open(file, framework="pt") as f:

@@ -232,3 +232,29 @@ def test_only_rank_zero_prints_json(rank, printed):
     env = {**os.environ, "RANK": rank}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert result.stdout == printed
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_lora_finetuning_replicated_or_sharded_follows_one_process(runs, mode):
+    """Frozen base weights beside trained adapters and a head, in the same DDP replica or
+    FSDP unit: the same trajectory as one process, and a checkpoint of adapters and head."""
+    from safetensors import safe_open
+
+    data = runs / "animals-lora.jsonl"
+    lines = (runs / "c.txt").read_text().splitlines()[:120]
+    data.write_text("".join(json.dumps({"text": t, "label": t.split()[1]}) + "\n" for t in lines))
+    flags = [*TINY[8:], "--max-iters", "6", "--eval-interval", "3", "--task", "classify", "--lora-rank", "4"]
+    for name, procs, extra in (
+        ("lora-single", 1, []),
+        (f"lora-{mode}", 2, ["--fsdp"] if mode == "fsdp" else []),
+    ):
+        if (runs / name).exists():
+            continue  # the single-process run, made once for both modes
+        result = gptcli(
+            ["finetune", "--ckpt", "single", data.name, "--out", name, *flags, *extra], runs, procs
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert_same_trajectory(records(runs / "lora-single"), records(runs / f"lora-{mode}"))
+    with safe_open(runs / f"lora-{mode}" / "last" / "model.safetensors", framework="pt") as f:
+        saved = set(f.keys())
+    assert saved and all(k.endswith((".lora_A", ".lora_B")) or k.startswith("classifier.") for k in saved)

@@ -9,6 +9,7 @@ import typer
 
 from gptcli.cli import render
 from gptcli.cli.common import (
+    Base,
     Ckpt,
     Device,
     Dtype,
@@ -25,6 +26,7 @@ from gptcli.errors import UsageError
 def beam(
     prompt: Annotated[str, typer.Argument(help="Text to continue.", show_default=False)],
     ckpt: Ckpt = None,
+    base: Base = None,
     beams: Annotated[int, typer.Option("--beams", "-b", help="Hypotheses kept at every step (B).")] = 4,
     max_new_tokens: Annotated[
         int | None,
@@ -73,7 +75,7 @@ def beam(
     BeamConfig(beams, max_new_tokens, length_penalty, n_best, no_repeat_ngram).validate()
     n_best = beams if n_best is None else n_best
 
-    loaded = load_model(ckpt, device, dtype)
+    loaded = load_model(ckpt, device, dtype, base=base)
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     if max_new_tokens is None:
         max_new_tokens = min(40, block // 2)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg
+from gptcli.cli.common import Base, Ckpt, Device, Dtype, Json, load_model, text_arg
 from gptcli.errors import UsageError
 
 
@@ -22,6 +22,7 @@ def classify(
         ),
     ] = None,
     ckpt: Ckpt = None,
+    base: Base = None,
     text_b: Annotated[str | None, typer.Option("--text-b", help="The second text of a pair.")] = None,
     choice: Annotated[
         list[str] | None,
@@ -49,7 +50,7 @@ def classify(
         raise UsageError("give a text to classify, or --file F.jsonl (one of the two)")
     if file is not None and (text_b is not None or choice):
         raise UsageError("--text-b and --choice go with a text argument; in --file they are record fields")
-    loaded = load_model(ckpt, device, dtype, decode=False, classifier=True)
+    loaded = load_model(ckpt, device, dtype, decode=False, classifier=True, base=base)
     kind = loaded.meta.get("task")
     if kind not in ("classify", "choice"):
         raise UsageError(

@@ -37,6 +37,14 @@ Ckpt = Annotated[
         show_default=False,
     ),
 ]
+Base = Annotated[
+    Path | None,
+    typer.Option(
+        "--base",
+        help="For a LoRA run whose base checkpoint has moved: where it is now.",
+        show_default=False,
+    ),
+]
 Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps")]
 Dtype = Annotated[str, typer.Option("--dtype", help="auto | fp32 | bf16 | fp16: the weights' type.")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
@@ -69,12 +77,18 @@ def text_arg(text: str, what: str = "the text") -> str:
 
 
 def load_model(
-    ckpt: str | None, device: str = "auto", dtype: str = "auto", decode: bool = True, classifier: bool = False
+    ckpt: str | None,
+    device: str = "auto",
+    dtype: str = "auto",
+    decode: bool = True,
+    classifier: bool = False,
+    base: Path | None = None,
 ) -> Loaded:
     """Load --ckpt, or the newest run under ./runs that fits the verb (one that writes
     text, or with classifier a classify/choice run) and say which, onto the device in the
     dtype for inference; say where it runs and why. decode: the verb generates token by
-    token, so bf16 CPU models take the compiled decoding kernels (gptcli/kernels.py)."""
+    token, so bf16 CPU models take the compiled decoding kernels (gptcli/kernels.py). A LoRA
+    run comes merged into its base (base: where that is now, if it moved)."""
     from gptcli import loading
     from gptcli.checkpoint import TEXT_TASKS, newest_run
     from gptcli.kernels import use_fast_decode
@@ -97,7 +111,7 @@ def load_model(
         render.info(f"using the newest {'classifier' if classifier else 'run'}: {run}{also}")
         ckpt = str(run)
     dev, why_device = pick_device(device)
-    loaded = loading.load(ckpt, dev)
+    loaded = loading.load(ckpt, dev, base=base)
     dt, why_dtype = pick_inference_dtype(dev, dtype, loaded.model.num_params())
     loaded.model.to(dt)
     if decode and use_fast_decode(loaded.model):

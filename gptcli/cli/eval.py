@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Device, Dtype, Json, complete_runs, load_model
+from gptcli.cli.common import Base, Device, Dtype, Json, complete_runs, load_model
 from gptcli.errors import UsageError
 
 
@@ -25,6 +25,7 @@ def eval_(
             show_default=False,
         ),
     ] = None,
+    base: Base = None,
     task: Annotated[
         str | None,
         typer.Option(
@@ -67,7 +68,7 @@ def eval_(
             raise UsageError(f"{f}: no such file")
     rows, results, said = [], [], {}
     for spec in ckpt or [None]:
-        loaded = load_model(spec, device, dtype, decode=False)
+        loaded = load_model(spec, device, dtype, decode=False, base=base)
         name = str(spec) if spec is not None else str(loaded.path)
         for f in files:
             task_, how = plan(loaded.meta, f, task)

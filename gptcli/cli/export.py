@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Json
+from gptcli.cli.common import Base, Json
 from gptcli.errors import UsageError
 
 
@@ -18,6 +18,15 @@ def export(
     ],
     out: Annotated[Path, typer.Argument(help="The directory to write.", show_default=False)],
     to: Annotated[str, typer.Option("--to", help="Target format: hf (Hugging Face GPT2LMHeadModel).")] = "hf",
+    adapters_only: Annotated[
+        bool,
+        typer.Option(
+            "--adapters-only",
+            help="A LoRA run: its adapters alone, in PEFT's format (adapter_config.json, "
+            "adapter_model.safetensors), not the merged model.",
+        ),
+    ] = False,
+    base: Base = None,
     force: Annotated[
         bool, typer.Option("--force", help="Write into an existing, non-empty directory.")
     ] = False,
@@ -26,6 +35,7 @@ def export(
     """Export a model for other tools.
 
     gptcli export runs/demo --to hf exported/      then GPT2LMHeadModel.from_pretrained("exported")
+    gptcli export runs/lora adapters/ --adapters-only    then PeftModel.from_pretrained(base, "adapters")
     """
     from gptcli import loading
     from gptcli.hf import export_hf
@@ -38,7 +48,10 @@ def export(
         raise UsageError(f"{out} is a gptcli run or checkpoint; export into a directory of its own")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise UsageError(f"{out} exists and is not empty; choose another directory or pass --force")
-    loaded = loading.load(ckpt)
+    if adapters_only:
+        _export_adapters(ckpt, out, base, json_out)
+        return
+    loaded = loading.load(ckpt, base=base)  # a LoRA run: merged into its base
     if loaded.model.config.n_classes:
         render.warning(
             "the classification head is not part of GPT-2's format; only the language model is exported"
@@ -49,3 +62,27 @@ def export(
         return
     render.info(f"wrote {out}: {', '.join(written)}")
     render.info(f'load it with: transformers.GPT2LMHeadModel.from_pretrained("{out}")')
+
+
+def _export_adapters(ckpt: str, out: Path, base: Path | None, json_out: bool) -> None:
+    from gptcli import loading, lora
+    from gptcli.hf import export_peft
+
+    loaded = loading.load(ckpt, base=base, merge=False)
+    settings = lora.LoRASettings.of(loaded.meta)
+    if settings is None:
+        raise UsageError(f"--adapters-only: {loaded.path} is not a LoRA run (finetune --lora-rank makes one)")
+    if loaded.model.config.n_classes:
+        raise UsageError(
+            "--adapters-only: PEFT's format holds a language model's adapters, and this run's "
+            "classification head has no place in it; export the merged model without --adapters-only"
+        )
+    written = export_peft(loaded.model, settings, str(loaded.meta.get("base", "")), out)
+    if json_out:
+        render.print_json({"out": str(out), "format": "peft", "files": written})
+        return
+    render.info(f"wrote {out}: {', '.join(written)}")
+    render.info(
+        f'load it with: peft.PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(BASE), "{out}"), '
+        f"BASE being {loaded.meta.get('base')} in Hugging Face's format (gptcli export BASE --to hf DIR)"
+    )

@@ -24,6 +24,7 @@ from gptcli.config import FINETUNE_DEFAULTS
 from gptcli.errors import UsageError
 
 TASK = "Task"
+LORA = "LoRA (train small adapters, keep the base frozen)"
 
 
 @with_training_flags(FINETUNE_DEFAULTS)
@@ -72,6 +73,41 @@ def finetune(
         bool,
         opt("--both-orders", help="Pairs: score both orders and add them (GPT-1's similarity).", panel=TASK),
     ] = False,
+    lora_rank: Annotated[
+        int | None,
+        opt(
+            "--lora-rank",
+            help="Train LoRA adapters of this rank; the base stays frozen (default: off).",
+            panel=LORA,
+        ),
+    ] = None,
+    lora_alpha: Annotated[
+        float | None,
+        opt(
+            "--lora-alpha",
+            help="The adapters' update is scaled by alpha / rank (default: 2 x rank).",
+            panel=LORA,
+        ),
+    ] = None,
+    lora_dropout: Annotated[
+        float | None, opt("--lora-dropout", help="Dropout on the adapters' input (default: 0).", panel=LORA)
+    ] = None,
+    lora_targets: Annotated[
+        str | None,
+        opt(
+            "--lora-targets",
+            help="Which Linears get adapters: attn,proj,mlp or a subset (default: all).",
+            panel=LORA,
+        ),
+    ] = None,
+    base: Annotated[
+        Path | None,
+        opt(
+            "--base",
+            help="With --resume: where a LoRA run's base checkpoint is now, if it moved.",
+            panel=LORA,
+        ),
+    ] = None,
     config: Config = None,
     out: Annotated[
         Path | None, opt("--out", "-o", help="Run directory (default: runs/<data>-<task>-<time>).", panel=RUN)
@@ -95,16 +131,23 @@ def finetune(
     gptcli finetune --ckpt gpt2 pairs.csv --task classify --both-orders  text_a,text_b,label
     gptcli finetune --ckpt runs/demo stories.jsonl --task choice         {"context", "choices", "label"}
     gptcli finetune --ckpt runs/demo qa.jsonl --task sft                 {"prompt", "completion"}
+    gptcli finetune --ckpt gpt2-medium qa.jsonl --task sft --lora-rank 8  adapters only, base frozen
     """
     from gptcli.config import FinetuneSettings, flag_overrides
     from gptcli.recipes import finetune_trainer, resume_finetuning
 
     flags = flag_overrides(dropout=dropout, block_size=block_size, **(train_flags or {}))
     notes = render.Notes()
+    targets = None if lora_targets is None else [t.strip().lower() for t in lora_targets.split(",")]
+    lora = {
+        "lora_rank": lora_rank, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout,
+        "lora_targets": None if targets is None else [t for t in targets if t],
+    }  # fmt: skip
     if resume:
         given = {
             "data": data, "base": ckpt, "task": task, "val_data": val_data, "val_fraction": val_fraction,
             "aux_lm_weight": aux_lm_weight, "delimiter": delimiter, "both_orders": both_orders or None,
+            "base_checkpoint": base, **lora,
         }  # fmt: skip
         trainer = resume_finetuning(
             out, given=given, config_path=config, flags=flags, new_data=new_data, notes=notes
@@ -114,7 +157,9 @@ def finetune(
             raise UsageError("--new-data goes with --resume (a new run trains on the data it is given)")
         if ckpt is None:
             raise UsageError("give the model to start from: gptcli finetune --ckpt RUN_DIR DATA")
-        given = {"val_fraction": val_fraction, "aux_lm_weight": aux_lm_weight, "delimiter": delimiter}
+        if base is not None:
+            raise UsageError("--base goes with --resume (a new run's base is --ckpt)")
+        given = {"val_fraction": val_fraction, "aux_lm_weight": aux_lm_weight, "delimiter": delimiter, **lora}
         settings = FinetuneSettings(
             task=task or "lm",
             data=[str(p) for p in data or []],

@@ -11,7 +11,7 @@ import typer
 
 from gptcli import files
 from gptcli.cli import figures, render
-from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg, warn_if_cut
+from gptcli.cli.common import Base, Ckpt, Device, Dtype, Json, load_model, text_arg, warn_if_cut
 from gptcli.errors import UsageError
 
 SAVE_FORMATS = (".json", ".png", ".html")
@@ -37,6 +37,7 @@ def _pick(value: str, n: int, what: str, allow_mean: bool) -> list[int] | str:
 def inspect_attn(
     prompt: Annotated[str, typer.Argument(help="Text whose attention to show.", show_default=False)],
     ckpt: Ckpt = None,
+    base: Base = None,
     layer: Annotated[str, typer.Option("--layer", "-l", help="A layer index, or all.")] = "all",
     head: Annotated[
         str, typer.Option("--head", help="A head index, all, or mean (average over heads).")
@@ -71,7 +72,7 @@ def inspect_attn(
     if not prompt:
         raise UsageError("give a prompt to look at")
     prompt = text_arg(prompt, "the prompt")
-    loaded = load_model(ckpt, device, dtype, decode=False)
+    loaded = load_model(ckpt, device, dtype, decode=False, base=base)
     tok, cfg = loaded.tokenizer, loaded.model.config
     layers = _pick(layer, cfg.n_layer, "layer", allow_mean=False)
     heads = _pick(head, cfg.n_head, "head", allow_mean=True)

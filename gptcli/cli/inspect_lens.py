@@ -10,7 +10,7 @@ import typer
 
 from gptcli import files
 from gptcli.cli import figures, render
-from gptcli.cli.common import Ckpt, Device, Dtype, Json, load_model, text_arg, warn_if_cut
+from gptcli.cli.common import Base, Ckpt, Device, Dtype, Json, load_model, text_arg, warn_if_cut
 from gptcli.errors import UsageError
 
 SAVE_FORMATS = (".json", ".png", ".html")
@@ -46,6 +46,7 @@ def _track_id(tok, text: str) -> int:
 def inspect_lens(
     prompt: Annotated[str, typer.Argument(help="Text to look inside.", show_default=False)],
     ckpt: Ckpt = None,
+    base: Base = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="Next tokens to list per layer.")] = 5,
     position: Annotated[
         str, typer.Option("--position", "-p", help="A token position (-1 = the last), or all.")
@@ -85,7 +86,7 @@ def inspect_lens(
     if track == "":
         raise UsageError("--track needs a token, e.g. --track ' hole'")
     prompt = text_arg(prompt, "the prompt")
-    loaded = load_model(ckpt, device, dtype, decode=False)
+    loaded = load_model(ckpt, device, dtype, decode=False, base=base)
     tok, cfg = loaded.tokenizer, loaded.model.config
     track_id = None if track is None else _track_id(tok, text_arg(track, "--track"))
     p = encode_prompt(tok, prompt, cfg.block_size)

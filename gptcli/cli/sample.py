@@ -12,6 +12,7 @@ import typer
 
 from gptcli.cli import render
 from gptcli.cli.common import (
+    Base,
     Ckpt,
     Device,
     Dtype,
@@ -81,6 +82,7 @@ def read_prompt(prompt_file: Path, limit: int) -> str:
 
 def sample(
     ckpt: Ckpt = None,
+    base: Base = None,
     prompt: Annotated[
         str | None, typer.Option("--prompt", "-p", help="Text to continue (default: start of a document).")
     ] = None,
@@ -128,7 +130,7 @@ def sample(
     SampleConfig(temp, top_k, top_p, max_new_tokens, num_samples, show_probs, seed).validate()
     sampling = Sampling(temp, top_k, top_p)
     check_prompt(prompt, prompt_file)
-    loaded = load_model(ckpt, device, dtype)
+    loaded = load_model(ckpt, device, dtype, base=base)
     check_decoding_fits(loaded.model, num_samples, f"--num-samples {num_samples}")
     tok = loaded.tokenizer
     text = prompt
