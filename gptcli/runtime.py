@@ -119,17 +119,31 @@ def _check_dtype(device: torch.device, requested: str) -> None:
         raise UsageError("--dtype bf16: this GPU does not support bf16; use --dtype fp16 or auto")
 
 
+def fp32_matmuls(device: torch.device, requested: str) -> str:
+    """Set how float32 matmuls run, and say so for the run header: on CUDA, `auto` lets them
+    use TF32 tensor cores (Ampere and later; what autocast leaves in fp32, and fp32 runs);
+    `--dtype fp32` asks for exact fp32, everywhere. Other devices compute fp32 exactly."""
+    exact = requested == "fp32" or device.type != "cuda"
+    torch.set_float32_matmul_precision("highest" if exact else "high")
+    if device.type != "cuda":
+        return ""
+    return "; fp32 matmuls exact (no TF32)" if exact else "; fp32 matmuls in TF32"
+
+
 def pick_precision(device: torch.device, requested: str = "auto") -> Precision:
     """`auto`: bf16 autocast on CUDA with bf16 and on CPUs with native bf16 matmul, fp16 with a
-    gradient scaler on older GPUs, fp32 otherwise. An explicit choice is checked, not trusted."""
+    gradient scaler on older GPUs, fp32 otherwise. An explicit choice is checked, not trusted.
+    Also sets how fp32 matmuls run (fp32_matmuls)."""
     _check_dtype(device, requested)
     kind = device.type
     if kind == "cuda":
+        tf32 = fp32_matmuls(device, requested)
         if requested == "auto":
             if torch.cuda.is_bf16_supported():
-                return Precision("bf16", kind, "bf16 autocast: this GPU supports bf16")
-            return Precision("fp16", kind, "fp16 autocast + gradient scaler: this GPU has no bf16")
-        return Precision(requested, kind, f"{requested}: as requested")
+                return Precision("bf16", kind, "bf16 autocast: this GPU supports bf16" + tf32)
+            return Precision("fp16", kind, "fp16 autocast + gradient scaler: this GPU has no bf16" + tf32)
+        return Precision(requested, kind, f"{requested}: as requested" + tf32)
+    fp32_matmuls(device, requested)
     if kind == "mps":
         if requested in ("auto", "fp32"):
             return Precision("fp32", kind, "fp32: autocast is not used on MPS by default")
@@ -151,10 +165,12 @@ BF16_DECODE_MIN_PARAMS = 50_000_000
 
 
 def pick_inference_dtype(device: torch.device, requested: str, n_params: int) -> tuple[torch.dtype, str]:
-    """The dtype to hold weights in for sampling and inspection, and why."""
+    """The dtype to hold weights in for sampling and inspection, and why (and how fp32
+    matmuls run, see fp32_matmuls)."""
     _check_dtype(device, requested)
+    tf32 = fp32_matmuls(device, requested)
     if requested != "auto":
-        return _DTYPES[requested], f"{requested}: as requested"
+        return _DTYPES[requested], f"{requested}: as requested" + (tf32 if requested == "fp32" else "")
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16, "bf16 weights: this GPU supports bf16"
@@ -295,6 +311,8 @@ GPU_PEAKS = {
     "NVIDIA A100-PCIE-40GB": 312e12,
     "NVIDIA A100 80GB PCIe": 312e12,
     "NVIDIA L40S": 362e12,
+    "NVIDIA GeForce RTX 4090": 165e12,  # with fp32 accumulation, as autocast uses
+    "NVIDIA GeForce RTX 3090": 71e12,
     "NVIDIA L4": 121e12,
     "NVIDIA A10": 125e12,
     "Tesla V100-SXM2-16GB": 125e12,
@@ -456,6 +474,13 @@ def rank_device(requested: str, dist: Dist) -> tuple[torch.device, str]:
     """pick_device, with each process of a torchrun job on its own GPU (cuda:LOCAL_RANK)."""
     device, why = pick_device(requested)
     if dist.enabled and device.type == "cuda" and device.index is None:
+        visible = torch.cuda.device_count()
+        if dist.local_rank >= visible:
+            raise UsageError(
+                f"this process is local rank {dist.local_rank} of a torchrun job, but only {visible} CUDA "
+                f"device(s) are visible on this machine: start at most {visible} processes per node "
+                "(--nproc-per-node), or check CUDA_VISIBLE_DEVICES"
+            )
         device = torch.device("cuda", dist.local_rank)
         why = f"CUDA: {torch.cuda.get_device_name(device)} (rank {dist.rank} of {dist.world})"
     elif dist.enabled:

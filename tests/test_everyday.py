@@ -133,6 +133,12 @@ def test_mfu_never_exceeds_100_percent_and_a_low_peak_is_raised(tmp_path, monkey
         ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
         ("NVIDIA H100 PCIe", "bf16", 756e12),  # the same family, another part
         ("NVIDIA A100-SXM4-40GB", "fp16", 312e12),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312e12),
+        ("NVIDIA A100 80GB PCIe", "bf16", 312e12),
+        ("NVIDIA H100 NVL", "bf16", 835e12),
+        ("NVIDIA H200", "bf16", 989e12),
+        ("NVIDIA L4", "bf16", 121e12),
+        ("NVIDIA GeForce RTX 4090", "bf16", 165e12),
         ("NVIDIA H100 80GB HBM3", "fp32", None),  # TF32 or not: no honest figure
         ("NVIDIA GeForce GTX 1080", "fp16", None),  # not in the table
         ("Some H100 lookalike", "bf16", None),

@@ -99,3 +99,43 @@ def test_the_training_memory_estimate_is_a_lower_bound():
         fused = kind == "sdpa"
         estimate = training_bytes(config, params, 4, Precision("fp32", "cpu", ""), fused) - 12 * params
         assert 0.5 * activations < estimate <= activations, kind
+
+
+@pytest.mark.parametrize(
+    ("device", "requested", "precision", "said"),
+    [
+        ("cuda", "auto", "high", "fp32 matmuls in TF32"),
+        ("cuda", "bf16", "high", "fp32 matmuls in TF32"),
+        ("cuda", "fp32", "highest", "fp32 matmuls exact (no TF32)"),
+        ("cpu", "auto", "highest", ""),
+    ],
+)
+def test_tf32_on_cuda_unless_exact_fp32_is_asked_for(device, requested, precision, said):
+    from gptcli.runtime import fp32_matmuls
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        assert fp32_matmuls(torch.device(device), requested) == ("; " + said if said else "")
+        assert torch.get_float32_matmul_precision() == precision
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize(
+    ("requested", "local_rank", "message"),
+    [
+        ("auto", 2, "local rank 2 of a torchrun job, but only 2 CUDA device(s) are visible"),
+        ("cuda", 3, "--nproc-per-node"),
+        ("cuda:5", 0, "--device cuda:5: only 2 CUDA device(s) present"),
+    ],
+)
+def test_a_gpu_that_is_not_there_is_one_line(monkeypatch, requested, local_rank, message):
+    """Under torchrun each process takes cuda:LOCAL_RANK; more processes than GPUs, or a
+    --device cuda:N past the last, is a usage error before CUDA is touched."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        runtime.rank_device(requested, runtime.Dist(rank=local_rank, world=4, local_rank=local_rank))
+    device, why = runtime.rank_device("cuda", runtime.Dist(rank=1, world=2, local_rank=1))
+    assert device == torch.device("cuda", 1) and "rank 1 of 2" in why
