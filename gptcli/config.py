@@ -205,6 +205,14 @@ class TrainConfig:
         on_resume=True,
         help="Under torchrun, shard weights, gradients and AdamW state (FSDP)",
     )
+    dist_timeout: float = knob(
+        7200.0,
+        check=GREATER_THAN_ZERO,
+        flag="--dist-timeout",
+        on_resume=True,
+        help="Under torchrun, how long a process waits for the others (e.g. while the first "
+        "tokenizes the corpus), e.g. 90s, 30m, 2h",
+    )
     seed: int = knob(1337, check=Range(0, SEED_MAX), flag="--seed", help="Random seed")
     sample_every: int = knob(
         0,
@@ -403,7 +411,7 @@ def _coerce(where: str, value: Any, tp: Any) -> Any:
         if value is None and type(None) in args:
             return None
         (tp,) = [a for a in args if a is not type(None)]
-    if where.endswith("max_time") and isinstance(value, str):
+    if where.endswith(("max_time", "dist_timeout")) and isinstance(value, str):
         return parse_duration(value)
     if where.endswith("tokenizer") and isinstance(value, str):
         return value.strip().lower()

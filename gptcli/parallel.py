@@ -78,16 +78,30 @@ class Sharded:
 
     skip_on_load: str | None = "optimizer.state."  # rank 0 alone reads these, and sends shards
 
-    def __init__(self, root: nn.Module, model: GPT, device: torch.device, world: int, compile_: bool) -> None:
+    def __init__(
+        self,
+        root: nn.Module,
+        model: GPT,
+        device: torch.device,
+        world: int,
+        compile_: bool,
+        param_dtype: torch.dtype | None = None,
+    ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(device.type, (world,))
+        # param_dtype (bf16 training): weights are gathered in bf16, half the traffic and
+        # memory of fp32, and gradients reduced in fp32 (as litgpt and torchtitan do); the
+        # shards themselves, and AdamW's update of them, stay fp32
+        self.policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
         for block in model.transformer.h:
             if compile_:
                 block.compile()  # each block on its own: the gathers happen between them
-            fully_shard(block, mesh=mesh)  # moves the block to the device, then splits it
-        fully_shard(root, mesh=mesh)
+            fully_shard(
+                block, mesh=mesh, mp_policy=self.policy
+            )  # moves the block to the device, then splits it
+        fully_shard(root, mesh=mesh, mp_policy=self.policy)
         self.root: Any = root  # an FSDPModule now
         self.model = model
         self.train_module: nn.Module = root

@@ -82,7 +82,7 @@ def pretrain_trainer(
         reader = Reader(config.data.text_column)
         return (run_dir, *prepare_text(corpus, tokenizer, fraction, notes, explicit_tokenizer, reader))
 
-    run_dir, data_dir, report = shared_setup(config.train.device, prepare)
+    run_dir, data_dir, report = shared_setup(config.train.device, prepare, config.train.dist_timeout)
     run_dir = broadcast_from_main(run_dir)  # the same run dir for every process of a torchrun job
     config.data.tokenizer = report.tokenizer
     tok, task = _lm_task(data_dir, config)
@@ -118,6 +118,7 @@ def resume_pretraining(
         data_dir, report = shared_setup(
             config.train.device,
             lambda: prepare_text(paths, tokenizer, fraction, notes, True, Reader(config.data.text_column)),
+            config.train.dist_timeout,
         )
         what, sources = " ".join(map(str, paths)), list(report.files)
     elif not data_dir.exists():
@@ -178,7 +179,7 @@ def finetune_trainer(
         run_dir = new_run_dir(out, f"{Path(settings.data[0]).stem}-{settings.task}")
         return (run_dir, *_finetune_task(settings, loaded.tokenizer, config, notes))
 
-    run_dir, task, extra = shared_setup(config.train.device, prepare)
+    run_dir, task, extra = shared_setup(config.train.device, prepare, config.train.dist_timeout)
     run_dir = broadcast_from_main(run_dir)  # the same run dir for every process of a torchrun job
     seed_everything(config.train.seed)
     model = GPT(config.model)
@@ -250,6 +251,7 @@ def resume_finetuning(
         lambda: _finetune_task(
             settings, loaded.tokenizer, config, notes, labels=meta.get("labels"), split=meta.get("split")
         ),
+        config.train.dist_timeout,
     )
     extra |= same_data(meta, extra["data_sha256"], new_data, " ".join(settings.data), notes)
     if settings.lora_rank:  # the same base (checked by hash on loading), perhaps in a new place

@@ -455,18 +455,25 @@ def dist_from_env() -> Dist:
     return Dist(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def init_distributed(device: torch.device) -> Dist:
-    """Join the torchrun process group: NCCL between GPUs, gloo on CPUs. No-op when alone."""
+DIST_TIMEOUT = 7200.0  # seconds: config.TrainConfig.dist_timeout's default
+
+
+def init_distributed(device: torch.device, timeout: float = DIST_TIMEOUT) -> Dist:
+    """Join the torchrun process group: NCCL between GPUs, gloo on CPUs. No-op when alone.
+    timeout: how long a collective waits for every process; NCCL's own default (10 minutes)
+    is shorter than tokenizing a large corpus on one process while the others wait."""
     dist = dist_from_env()
     if not dist.enabled:
         return dist
+    import datetime
+
     import torch.distributed as td
 
     if not td.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        td.init_process_group(backend=backend)
+        td.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
     return dist
 
 
@@ -488,7 +495,7 @@ def rank_device(requested: str, dist: Dist) -> tuple[torch.device, str]:
     return device, why
 
 
-def shared_setup(device_request: str, prepare: Callable[[], T]) -> T:
+def shared_setup(device_request: str, prepare: Callable[[], T], timeout: float = DIST_TIMEOUT) -> T:
     """Run prepare() once per job under torchrun and give every process its result.
 
     Each node's first process runs it (so a cache it fills is local to the node), the
@@ -501,7 +508,7 @@ def shared_setup(device_request: str, prepare: Callable[[], T]) -> T:
     import torch.distributed as td
 
     device, _ = rank_device(device_request, dist)
-    init_distributed(device)
+    init_distributed(device, timeout)
     failure: list[str | None] = [None]
     result = None
     if dist.local_rank == 0:

@@ -172,7 +172,7 @@ class Trainer:
                 "which share the accumulation steps"
             )
         self.device, self.device_reason = rank_device(cfg.device, dist)
-        init_distributed(self.device)
+        init_distributed(self.device, cfg.dist_timeout)
         self.precision: Precision = pick_precision(self.device, cfg.dtype)
         sharding = dist.enabled and cfg.fsdp
         if self.device.type == "cpu":
@@ -197,8 +197,11 @@ class Trainer:
         if sharding:
             if self.precision.needs_grad_scaler:
                 raise UsageError("--fsdp trains in bf16 or fp32; pick one with --dtype (fp16 needs DDP)")
-            placement = Sharded(loss_module, self.model, self.device, dist.world, cfg.compile)
+            param_dtype = torch.bfloat16 if self.precision.name == "bf16" else None
+            placement = Sharded(loss_module, self.model, self.device, dist.world, cfg.compile, param_dtype)
             self.device_reason += f"; weights, gradients and AdamW state sharded {dist.world} ways (FSDP)"
+            if param_dtype is not None:
+                self.device_reason += ", weights gathered in bf16 and gradients reduced in fp32"
         else:
             placement = Whole(loss_module, self.model, self.device, dist.enabled, cfg.compile)
         optimizer = make_optimizer(self.model, cfg, self.device)  # after sharding, if any

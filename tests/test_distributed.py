@@ -258,3 +258,57 @@ def test_lora_finetuning_replicated_or_sharded_follows_one_process(runs, mode):
     with safe_open(runs / f"lora-{mode}" / "last" / "model.safetensors", framework="pt") as f:
         saved = set(f.keys())
     assert saved and all(k.endswith((".lora_A", ".lora_B")) or k.startswith("classifier.") for k in saved)
+
+
+SLOW_PREPARE = """
+import os, sys, time
+from gptcli.runtime import shared_setup
+
+def prepare():
+    if os.environ["LOCAL_RANK"] == "0" and not os.path.exists(sys.argv[2]):
+        time.sleep(6)  # the first process tokenizes a large corpus...
+        open(sys.argv[2], "w").close()  # ...into a cache the others then find
+    return "ready"
+
+try:
+    print(shared_setup("cpu", prepare, timeout=float(sys.argv[1])))
+except RuntimeError as e:
+    print("timed out" if "imeout" in str(e) or "imed out" in str(e) else f"other: {e}")
+"""
+
+
+@pytest.mark.parametrize(("timeout", "expected"), [("30", "ready"), ("2", "timed out")])
+def test_the_group_waits_as_long_as_dist_timeout_says(tmp_path, timeout, expected):
+    """While the first process prepares the data, the others wait in a collective: for
+    --dist-timeout, not for the backend's default (NCCL's 10 minutes)."""
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_PREPARE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+           str(script), timeout, str(tmp_path / "cache")]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False
+    )
+    printed = result.stdout.split()
+    if expected == "ready":
+        assert result.returncode == 0 and printed == ["ready", "ready"], result.stderr[-2000:]
+    else:  # the waiting process gives up after 2 s, long before the first is done
+        assert "timed out" in result.stdout or "imeout" in result.stderr, (
+            result.stdout + result.stderr[-2000:]
+        )
+
+
+def test_fsdp_in_bf16_gathers_bf16_weights_and_follows_ddp(runs, tmp_path):
+    """--fsdp --dtype bf16: FSDP's mixed-precision policy gathers the weights in bf16 and
+    reduces gradients in fp32 (the header says so); the losses stay with DDP's in bf16."""
+    bf16 = [*("bf16" if a == "fp32" else a for a in TINY), "--max-iters", "8"]
+    out = {}
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp"])):
+        result = gptcli(["pretrain", str(runs / "c.txt"), "--out", name, *bf16, *extra], tmp_path, procs=2)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        out[name] = result.stdout + result.stderr
+    assert "weights gathered in bf16 and gradients reduced in fp32" in out["fsdp"]
+    assert "gathered in bf16" not in out["ddp"]
+    ddp, fsdp = records(tmp_path / "ddp"), records(tmp_path / "fsdp")
+    pairs = [(a["loss"], b["loss"]) for a, b in zip(ddp, fsdp, strict=True) if a["kind"] == "train"]
+    assert len(pairs) == 8 and all(abs(a - b) < 2e-2 for a, b in pairs), pairs

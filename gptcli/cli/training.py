@@ -44,7 +44,7 @@ def training_options(defaults: TrainConfig) -> dict[str, Any]:
         )
         if "(default:" in text:  # the help says what the default means
             text, shown = text.split(" (default: ")[0], text.split(" (default: ")[1].rstrip(")")
-        base = {"max_time": str, "grad_accum": int}.get(f.name) or type(value)
+        base = {"max_time": str, "dist_timeout": str, "grad_accum": int}.get(f.name) or type(value)
         panel = HARDWARE if f.name in ("device", "dtype", "compile", "fsdp", "seed") else TRAIN
         out[f.name] = Annotated[
             _TYPES[base], opt(*flag.split(" "), help=f"{text} (default: {shown}).", panel=panel)
