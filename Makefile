@@ -1,6 +1,7 @@
 # gptcli developer tasks. Everything runs inside .venv, created on first use.
 #
 #   make test                 ruff + pytest (installs torch, then gptcli[dev,plot])
+#   make test-oldest-typer    the CLI tests with the oldest Typer pyproject allows (CI runs it)
 #   make demo                 train the demo GPT on examples/demo (once) and sample from it
 #                             (installs torch, then gptcli[plot]: no test dependencies)
 #   make test TORCH=torch TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
@@ -17,11 +18,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.gptcli-installed-$(EXTRAS)
 DEMO_STAMP := $(VENV)/.gptcli-installed-$(DEMO_EXTRAS)
 
-.PHONY: install test lint demo clean
+.PHONY: install test test-oldest-typer lint demo clean
 
 install: $(STAMP)
 
-# torch goes in first so that the project's `torch>=2.4` is already satisfied and pip
+# torch goes in first so that the project's `torch>=2.6` is already satisfied and pip
 # never pulls a different (multi-GB) build as a dependency.
 # one stamp per set of extras: `make demo` needs only plot, `make test` adds dev
 $(VENV)/.gptcli-installed-%: pyproject.toml
@@ -38,6 +39,14 @@ PYTEST_ARGS ?= -n 2
 
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# the CLI's tests again with the oldest Typer (and Click) pyproject allows, put in front
+# of the installed one: the lower bound is checked, not guessed
+OLDEST_TYPER ?= typer==0.12.5 click==8.1.7
+test-oldest-typer: $(STAMP)
+	rm -rf .oldest-typer && $(BIN)/python -m pip install -q --no-deps --target .oldest-typer $(OLDEST_TYPER)
+	PYTHONPATH=.oldest-typer $(BIN)/python -m pytest -q $(PYTEST_ARGS) -p no:cacheprovider \
+	  tests/test_shell.py tests/test_bad_input.py tests/test_cli_tokenize.py tests/test_everyday.py
 
 DEMO_RUN ?= runs/demo
 
@@ -57,4 +66,4 @@ demo: $(DEMO_STAMP)
 	@echo "  . $(VENV)/bin/activate        (then: gptcli sample --ckpt $(DEMO_RUN) --prompt \"The fox\")"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .oldest-typer

@@ -41,3 +41,13 @@ def test_reports_and_the_cli_entry_import_no_torch():
 def test_checkpoint_and_hf_do_not_import_each_other():
     assert "gptcli.hf" not in imported(PKG / "checkpoint.py")
     assert "gptcli.checkpoint" not in imported(PKG / "hf.py")
+
+
+def test_only_public_modules_of_libraries_are_imported():
+    """No private module of a library (typer._click, torch.distributed._composable, ...): a
+    user's environment may hold another version of it, where private modules move."""
+    for path in PKG.rglob("*.py"):
+        for name in imported(path):
+            parts = name.split(".")
+            private = [p for p in parts[1:] if p.startswith("_") and not p.startswith("__")]
+            assert parts[0] == "gptcli" or not private, f"{path.relative_to(PKG)} imports {name}"

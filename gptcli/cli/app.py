@@ -15,7 +15,6 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from typer._click.exceptions import ClickException, NoArgsIsHelpError  # typer 0.29's own click
 from typer.core import TyperGroup, TyperOption
 
 from gptcli import __version__
@@ -34,7 +33,18 @@ from gptcli.errors import GptcliError
 
 _debug = os.environ.get("GPTCLI_DEBUG", "") not in ("", "0")
 
-_option_type = TyperOption.display_type_rich
+# Click's base exception, reached through Typer's public API: Typer re-exports Click's
+# BadParameter, whose ancestors include it, whether Click is installed on its own (typer
+# before 0.29) or vendored inside Typer (typer._click, a private module, since 0.29)
+ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _is_no_args_help(e: BaseException) -> bool:
+    """Click's "no arguments: show the help" signal (Click 8.2+; older Clicks print the help
+    and exit 0 themselves)."""
+    return type(e).__name__ == "NoArgsIsHelpError"
+
+_option_type = getattr(TyperOption, "display_type_rich", None)  # typer 0.29+ draws types itself
 
 
 def _flag_type(self: TyperOption, ctx: Any) -> str | None:
@@ -42,7 +52,8 @@ def _flag_type(self: TyperOption, ctx: Any) -> str | None:
     return None if self.is_flag else _option_type(self, ctx)
 
 
-TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+if _option_type is not None:
+    TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 
 class _Boundary(TyperGroup):
@@ -60,13 +71,14 @@ class _Boundary(TyperGroup):
             # "gptcli" however it was started (python -m gptcli, torchrun -m gptcli): usage
             # lines and the hints below name the command a user types
             rv = super().main(args, "gptcli", complete_var, standalone_mode=False, **extra)
-        except NoArgsIsHelpError as e:
-            e.show()
-            code = 2
         except ClickException as e:
-            ctx = getattr(e, "ctx", None)
-            render.error(f"{e.format_message()} (see '{ctx.command_path if ctx else 'gptcli'} --help')")
-            code = e.exit_code
+            if _is_no_args_help(e):
+                e.show()
+                code = 2
+            else:
+                ctx = getattr(e, "ctx", None)
+                render.error(f"{e.format_message()} (see '{ctx.command_path if ctx else 'gptcli'} --help')")
+                code = e.exit_code
         except GptcliError as e:
             if _debug:
                 raise
