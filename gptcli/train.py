@@ -74,7 +74,7 @@ class _StopSignals:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.trainer.stop_reason is not None:
+        if self.trainer.stop_request is not None:
             signal.signal(signum, self.previous.get(signum, signal.SIG_DFL))
             raise KeyboardInterrupt
         self.trainer.request_stop("interrupted" if signum == signal.SIGINT else "terminated")
@@ -145,7 +145,8 @@ class Trainer:
         self.cfg = config.train
         self.run_dir = Path(run_dir)
         self.meta = meta or {}
-        self.stop_reason: str | None = None
+        self.stop_reason: str | None = None  # why the loop stopped, once it does
+        self.stop_request: str | None = None  # a stop asked for on this process, not yet acted on
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
         self.dist = dist_from_env()
         self.reporter = Reporter()
@@ -157,8 +158,9 @@ class Trainer:
             encode_prompt(tokenizer, self.cfg.sample_prompt or None, model.config.block_size)
 
     def request_stop(self, reason: str = "interrupted") -> None:
-        """Stop at the next step boundary, after writing a last/ checkpoint."""
-        self.stop_reason = reason
+        """Stop at the next step boundary (under torchrun, the next one where the processes
+        agree), after writing a last/ checkpoint."""
+        self.stop_request = reason
 
     # -- set-up
 
@@ -412,15 +414,22 @@ class Trainer:
         return peak
 
     def _should_stop(self, elapsed: float) -> bool:
-        """Whether to stop before the next step (max_iters, max_time or a signal); every
-        process agrees, so they stop at the same step."""
+        """Whether to stop before the next step (max_iters, max_time or a signal). Under
+        torchrun every process must stop at the same step: what only one process knows (its
+        clock, a signal) is agreed on at log steps alone, one small all-reduce per log
+        interval rather than a host sync every step; max_iters needs no agreement."""
         out_of_time = self.cfg.max_time is not None and elapsed >= self.cfg.max_time
+        request = self.stop_request
         if self.dist.enabled:
-            flags = torch.tensor([out_of_time, self.stop_reason is not None], dtype=torch.float32)
-            flags = self.dist.reduce(flags.to(self.device), "max").cpu()
-            out_of_time = bool(flags[0])
-            if flags[1] and self.stop_reason is None:
-                self.stop_reason = "interrupted"
+            if self.state.step % self.cfg.log_interval == 0:
+                flags = torch.tensor([out_of_time, request is not None], dtype=torch.float32)
+                flags = self.dist.reduce(flags.to(self.device), "max").cpu()
+                out_of_time = bool(flags[0])
+                request = (request or "interrupted") if flags[1] else None
+            else:  # acted on at the next log step, by every process together
+                out_of_time, request = False, None
+        if self.stop_reason is None and request is not None:
+            self.stop_reason = request
         if self.stop_reason is None and (self.state.step >= self.cfg.max_iters or out_of_time):
             self.stop_reason = "max_time" if self.state.step < self.cfg.max_iters else "max_iters"
         return self.stop_reason is not None

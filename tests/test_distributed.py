@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -312,3 +313,53 @@ def test_fsdp_in_bf16_gathers_bf16_weights_and_follows_ddp(runs, tmp_path):
     ddp, fsdp = records(tmp_path / "ddp"), records(tmp_path / "fsdp")
     pairs = [(a["loss"], b["loss"]) for a, b in zip(ddp, fsdp, strict=True) if a["kind"] == "train"]
     assert len(pairs) == 8 and all(abs(a - b) < 2e-2 for a, b in pairs), pairs
+
+
+COUNT_SYNCS = """
+import sys
+from gptcli.config import flag_overrides
+from gptcli.recipes import pretrain_trainer
+from gptcli.runtime import Dist
+
+calls = []
+reduce = Dist.reduce
+Dist.reduce = lambda self, t, op="avg": calls.append(op) or reduce(self, t, op)
+flags = flag_overrides(
+    n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=4, max_iters=int(sys.argv[2]),
+    eval_interval=1000, eval_iters=1, log_interval=10, device="cpu", dtype="fp32",
+    max_time=float(sys.argv[3]) if len(sys.argv) > 3 else None,
+)
+summary = pretrain_trainer([sys.argv[1]], flags=flags, out="r").run()
+print(summary.steps, summary.stop_reason, calls.count("max"), calls.count("avg"))
+"""
+
+
+def test_processes_agree_on_stopping_once_per_log_interval(runs, tmp_path):
+    """The stop flags (a signal, --max-time) are all-reduced at log steps only, not every
+    step; every process still stops at the same step."""
+    script = tmp_path / "count.py"
+    script.write_text(COUNT_SYNCS)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        str(script),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    for extra, check in ((["40"], "budget"), (["100000", "3"], "clock")):
+        shutil.rmtree(tmp_path / "r", ignore_errors=True)
+        result = subprocess.run(
+            [*cmd, str(runs / "c.txt"), *extra], capture_output=True, text=True, timeout=300, env=env,
+            cwd=tmp_path, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        lines = [line.split() for line in result.stdout.splitlines() if line.strip()]
+        assert len(lines) == 2 and lines[0][:2] == lines[1][:2]  # the same step, the same reason
+        steps, reason, agreements = int(lines[0][0]), lines[0][1], int(lines[0][2])
+        if check == "budget":
+            assert (steps, reason) == (40, "max_iters") and agreements == 40 // 10 + 1  # steps 0, 10, ..., 40
+        else:  # out of time: noticed at a log step, by both
+            assert reason == "max_time" and steps % 10 == 0 and agreements == steps // 10 + 1

@@ -46,6 +46,10 @@ class Task(Protocol):
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A batch tensor on the device: to a GPU through pinned memory, without waiting for the
+    copy (the next kernels on the same stream see it). t must be contiguous: pinning a
+    strided view would first gather it, every step."""
+    assert t.is_contiguous(), "batch tensors are built contiguous"
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)

@@ -50,5 +50,5 @@ class LMTask(NextTokenTask):
                 f"the {split} tokens hold id {int(rows.max())}, beyond the vocabulary of {self.vocab_size}; "
                 "the tokenized data is damaged or of another tokenizer: tokenize the text again"
             )
-        xy = torch.from_numpy(rows)  # (B, T + 1)
-        return {"x": to_device(xy[:, :-1], device), "y": to_device(xy[:, 1:], device)}
+        xy = to_device(torch.from_numpy(rows), device)  # (B, T + 1): one contiguous copy
+        return {"x": xy[:, :-1], "y": xy[:, 1:]}  # views of it, on the device

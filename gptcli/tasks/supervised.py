@@ -62,6 +62,10 @@ class SupervisedTask:
         seqs = [s for e in examples for s in e.seqs]
         owner = torch.tensor([i for i, e in enumerate(examples) for _ in e.seqs])
         slot = torch.tensor([j for e in examples for j in range(len(e.seqs))])
+        # which (example, choice) exist, (B, K): its shape gives the scores' on the device
+        # without reading a tensor back (a host sync, and a graph break under compile)
+        exists = torch.zeros(len(examples), max(len(e.seqs) for e in examples), dtype=torch.bool)
+        exists[owner, slot] = True
         x, lengths = pad_batch(seqs)
         return {
             "x": to_device(x, device),
@@ -69,6 +73,7 @@ class SupervisedTask:
             "y_lm": to_device(next_token_targets(x, lengths), device),
             "owner": to_device(owner, device),
             "slot": to_device(slot, device),
+            "exists": to_device(exists, device),
             "labels": to_device(torch.tensor([e.label for e in examples]), device),
         }
 
@@ -84,7 +89,7 @@ class SupervisedTask:
             scores = model.classifier(pooled)  # (B, K)
         else:
             per_seq = model.classifier(last).squeeze(-1).float()  # (N,)
-            scores = torch.full((B, int(batch["slot"].max()) + 1), float("-inf"), device=h.device)
+            scores = torch.full(batch["exists"].shape, float("-inf"), device=h.device)  # (B, K)
             scores[batch["owner"], batch["slot"]] = per_seq
         lm = None
         if self.aux_lm_weight > 0:
