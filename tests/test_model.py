@@ -263,3 +263,40 @@ def test_crop_block_size_keeps_what_a_shorter_context_sees():
     torch.testing.assert_close(after, before, rtol=0, atol=0)
     with pytest.raises(ValueError, match="positions exceed"):
         model(torch.randint(0, 50, (1, 9)))
+
+
+@pytest.mark.parametrize("kind", ["lm", "classify", "choice", "sft"])
+def test_every_tasks_training_step_is_one_graph(kind):
+    """What --compile compiles (the model and the task's loss as one module) traces into a
+    single graph for every task: no graph break (a Python branch on a tensor's value, a
+    .item()), so a GPU step runs without host round trips."""
+    import numpy as np
+
+    from gptcli.config import ModelConfig
+    from gptcli.model import GPT
+    from gptcli.tasks import Example, LMTask, SFTTask, SupervisedTask
+    from gptcli.train import _TaskLoss
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    n_classes = {"classify": 3, "choice": 1}.get(kind, 0)
+    model = GPT(
+        ModelConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, n_classes=n_classes)
+    )
+    if kind == "lm":
+        data = rng.integers(0, 50, 1000).astype(np.uint16)
+        task = LMTask(data, data, 16, 50)
+    elif kind == "sft":
+        rows = [(rng.integers(0, 50, int(rng.integers(5, 16))).tolist(), 3) for _ in range(8)]
+        task = SFTTask({"train": rows, "val": rows}, 16)
+    else:
+
+        def seqs(n: int) -> list[list[int]]:
+            return [rng.integers(0, 50, int(rng.integers(4, 16))).tolist() for _ in range(n)]
+
+        examples = [Example(seqs(1 if kind == "classify" else 2 + i % 3), i % 2) for i in range(8)]
+        task = SupervisedTask(kind, {"train": examples, "val": examples}, 0.5, 16)
+    batch = task.batch("train", torch.arange(4), torch.device("cpu"))
+    explained = torch._dynamo.explain(_TaskLoss(model.train(), task))(batch)
+    assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
+    assert explained.graph_count == 1
