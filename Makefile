@@ -2,6 +2,8 @@
 #
 #   make test                 ruff + pytest (installs torch, then gptcli[dev,plot])
 #   make test-oldest-typer    the CLI tests with the oldest Typer pyproject allows (CI runs it)
+#   make gpu-check            on a GPU machine: everything bench/gpu_check.py measures, one
+#                             report (NANOGPT=DIR to run nanoGPT beside; DRY_RUN=1: tiny, CPU)
 #   make demo                 train the demo GPT on examples/demo (once) and sample from it
 #                             (installs torch, then gptcli[plot]: no test dependencies)
 #   make test TORCH=torch TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
@@ -18,7 +20,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.gptcli-installed-$(EXTRAS)
 DEMO_STAMP := $(VENV)/.gptcli-installed-$(DEMO_EXTRAS)
 
-.PHONY: install test test-oldest-typer lint demo clean
+.PHONY: install test test-oldest-typer lint demo gpu-check clean
 
 install: $(STAMP)
 
@@ -47,6 +49,11 @@ test-oldest-typer: $(STAMP)
 	rm -rf .oldest-typer && $(BIN)/python -m pip install -q --no-deps --target .oldest-typer $(OLDEST_TYPER)
 	PYTHONPATH=.oldest-typer $(BIN)/python -m pytest -q $(PYTEST_ARGS) -p no:cacheprovider \
 	  tests/test_shell.py tests/test_bad_input.py tests/test_cli_tokenize.py tests/test_everyday.py
+
+# on a lent GPU, in one call: bench/gpu_check.py (CI runs it with DRY_RUN=1, so it cannot rot)
+GPU_REPORT ?= gpu-report.md
+gpu-check: $(STAMP)
+	$(BIN)/python bench/gpu_check.py --out $(GPU_REPORT) $(if $(DRY_RUN),--dry-run) $(if $(NANOGPT),--nanogpt $(NANOGPT))
 
 DEMO_RUN ?= runs/demo
 

@@ -1,0 +1,415 @@
+"""Everything a lent GPU must show, in one call, written to one report to paste into
+bench/RESULTS.md (each section with the command that produced it).
+
+    python bench/gpu_check.py --out gpu-report.md [--nanogpt ~/src/nanoGPT]   # on a GPU
+    python bench/gpu_check.py --dry-run                                         # CPU, tiny shapes
+
+1. the environment: versions, the GPU, what gptcli picks for it;
+2. the CUDA tests (tests/test_cuda.py) and the whole suite;
+3. the demo (`make demo`'s training and sampling) on the device;
+4. GPT-2 124M training (GPT-2 BPE vocabulary, block 1024, bf16 + compile + SDPA) at the
+   largest micro-batch that fits: tokens/s, MFU, peak memory; beside nanoGPT's train.py
+   on the same tokens, shape and batch when a checkout is given;
+5. greedy decoding (batch 1, 200 tokens) and beam search (B=4) of the 124M shape against
+   Hugging Face's generate on the same weights, fp32 and bf16, and whether they agree;
+6. the largest GPT-2 shape that trains on this GPU (with one GPU, FSDP has nothing to
+   shard over and is not measured).
+
+--dry-run does each step at tiny shapes on the CPU, saying what it leaves out, so CI runs
+the script and it cannot rot; it skips the test suite (CI runs it anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gptcli.config import ModelConfig, flag_overrides  # noqa: E402
+from gptcli.generate import GREEDY, beam_search, generate  # noqa: E402
+from gptcli.model import GPT  # noqa: E402
+
+GPT2_124M = ModelConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+TINY = ModelConfig(vocab_size=512, block_size=64, n_layer=2, n_head=2, n_embd=64)
+# GPT-2's released shapes, for "the largest that trains here"
+SHAPES = {"124M": (12, 12, 768), "350M": (24, 16, 1024), "774M": (36, 20, 1280), "1.5B": (48, 25, 1600)}
+
+
+class Report:
+    """Markdown sections, each with its command (when it ran one) and what came of it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def section(self, title: str) -> None:
+        self.lines += ["", f"### {title}", ""]
+        print(f"\n== {title}", flush=True)
+
+    def say(self, text: str) -> None:
+        self.lines.append(text)
+        print(text, flush=True)
+
+    def command(self, cmd: list[str]) -> None:
+        self.say("`" + " ".join(cmd) + "`")
+
+    def table(self, header: list[str], rows: list[list[object]]) -> None:
+        self.say("| " + " | ".join(header) + " |")
+        self.say("|" + " --- |" * len(header))
+        for row in rows:
+            self.say("| " + " | ".join(str(c) for c in row) + " |")
+
+
+def sh(report: Report, cmd: list[str], cwd: Path = ROOT, timeout: int = 3600) -> subprocess.CompletedProcess:
+    report.command(cmd)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    tail = (result.stdout + result.stderr).strip().splitlines()[-6:]
+    report.say(
+        f"exit {result.returncode}"
+        + ("" if result.returncode == 0 else ":\n```\n" + "\n".join(tail) + "\n```")
+    )
+    return result
+
+
+def gptcli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gptcli", *args]
+
+
+# --- 1. environment --------------------------------------------------------------------------
+
+
+def environment(report: Report, device: torch.device) -> None:
+    from gptcli import __version__
+    from gptcli.runtime import GPU_PEAKS, pick_precision
+
+    report.section("environment")
+    report.say(f"gptcli {__version__}, python {platform.python_version()}, torch {torch.__version__}, "
+               f"CUDA {torch.version.cuda}")  # fmt: skip
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = GPU_PEAKS.get(name)
+        report.say(f"GPU: {name} x {torch.cuda.device_count()}, bf16 peak {peak / 1e12:.0f} TFLOP/s"
+                   if peak else f"GPU: {name}: not in GPU_PEAKS, MFU will show as unknown")  # fmt: skip
+    report.say(f"training precision picked: {pick_precision(device).reason}")
+
+
+# --- 2. tests ------------------------------------------------------------------------------------
+
+
+def tests(report: Report, dry_run: bool) -> None:
+    report.section("tests")
+    if dry_run:
+        report.say("skipped in a dry run: CI runs the suite (tests/test_cuda.py skips there, without CUDA)")
+        return
+    sh(report, [sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_cuda.py"])
+    sh(report, [sys.executable, "-m", "pytest", "-q", "-n", "8", "-p", "no:cacheprovider"])
+
+
+# --- 3. the demo ---------------------------------------------------------------------------------
+
+
+def demo(report: Report, work: Path, device: str, dry_run: bool) -> None:
+    report.section("the demo on the device")
+    run = work / "demo"
+    steps = ["--max-iters", "5", "--eval-interval", "5"] if dry_run else []
+    config = str(ROOT / "examples" / "configs" / "demo.yaml")
+    started = time.perf_counter()
+    sh(
+        report,
+        gptcli(
+            "pretrain", "examples/demo", "--config", config, "--out", str(run), "--device", device, *steps
+        ),
+    )
+    report.say(f"{time.perf_counter() - started:.0f} s")
+    sh(report, gptcli("sample", "--ckpt", str(run), "--num-samples", "3", "--seed", "1", "--device", device))
+
+
+# --- 4. training ---------------------------------------------------------------------------------
+
+
+class _Rates:
+    def __init__(self) -> None:
+        self.reports: list = []
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return (lambda r: self.reports.append(r)) if name == "on_step" else (lambda *a, **k: None)
+
+
+def train_run(cfg: ModelConfig, batch: int, steps: int, device: str, compile_: bool, work: Path) -> dict:
+    """gptcli's Trainer on random tokens: median tokens/s and MFU after warm-up, peak memory."""
+    from gptcli.config import load_config
+    from gptcli.tasks import LMTask
+    from gptcli.tokenizer import CharTokenizer
+    from gptcli.train import Trainer
+
+    flags = flag_overrides(
+        n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
+        batch_size=batch, max_iters=steps, eval_interval=10**6, eval_iters=1, log_interval=1,
+        device=device, dtype="auto", compile=compile_, warmup_iters=0,
+    )  # fmt: skip
+    config = load_config(None, flags)
+    config.model.vocab_size = cfg.vocab_size
+    data = np.random.default_rng(0).integers(0, cfg.vocab_size, 2_000_000).astype(np.uint16)
+    tok = CharTokenizer([chr(0x4E00 + i) for i in range(cfg.vocab_size)])
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    rates = _Rates()
+    run_dir = Path(tempfile.mkdtemp(dir=work))
+    Trainer(GPT(config.model), tok, LMTask(data, data[:100_000], cfg.block_size), config, run_dir).run(
+        reporter=rates
+    )
+    shutil.rmtree(run_dir, ignore_errors=True)
+    late = [r for r in rates.reports if r.step > min(5, steps // 2) and r.tokens_per_s]
+    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    return {
+        "tokens_per_s": float(np.median([r.tokens_per_s for r in late])) if late else None,
+        "mfu": float(np.median([r.mfu for r in late if r.mfu is not None])) if late and late[0].mfu else None,
+        "peak_bytes": peak,
+    }
+
+
+def _fits(fn: Callable[[], dict]) -> dict | None:
+    try:
+        return fn()
+    except Exception as e:  # out of memory, however the device says it
+        if "out of memory" in str(e).lower() or type(e).__name__ in ("OutOfMemoryError", "OutOfMemory"):
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return None
+        raise
+
+
+def training(report: Report, work: Path, device: str, dry_run: bool, nanogpt: Path | None) -> None:
+    cfg = TINY if dry_run else GPT2_124M
+    steps = 4 if dry_run else 30
+    report.section(f"training, {'a tiny shape (dry run)' if dry_run else 'GPT-2 124M, block 1024'}")
+    rows, best = [], None
+    for batch in (2, 4) if dry_run else (8, 12, 16, 24, 32):
+        got = _fits(lambda b=batch: train_run(cfg, b, steps, device, not dry_run, work))
+        if got is None:
+            rows.append([batch, "out of memory", "", ""])
+        else:
+            rows.append([batch, f"{got['tokens_per_s']:,.0f}", _pct(got["mfu"]), _gib(got["peak_bytes"])])
+        if got is None:
+            break
+        best = (batch, got)
+    how = "eager" if dry_run else "compiled"
+    shape = f"{cfg.n_layer} layers x {cfg.n_embd}"
+    report.say(
+        f"gptcli's Trainer, {shape}, {how}, --dtype auto, {steps} steps per batch size "
+        "(median of the later steps):"
+    )
+    report.table(["micro-batch", "tokens/s", "MFU", "peak memory"], rows)
+    if nanogpt is None:
+        report.say("nanoGPT: not run (give --nanogpt DIR, a checkout of it, to run its train.py beside)")
+    elif best is not None:
+        nanogpt_side_by_side(report, nanogpt, cfg, best[0], steps, device, work)
+
+
+def nanogpt_side_by_side(
+    report: Report, nanogpt: Path, cfg: ModelConfig, batch: int, steps: int, device: str, work: Path
+) -> None:
+    """nanoGPT's own train.py on random tokens of the same vocabulary, shape and batch; its
+    code runs from its checkout, never copied here."""
+    data = work / "nanogpt-data"
+    (data / "gptcli").mkdir(parents=True, exist_ok=True)
+    tokens = np.random.default_rng(0).integers(0, 50257, 2_000_000).astype(np.uint16)
+    tokens.tofile(data / "gptcli" / "train.bin")
+    tokens[:100_000].tofile(data / "gptcli" / "val.bin")
+    link = nanogpt / "data" / "gptcli"
+    if not link.exists():
+        link.symlink_to(data / "gptcli")
+    cmd = [
+        sys.executable, "train.py", "--dataset=gptcli", f"--n_layer={cfg.n_layer}", f"--n_head={cfg.n_head}",
+        f"--n_embd={cfg.n_embd}", f"--block_size={cfg.block_size}", f"--batch_size={batch}",
+        "--gradient_accumulation_steps=1", f"--max_iters={steps}", "--eval_interval=100000",
+        "--log_interval=1",
+        f"--device={device}", "--dtype=bfloat16", "--compile=True", "--bias=True",
+        "--always_save_checkpoint=False", "--wandb_log=False", f"--out_dir={work / 'nanogpt-out'}",
+    ]  # fmt: skip
+    result = sh(report, cmd, cwd=nanogpt)
+    mfus = [
+        float(line.rsplit("mfu", 1)[1].strip(" %")) for line in result.stdout.splitlines() if "mfu" in line
+    ]
+    times = [
+        float(line.split("time")[1].split("ms")[0]) for line in result.stdout.splitlines() if " time " in line
+    ]
+    if times:
+        late = times[len(times) // 2 :]
+        report.say(f"nanoGPT: {batch * cfg.block_size / (np.median(late) / 1000):,.0f} tokens/s, "
+                   f"its own MFU estimate {np.median(mfus[len(mfus) // 2:]):.1f}% (A100 peak)")  # fmt: skip
+
+
+# --- 5. decoding ---------------------------------------------------------------------------------
+
+
+def decoding(report: Report, device: str, dry_run: bool) -> None:
+    transformers = _transformers()
+    cfg = (
+        TINY if dry_run else ModelConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    )
+    new = 20 if dry_run else 200
+    report.section(
+        f"decoding, {'a tiny shape (dry run)' if dry_run else 'GPT-2 124M'}: batch 1, {new} new tokens"
+    )
+    if transformers is None:
+        report.say("skipped: transformers is not installed")
+        return
+    hf_cfg = transformers.GPT2Config(
+        vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_layer=cfg.n_layer, n_head=cfg.n_head,
+        n_embd=cfg.n_embd,
+    )  # fmt: skip
+    rows = [
+        _decode_pair(transformers, hf_cfg, cfg, dtype, device, new)
+        for dtype in (torch.float32, torch.bfloat16)
+    ]
+    header = ["weights", "gptcli tokens/s", "HF generate tokens/s", "ratio", "same tokens", "beam B=4 vs HF",
+              "same best beam"]  # fmt: skip
+    report.table(header, rows)
+
+
+def _decode_pair(transformers, hf_cfg, cfg: ModelConfig, dtype: torch.dtype, device: str, new: int) -> list:
+    """One row: greedy tokens/s of gptcli and HF generate on the same weights, whether
+    their tokens agree, and beam search (B=4) speed and best hypothesis."""
+    from gptcli.hf import hf_to_gptcli_state_dict
+
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(hf_cfg).eval()
+    ours = GPT(cfg).eval()
+    ours.load_state_dict(hf_to_gptcli_state_dict(hf.state_dict()), strict=False)
+    hf, ours = hf.to(device, dtype), ours.to(device, dtype)
+    prompt = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
+    ids, on_device = prompt[0].tolist(), prompt.to(device)
+    t_ours, got = _timed(lambda: [int(s.tokens[0]) for s in generate(ours, ids, new, sampling=GREEDY)])
+    t_hf, ref = _timed(
+        lambda: hf.generate(
+            on_device, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+        )[0, len(ids) :].tolist()
+    )
+    steps = max(1, new // 4)
+    b_ours, beams = _timed(lambda: beam_search(ours, ids, 4, steps))
+    b_hf, hf_beams = _timed(
+        lambda: hf.generate(
+            on_device,
+            num_beams=4,
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            early_stopping=True,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    )
+    same_beam = beams[0].ids == hf_beams[0, len(ids) :].tolist()
+    speeds = [f"{new / t_ours:,.0f}", f"{new / t_hf:,.0f}", f"{t_hf / t_ours:.2f}x"]
+    beam = [f"{b_hf / b_ours:.2f}x", "yes" if same_beam else "no"]
+    return [str(dtype).removeprefix("torch."), *speeds, _agree(got, ref), *beam]
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+    fn()  # warm-up (and compilation)
+    _sync()
+    t0 = time.perf_counter()
+    out = fn()
+    _sync()
+    return time.perf_counter() - t0, out
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _agree(a: list[int], b: list[int]) -> str:
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+    return "all" if n is None else f"first {n}"
+
+
+# --- 6. what fits --------------------------------------------------------------------------------
+
+
+def what_fits(report: Report, work: Path, device: str, dry_run: bool) -> None:
+    report.section("the largest GPT-2 shape that trains here (micro-batch 1, block 1024, AdamW)")
+    if dry_run:
+        report.say("skipped in a dry run: it needs a GPU's memory to mean anything")
+        return
+    rows = []
+    for name, (n_layer, n_head, n_embd) in SHAPES.items():
+        cfg = ModelConfig(vocab_size=50304, block_size=1024, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+        got = _fits(lambda c=cfg: train_run(c, 1, 4, device, False, work))
+        rows.append([name, "no (out of memory)" if got is None else f"yes, peak {_gib(got['peak_bytes'])}"])
+        if got is None:
+            break
+    report.table(["shape", "trains on one GPU"], rows)
+    report.say("With one GPU, --fsdp has nothing to shard over: sharded training is not measured here.")
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "unknown" if x is None else f"{100 * x:.1f}%"
+
+
+def _gib(x: int | None) -> str:
+    return "n/a" if x is None else f"{x / 2**30:.1f} GiB"
+
+
+def _transformers():
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        return transformers
+    except ImportError:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--dry-run", action="store_true", help="tiny shapes on the CPU: check the script runs"
+    )
+    parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout to run beside (never copied here)")
+    parser.add_argument("--out", type=Path, default=Path("gpu-report.md"), help="the report to write")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available() and not args.dry_run
+    if not cuda and not args.dry_run:
+        parser.error("no CUDA device: run on a GPU machine, or pass --dry-run")
+    device = "cuda" if cuda else "cpu"
+    report = Report()
+    report.say(
+        f"## bench/gpu_check.py, {time.strftime('%Y-%m-%d %H:%M')}{' (dry run)' if args.dry_run else ''}"
+    )
+    report.say("")
+    report.say("`python bench/gpu_check.py " + " ".join(sys.argv[1:]) + "`")
+    work = Path(tempfile.mkdtemp())
+    try:
+        environment(report, torch.device(device))
+        tests(report, args.dry_run)
+        demo(report, work, device, args.dry_run)
+        training(report, work, device, args.dry_run, args.nanogpt)
+        decoding(report, device, args.dry_run)
+        what_fits(report, work, device, args.dry_run)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    args.out.write_text("\n".join(report.lines) + "\n", encoding="utf-8")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
