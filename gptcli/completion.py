@@ -136,6 +136,7 @@ def complete(
     stops: Sequence[str] = (),
     show_probs: int = 0,
     on_text: Callable[[int, str], None] | None = None,
+    compile: bool = False,
 ) -> list[Sampled]:
     """Sample num_samples continuations of prompt as one batch; on_text(i, delta) receives
     each continuation's text as it becomes final (for streaming)."""
@@ -155,6 +156,7 @@ def complete(
         sampling=sampling,
         generator=generator,
         vocab_size=tokenizer.vocab_size,
+        compile=compile,
     ):
         probs = step.probs if show_probs else None
         q = step.sampling_probs if show_probs and sampling.reshapes else None
@@ -211,6 +213,7 @@ def beam_complete(
     eos: Sequence[str] = (),
     stops: Sequence[str] = (),
     no_repeat_ngram: int = 0,
+    compile: bool = False,
 ) -> list[Beam]:
     """Beam search from a text prompt: a hypothesis ends at the end-of-text token, an eos
     token, or once its text contains a stop string."""
@@ -231,6 +234,7 @@ def beam_complete(
         is_end=is_end if stops else None,
         no_repeat_ngram=no_repeat_ngram,
         vocab_size=tokenizer.vocab_size,
+        compile=compile,
     )
     out = []
     for h in hyps:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -116,15 +117,37 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
-class _Context:
-    """The tokens seen so far and the window the model conditions on (with or without a cache)."""
+def _one_token(model: GPT, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    return model.next_logits(tokens, kv_cache=cache)
 
-    def __init__(self, model: GPT, seq: torch.Tensor, use_cache: bool, cache_dtype: torch.dtype) -> None:
+
+_compiled_steps: dict[str, Any] = {}
+
+
+def compiled_step(device: torch.device) -> Callable[[GPT, torch.Tensor, KVCache], torch.Tensor]:
+    """One decoding step (a token per row, over a static KV cache) compiled with fixed
+    shapes: it compiles once per model and batch, then never again (tested over 200 steps);
+    on CUDA as CUDA graphs ("reduce-overhead"), which replay a step's ~150 kernel launches
+    as one."""
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    if mode not in _compiled_steps:
+        _compiled_steps[mode] = torch.compile(_one_token, mode=mode, dynamic=False)
+    return _compiled_steps[mode]
+
+
+class _Context:
+    """The tokens seen so far and the window the model conditions on (with or without a
+    cache; with compile, a static cache and a compiled one-token step)."""
+
+    def __init__(
+        self, model: GPT, seq: torch.Tensor, use_cache: bool, cache_dtype: torch.dtype, compile: bool = False
+    ) -> None:
         self.model = model
         self.block = model.config.block_size
         self.keep = max(1, self.block * 3 // 4)  # tokens kept when the window slides
-        self.use_cache = use_cache
+        self.use_cache = use_cache or compile
         self.cache_dtype = cache_dtype
+        self.compile = compile
         self.seq = seq  # (B, n)
         self.start = max(0, seq.size(1) - self.block)  # first position inside the window
         self.cache: KVCache | None = None
@@ -134,7 +157,12 @@ class _Context:
         window = self.seq[:, self.start :]
         if not self.use_cache:
             return self.model.next_logits(window)
-        self.cache = KVCache(self.model.config, window.size(0), self.block, window.device, self.cache_dtype)
+        B = window.size(0)
+        if self.compile and self.cache is not None and self.cache.batch_size == B:
+            self.cache.reset()  # the same buffers, which the compiled step holds on to
+        else:
+            config, device = self.model.config, window.device
+            self.cache = KVCache(config, B, self.block, device, self.cache_dtype, static=self.compile)
         return self.model.next_logits(window, kv_cache=self.cache)
 
     def first(self) -> torch.Tensor:
@@ -153,6 +181,8 @@ class _Context:
             return self._refill()
         if not self.use_cache:
             return self._refill()
+        if self.compile:
+            return compiled_step(tokens.device)(self.model, tokens[:, None], self.cache)
         return self.model.next_logits(tokens[:, None], kv_cache=self.cache)
 
 
@@ -167,16 +197,20 @@ def generate(
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
     use_cache: bool = True,
+    compile: bool = False,
 ) -> Iterator[Step]:
     """Yield one Step per new token for num_samples continuations of prompt (decoded as one
     batch after a single prefill). Stop early by leaving the loop.
 
     vocab_size: the tokenizer's vocabulary; ids beyond it (embedding padding) are never chosen.
+    compile: decode through a static KV cache with a compiled step (compiled_step); in fp32
+    the same tokens as without.
     """
     if not prompt:
         raise ValueError("generate needs at least one prompt token")
     device = next(model.parameters()).device
-    ctx = _Context(model, torch.tensor([list(prompt)], device=device), use_cache, _cache_dtype(model))
+    seq = torch.tensor([list(prompt)], device=device)
+    ctx = _Context(model, seq, use_cache, _cache_dtype(model), compile)
     logits = ctx.first()
     ctx.expand(num_samples)
     logits = logits.expand(num_samples, -1)
@@ -230,6 +264,7 @@ def beam_search(
     is_end: Callable[[list[int]], bool] | None = None,
     no_repeat_ngram: int = 0,
     vocab_size: int | None = None,
+    compile: bool = False,
 ) -> list[Hypothesis]:
     """Beam search as the lecture defines it, run as one batch of `beams` rows.
 
@@ -243,6 +278,7 @@ def beam_search(
     generate(num_beams=beams, early_stopping=True, length_penalty=...).
 
     The prompt is encoded once; the KV cache is then reordered by beam index every step.
+    compile: a static cache and a compiled step (see generate).
     """
     if beams < 1:
         raise ValueError("beams must be >= 1")
@@ -253,7 +289,8 @@ def beam_search(
             f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceed block_size {block}"
         )
     ends = set(end_ids)
-    cache = KVCache(model.config, 1, len(prompt) + max_new_tokens, device, _cache_dtype(model))
+    room = len(prompt) + max_new_tokens
+    cache = KVCache(model.config, 1, room, device, _cache_dtype(model), static=compile)
     logits = model.next_logits(torch.tensor([list(prompt)], device=device), kv_cache=cache)
     cache.expand(beams)
     logits = logits.expand(beams, -1)
@@ -299,5 +336,8 @@ def beam_search(
         scores = torch.tensor(kept, device=device)
         cache.reorder(torch.tensor(rows, device=device))
         step_ids = torch.tensor(tokens, device=device)[:, None]
-        logits = model.next_logits(step_ids, kv_cache=cache)
+        if compile:
+            logits = compiled_step(device)(model, step_ids, cache)
+        else:
+            logits = model.next_logits(step_ids, kv_cache=cache)
     return finished

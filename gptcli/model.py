@@ -29,6 +29,11 @@ class KVCache:
     Incremental decoding feeds only the new tokens; each attention layer appends its keys
     and values here and attends over everything stored. `key_mask` (B, max_len) marks real
     tokens when the prompt batch was padded, and stays None otherwise.
+
+    static: every step has the same shapes, for a compiled decoding step that never
+    recompiles (and CUDA graphs): the position is a tensor (`pos_t`), the new keys are
+    written at it, and attention always spans all max_len slots, those not yet written
+    masked out. Python's `pos` is then not kept: the caller counts.
     """
 
     def __init__(
@@ -38,6 +43,7 @@ class KVCache:
         max_len: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        static: bool = False,
     ) -> None:
         shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, nh, max_len, hs)
@@ -45,13 +51,33 @@ class KVCache:
         self.key_mask: torch.Tensor | None = None  # (B, max_len) bool
         self.max_len = max_len
         self.pos = 0  # tokens stored
+        self.static = static
+        self.pos_t = torch.zeros((), dtype=torch.long, device=device)  # tokens stored (static)
+        self.slots = torch.arange(max_len, device=device)
+
+    def reset(self) -> None:
+        """Empty, to be filled again from position 0 (the same buffers)."""
+        self.pos = 0
+        self.pos_t.zero_()
+
+    def static_positions(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Static cache: the positions (T,) of T new tokens, and which slots each may see,
+        (1, 1, T, max_len): those written before it, and itself."""
+        pos = self.pos_t + self.slots[:T]
+        return pos, (self.slots[None, :] <= pos[:, None])[None, None]
 
     @property
     def batch_size(self) -> int:
         return self.k.size(1)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new (B, nh, T, hs) keys/values of `layer`; return all (B, nh, S, hs)."""
+        """Store the new (B, nh, T, hs) keys/values of `layer`; return all (B, nh, S, hs)
+        (static: all max_len slots)."""
+        if self.static:
+            at = self.pos_t + self.slots[: k.size(2)]
+            self.k[layer].index_copy_(2, at, k)
+            self.v[layer].index_copy_(2, at, v)
+            return self.k[layer], self.v[layer]
         end = self.pos + k.size(2)
         self.k[layer, :, :, self.pos : end] = k
         self.v[layer, :, :, self.pos : end] = v
@@ -64,7 +90,12 @@ class KVCache:
         self.key_mask[:, : valid.size(1)] = valid
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep the rows `index` of the batch, in that order (beam search survivors)."""
+        """Keep the rows `index` of the batch, in that order (beam search survivors); a
+        static cache keeps its buffers (a compiled step holds on to them)."""
+        if self.static and index.numel() == self.batch_size:
+            self.k.copy_(self.k.index_select(1, index))
+            self.v.copy_(self.v.index_select(1, index))
+            return
         self.k = self.k.index_select(1, index)
         self.v = self.v.index_select(1, index)
         if self.key_mask is not None:
@@ -315,12 +346,18 @@ class GPT(nn.Module):
         probe: sees the residual stream and the attention weights of every layer (see Probe).
         """
         B, T = idx.size()
-        past = kv_cache.pos if kv_cache is not None else 0
-        if kv_cache is not None and past + T > kv_cache.max_len:
-            raise ValueError(f"KV cache holds {kv_cache.max_len} tokens, asked for {past + T}")
-        if past + T > self.config.block_size:
-            raise ValueError(f"{past + T} positions exceed the model's block_size {self.config.block_size}")
-        pos, mask = self._positions_and_mask(B, T, past, idx.device, kv_cache, attention_mask)
+        if kv_cache is not None and kv_cache.static:  # same shapes every step: no Python position
+            if attention_mask is not None or kv_cache.key_mask is not None:
+                raise ValueError("a static KV cache takes unpadded batches")
+            pos, mask = kv_cache.static_positions(T)
+        else:
+            past = kv_cache.pos if kv_cache is not None else 0
+            if kv_cache is not None and past + T > kv_cache.max_len:
+                raise ValueError(f"KV cache holds {kv_cache.max_len} tokens, asked for {past + T}")
+            if past + T > self.config.block_size:
+                block = self.config.block_size
+                raise ValueError(f"{past + T} positions exceed the model's block_size {block}")
+            pos, mask = self._positions_and_mask(B, T, past, idx.device, kv_cache, attention_mask)
 
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         if probe is not None:
@@ -329,7 +366,9 @@ class GPT(nn.Module):
             x = block(x, mask, kv_cache, probe)
             if probe is not None:
                 probe.residual(i + 1, x)
-        if kv_cache is not None:
+        if kv_cache is not None and kv_cache.static:
+            kv_cache.pos_t += T
+        elif kv_cache is not None:
             kv_cache.pos += T
         return self.transformer.ln_f(x)
 

@@ -11,10 +11,12 @@ from gptcli.cli import render
 from gptcli.cli.common import (
     Base,
     Ckpt,
+    DecodeCompile,
     Device,
     Dtype,
     Json,
     check_decoding_fits,
+    decode_compiled,
     load_model,
     text_arg,
     warn_if_cut,
@@ -27,6 +29,7 @@ def beam(
     prompt: Annotated[str, typer.Argument(help="Text to continue.", show_default=False)],
     ckpt: Ckpt = None,
     base: Base = None,
+    compile: DecodeCompile = None,
     beams: Annotated[int, typer.Option("--beams", "-b", help="Hypotheses kept at every step (B).")] = 4,
     max_new_tokens: Annotated[
         int | None,
@@ -75,7 +78,7 @@ def beam(
     BeamConfig(beams, max_new_tokens, length_penalty, n_best, no_repeat_ngram).validate()
     n_best = beams if n_best is None else n_best
 
-    loaded = load_model(ckpt, device, dtype, base=base)
+    loaded = load_model(ckpt, device, dtype, decode=compile is None, base=base)
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     if max_new_tokens is None:
         max_new_tokens = min(40, block // 2)
@@ -96,6 +99,7 @@ def beam(
         eos=eos or [],
         stops=stop or [],
         no_repeat_ngram=no_repeat_ngram,
+        compile=decode_compiled(compile, loaded),
     )
     rows = [asdict(h) for h in hyps[:n_best]]
     if json_out:

@@ -46,6 +46,15 @@ Base = Annotated[
     ),
 ]
 Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps")]
+DecodeCompile = Annotated[
+    bool | None,
+    typer.Option(
+        "--compile/--no-compile",
+        help="Decode with a static KV cache and a compiled step (CUDA graphs on CUDA); --no-compile: "
+        "fully eager. Default: the fastest measured, compiled on CUDA, not on the CPU.",
+        show_default=False,
+    ),
+]
 Dtype = Annotated[str, typer.Option("--dtype", help="auto | fp32 | bf16 | fp16: the weights' type.")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 Seed = Annotated[
@@ -118,6 +127,13 @@ def load_model(
         why_dtype += " (compiled decoding kernels)"
     render.note(f"{why_device}; {why_dtype}")
     return loaded
+
+
+def decode_compiled(compile: bool | None, loaded: Loaded) -> bool:
+    """--compile/--no-compile, or by default what is fastest where the model runs."""
+    if compile is not None:
+        return compile
+    return next(loaded.model.parameters()).device.type == "cuda"
 
 
 def check_decoding_fits(model: Any, rows: int, what: str, length: int | None = None) -> None:

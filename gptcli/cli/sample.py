@@ -14,11 +14,13 @@ from gptcli.cli import render
 from gptcli.cli.common import (
     Base,
     Ckpt,
+    DecodeCompile,
     Device,
     Dtype,
     Json,
     Seed,
     check_decoding_fits,
+    decode_compiled,
     load_model,
     text_arg,
     warn_if_cut,
@@ -83,6 +85,7 @@ def read_prompt(prompt_file: Path, limit: int) -> str:
 def sample(
     ckpt: Ckpt = None,
     base: Base = None,
+    compile: DecodeCompile = None,
     prompt: Annotated[
         str | None, typer.Option("--prompt", "-p", help="Text to continue (default: start of a document).")
     ] = None,
@@ -130,7 +133,7 @@ def sample(
     SampleConfig(temp, top_k, top_p, max_new_tokens, num_samples, show_probs, seed).validate()
     sampling = Sampling(temp, top_k, top_p)
     check_prompt(prompt, prompt_file)
-    loaded = load_model(ckpt, device, dtype, base=base)
+    loaded = load_model(ckpt, device, dtype, decode=compile is None, base=base)
     check_decoding_fits(loaded.model, num_samples, f"--num-samples {num_samples}")
     tok = loaded.tokenizer
     text = prompt
@@ -154,6 +157,7 @@ def sample(
         stops=stop or [],
         show_probs=show_probs,
         on_text=(lambda i, delta: render.stream_text(delta, style="bold")) if streaming else None,
+        compile=decode_compiled(compile, loaded),
     )
 
     if json_out:
