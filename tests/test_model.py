@@ -300,3 +300,22 @@ def test_every_tasks_training_step_is_one_graph(kind):
     explained = torch._dynamo.explain(_TaskLoss(model.train(), task))(batch)
     assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
     assert explained.graph_count == 1
+
+
+def test_lm_batches_cross_to_the_device_as_one_contiguous_tensor(monkeypatch):
+    """x and y are views of one (B, T + 1) tensor copied once (pinned and non-blocking on a
+    GPU), holding exactly the windows of the token stream."""
+    import numpy as np
+
+    from gptcli.tasks import base, lm
+
+    data = np.arange(500, dtype=np.uint16) % 50
+    task = lm.LMTask(data, data, 16, 50)
+    copied = []
+    real = base.to_device
+    monkeypatch.setattr(lm, "to_device", lambda t, d: copied.append(t.is_contiguous()) or real(t, d))
+    batch = task.batch("train", torch.tensor([0, 7, 100]), torch.device("cpu"))
+    assert copied == [True]  # one copy, of a contiguous tensor
+    for row, i in enumerate([0, 7, 100]):
+        assert batch["x"][row].tolist() == data[i : i + 16].tolist()
+        assert batch["y"][row].tolist() == data[i + 1 : i + 17].tolist()
