@@ -17,8 +17,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gptcli.errors import UsageError, command
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes up to this
@@ -362,6 +360,8 @@ class Config:
         return asdict(self)
 
     def to_yaml(self) -> str:
+        import yaml  # here, not at the top: `gptcli --help` never needs it
+
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
@@ -493,6 +493,8 @@ def resume_config(saved: Config, given: list[tuple[dict[str, Any], str]]) -> Con
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    import yaml
+
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"config file {path} does not exist")
