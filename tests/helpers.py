@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,18 @@ def ours_from_hf(hf: Any) -> Any:
     missing, unexpected = model.load_state_dict(hf_to_gptcli_state_dict(hf.state_dict()), strict=False)
     assert not unexpected and not missing, (missing, unexpected)
     return model
+
+
+def chromium() -> str | None:
+    """A headless browser to render the HTML pages with (.ci/run installs Debian's)."""
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def rendered_dom(page: Path, profile: Path) -> str:
+    """The page's DOM after its script ran, as headless chromium leaves it (no network)."""
+    cmd = [
+        chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={profile}", "--dump-dom", page.as_uri(),
+    ]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False).stdout

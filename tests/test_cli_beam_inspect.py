@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 
 import pytest
 
-from tests.helpers import assert_usage_error, run
+from tests.helpers import assert_usage_error, chromium, rendered_dom, run
 
 
 def test_beam_table_and_json(trained):
@@ -107,10 +105,6 @@ def test_inspect_attn_png(trained, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
 def test_inspect_attn_html_is_self_contained(trained, tmp_path):
     out = tmp_path / "attn.html"
     assert run("inspect-attn", "The fox", "--ckpt", trained, "--save", out).exit_code == 0
@@ -120,16 +114,11 @@ def test_inspect_attn_html_is_self_contained(trained, tmp_path):
     assert "http://" not in html and "https://" not in html
 
 
-@pytest.mark.skipif(_chromium() is None, reason="no chromium to render the page")
+@pytest.mark.skipif(chromium() is None, reason="no chromium to render the page")
 def test_inspect_attn_html_renders_in_a_headless_browser(trained, tmp_path):
     out = tmp_path / "attn.html"
     assert run("inspect-attn", "The fox", "--ckpt", trained, "--save", out).exit_code == 0
-    cmd = [
-        _chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", out.as_uri(),
-    ]  # fmt: skip
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False).stdout
+    dom = rendered_dom(out, tmp_path / "profile")
     assert 'data-ready="1"' in dom  # the page's script ran to the end
     T = 7
     assert dom.count('class="cell"') + dom.count('class="cell masked"') == T * T

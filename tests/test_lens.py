@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 
 import pytest
 import torch
 
 from gptcli.lens import Lens, logit_lens
-from tests.helpers import assert_usage_error, ours_from_hf, run
+from tests.helpers import assert_usage_error, chromium, ours_from_hf, rendered_dom, run
 
 
 def full(lens: Lens, vocab: int) -> torch.Tensor:
@@ -141,20 +139,11 @@ def test_save_json_png_html(trained, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-@pytest.mark.skipif(_chromium() is None, reason="no chromium to render the page")
+@pytest.mark.skipif(chromium() is None, reason="no chromium to render the page")
 def test_lens_page_renders_in_a_headless_browser(trained, tmp_path):
     page = tmp_path / "lens.html"
     assert run("inspect-lens", "The fox", "--ckpt", trained, "--save", page).exit_code == 0
-    cmd = [
-        _chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri(),
-    ]  # fmt: skip
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False).stdout
+    dom = rendered_dom(page, tmp_path / "profile")
     assert 'data-ready="1"' in dom
     assert len(re.findall(r'class="cell( sel)?"', dom)) == 2 * 7  # layers x positions
     assert dom.count('class="bar"') == 2  # the chosen column's top token at every layer

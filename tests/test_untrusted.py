@@ -16,7 +16,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers import TINY, assert_usage_error, digest, edit_json, gptcli, make_corpus, run
+from tests.helpers import (
+    TINY,
+    assert_usage_error,
+    chromium,
+    digest,
+    edit_json,
+    gptcli,
+    make_corpus,
+    rendered_dom,
+    run,
+)
 
 # --- sizes come from the weights -----------------------------------------------------------------
 
@@ -167,21 +177,12 @@ def test_the_page_parses_as_written_whatever_the_prompt(gpt2_run, tmp_path, prom
         assert ch not in scripts[0].text
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-@pytest.mark.skipif(_chromium() is None, reason="no chromium (.ci/run installs it)")
+@pytest.mark.skipif(chromium() is None, reason="no chromium (.ci/run installs it)")
 def test_the_page_shows_every_token_and_runs_nothing_from_the_prompt(gpt2_run, tmp_path):
     html5lib = pytest.importorskip("html5lib")
     prompt = "".join(HOSTILE)
     _, data = page_for(gpt2_run, tmp_path, prompt)
-    cmd = [
-        _chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (tmp_path / "attn.html").as_uri(),
-    ]  # fmt: skip
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False).stdout
+    dom = rendered_dom(tmp_path / "attn.html", tmp_path / "profile")
     body = html5lib.parse(dom, namespaceHTMLElements=False).find(".//body")
     assert body.get("data-ready") == "1" and body.get("data-pwned") is None
     shown = [span.text or "" for span in body.iter("span") if span.get("class") == "tok"]

@@ -44,6 +44,7 @@ def _is_no_args_help(e: BaseException) -> bool:
     and exit 0 themselves)."""
     return type(e).__name__ == "NoArgsIsHelpError"
 
+
 _option_type = getattr(TyperOption, "display_type_rich", None)  # typer 0.29+ draws types itself
 
 

@@ -57,6 +57,25 @@ DecodeCompile = Annotated[
 ]
 Dtype = Annotated[str, typer.Option("--dtype", help="auto | fp32 | bf16 | fp16: the weights' type.")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+SaveFigure = Annotated[
+    Path | None,
+    typer.Option("--save", help="Also write FILE.json, FILE.png (matplotlib) or FILE.html (interactive)."),
+]
+ForceSave = Annotated[bool, typer.Option("--force", help="Replace the --save file if it exists.")]
+SAVE_FORMATS = (".json", ".png", ".html")
+
+
+def check_save(save: Path | None, force: bool) -> None:
+    """--save FILE: a figure format, and a file that may be written (see files.check_writable)."""
+    if save is None:
+        return
+    if save.suffix.lower() not in SAVE_FORMATS:
+        raise UsageError(f"--save {save}: use a .json, .png or .html file name")
+    from gptcli import files
+
+    files.check_writable(save, replace=force)
+
+
 Seed = Annotated[
     int | None, typer.Option("--seed", help="Seed for reproducible random choices.", show_default=False)
 ]

@@ -72,13 +72,17 @@ def save_attention_png(
     plt = _pyplot()
     if plt is None:
         return False
-    fig = attention_figure(plt, tokens, attention, layers, heads)
+    _write_png(plt, attention_figure(plt, tokens, attention, layers, heads), path, replace)
+    return True
+
+
+def _write_png(plt: Any, fig: Any, path: Path, replace: bool) -> None:
+    """fig to path through the one file writer, and closed either way."""
     try:
         with files.writing(path, replace=replace) as f:
             fig.savefig(f, format="png", bbox_inches="tight")
     finally:
         plt.close(fig)
-    return True
 
 
 def attention_figure(plt: Any, tokens: list[str], attention: Any, layers: list[int], heads: list[str]) -> Any:
@@ -172,9 +176,5 @@ def save_lens_png(path: Path, data: dict[str, Any], replace: bool = False) -> bo
     ax.set_xlabel("position (the token read there)", fontsize=8)
     ax.set_title("logit lens: the top next token after each layer", fontsize=9)
     fig.colorbar(image, ax=ax, shrink=0.8, label="top-1 probability")
-    try:
-        with files.writing(path, replace=replace) as f:
-            fig.savefig(f, format="png", bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    _write_png(plt, fig, path, replace)
     return True

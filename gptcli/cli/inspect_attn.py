@@ -11,10 +11,20 @@ import typer
 
 from gptcli import files
 from gptcli.cli import figures, render
-from gptcli.cli.common import Base, Ckpt, Device, Dtype, Json, load_model, text_arg, warn_if_cut
+from gptcli.cli.common import (
+    Base,
+    Ckpt,
+    Device,
+    Dtype,
+    ForceSave,
+    Json,
+    SaveFigure,
+    check_save,
+    load_model,
+    text_arg,
+    warn_if_cut,
+)
 from gptcli.errors import UsageError
-
-SAVE_FORMATS = (".json", ".png", ".html")
 
 
 def _pick(value: str, n: int, what: str, allow_mean: bool) -> list[int] | str:
@@ -43,13 +53,8 @@ def inspect_attn(
         str, typer.Option("--head", help="A head index, all, or mean (average over heads).")
     ] = "all",
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="Next-token probabilities to list.")] = 10,
-    save: Annotated[
-        Path | None,
-        typer.Option(
-            "--save", help="Also write FILE.json, FILE.png (matplotlib) or FILE.html (interactive)."
-        ),
-    ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace the --save file if it exists.")] = False,
+    save: SaveFigure = None,
+    force: ForceSave = False,
     device: Device = "auto",
     dtype: Dtype = "auto",
     json_out: Json = False,
@@ -65,10 +70,7 @@ def inspect_attn(
 
     if top_k < 1:
         raise UsageError(f"--top-k must be >= 1, got {top_k}")
-    if save is not None:
-        if save.suffix.lower() not in SAVE_FORMATS:
-            raise UsageError(f"--save {save}: use a .json, .png or .html file name")
-        files.check_writable(save, replace=force)
+    check_save(save, force)
     if not prompt:
         raise UsageError("give a prompt to look at")
     prompt = text_arg(prompt, "the prompt")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcli.errors import UsageError
-from gptcli.reports import Reporter
+from gptcli.reports import EvalReport, Reporter, StepReport
 
 # --tracker NAME -> (module.Class, the extra that installs what it needs)
 TRACKERS: dict[str, tuple[str, str]] = {
@@ -48,3 +48,23 @@ def make_trackers(
             needs = e.name or name
             raise UsageError(f"--tracker {name} needs {needs}: pip install 'gptcli[{extra}]'") from None
     return out
+
+
+def step_scalars(r: StepReport) -> dict[str, float]:
+    """A log step's figures under the names every tracker uses: train/loss, train/lr,
+    train/grad_norm, train/tokens_per_s, train/mfu (those the step has)."""
+    keys = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu")
+    return {f"train/{k}": getattr(r, k) for k in keys if getattr(r, k) is not None}
+
+
+def eval_scalars(r: EvalReport) -> dict[str, float]:
+    """An evaluation's numbers: eval/val_loss, eval/train_loss, eval/val_bpb, ..., and
+    eval/files/NAME/ppl, ... for each --eval-file."""
+    values = {f"eval/{split}_{k}": v for split, m in r.metrics.items() for k, v in m.items()}
+    values |= {
+        f"eval/files/{label}/{k}": v
+        for label, m in r.files.items()
+        for k, v in m.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    return values

@@ -19,6 +19,7 @@ from mlflow.entities import Metric, Param  # ImportError without the mlflow pack
 from mlflow.tracking import MlflowClient
 
 from gptcli.reports import EvalReport, Reporter, RunInfo, StepReport
+from gptcli.trackers import eval_scalars, step_scalars
 
 STORE = "mlflow.db"
 TAG = "gptcli.run_dir"
@@ -73,15 +74,10 @@ class MLflow(Reporter):
 
     def on_step(self, r: StepReport) -> None:
         if r.loss is not None:
-            keys = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu")
-            self._log(
-                "train", r.step, {f"train/{k}": getattr(r, k) for k in keys if getattr(r, k) is not None}
-            )
+            self._log("train", r.step, step_scalars(r))
 
     def on_eval(self, r: EvalReport) -> None:
-        values = {f"eval/{split}_{k}": v for split, m in r.metrics.items() for k, v in m.items()}
-        values |= {f"eval/files/{label}/{k}": v for label, m in r.files.items() for k, v in m.items()}
-        self._log("eval", r.step, values)
+        self._log("eval", r.step, eval_scalars(r))
 
     def close(self) -> None:
         if self.run_id is not None:

@@ -16,6 +16,7 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter  # ImportError without the tensorboard package
 
 from gptcli.reports import EvalReport, Reporter, RunInfo, SampleReport, StepReport
+from gptcli.trackers import eval_scalars, step_scalars
 
 LOG_DIR = "tensorboard"
 
@@ -36,21 +37,14 @@ class TensorBoard(Reporter):
     def on_step(self, r: StepReport) -> None:
         if self.writer is None or r.loss is None:
             return
-        for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
-            value = getattr(r, key)
-            if value is not None:
-                self.writer.add_scalar(f"train/{key}", value, r.step)
+        for name, value in step_scalars(r).items():
+            self.writer.add_scalar(name, value, r.step)
 
     def on_eval(self, r: EvalReport) -> None:
         if self.writer is None:
             return
-        for split, metrics in r.metrics.items():
-            for key, value in metrics.items():
-                self.writer.add_scalar(f"eval/{split}_{key}", value, r.step)
-        for label, metrics in r.files.items():
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.writer.add_scalar(f"eval/files/{label}/{key}", value, r.step)
+        for name, value in eval_scalars(r).items():
+            self.writer.add_scalar(name, value, r.step)
         self.writer.flush()
 
     def on_sample(self, r: SampleReport) -> None:

@@ -25,6 +25,7 @@ import wandb  # ImportError without the wandb package
 
 from gptcli.files import write_file
 from gptcli.reports import EvalReport, Reporter, RunInfo, SampleReport, StepReport
+from gptcli.trackers import eval_scalars, step_scalars
 
 DIR = "wandb"
 STATE = "gptcli.json"
@@ -92,20 +93,10 @@ class WandB(Reporter):
 
     def on_step(self, r: StepReport) -> None:
         if r.loss is not None:
-            keys = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu")
-            self._log(
-                "train", r.step, {f"train/{k}": getattr(r, k) for k in keys if getattr(r, k) is not None}
-            )
+            self._log("train", r.step, step_scalars(r))
 
     def on_eval(self, r: EvalReport) -> None:
-        values = {f"eval/{split}_{k}": v for split, m in r.metrics.items() for k, v in m.items()}
-        values |= {
-            f"eval/files/{label}/{k}": v
-            for label, m in r.files.items()
-            for k, v in m.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        self._log("eval", r.step, values)
+        self._log("eval", r.step, eval_scalars(r))
 
     def on_sample(self, r: SampleReport) -> None:
         self._log("sample", r.step, {"sample": r.prompt + r.text})
