@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -63,6 +65,26 @@ SaveFigure = Annotated[
 ]
 ForceSave = Annotated[bool, typer.Option("--force", help="Replace the --save file if it exists.")]
 SAVE_FORMATS = (".json", ".png", ".html")
+
+
+def save_document(
+    path: Path,
+    document: dict,
+    force: bool,
+    html: Callable[[Path, dict, bool], None],
+    png: Callable[[Path, bool], bool],
+) -> None:
+    """--save FILE by its extension: the JSON document itself, html(path, document, replace)
+    or png(path, replace), False when matplotlib is missing."""
+    from gptcli import files
+
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        files.write_file(path, json.dumps(document, ensure_ascii=False), replace=force)
+    elif suffix == ".html":
+        html(path, document, force)
+    elif not png(path, force):
+        raise UsageError("--save .png needs matplotlib: pip install 'gptcli[plot]' (or save .html / .json)")
 
 
 def check_save(save: Path | None, force: bool) -> None:

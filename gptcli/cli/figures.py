@@ -7,6 +7,7 @@ matplotlib is optional (the `plot` extra): the PNG writers return False without 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib.resources import files as resources
 from pathlib import Path
 from typing import Any
@@ -146,13 +147,12 @@ def save_lens_html(path: Path, data: dict[str, Any], replace: bool = False) -> N
     _save_page("lens.html", path, data, replace)
 
 
-def _visible(token: str) -> str:
-    return token.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u2192")
-
-
-def save_lens_png(path: Path, data: dict[str, Any], replace: bool = False) -> bool:
+def save_lens_png(
+    path: Path, data: dict[str, Any], visible: Callable[[str], str], replace: bool = False
+) -> bool:
     """The logit lens as a heatmap: rows layers, columns positions, each cell the top token
-    on a shade of its probability. False if matplotlib is missing."""
+    (drawn as visible(token) shows it) on a shade of its probability. False if matplotlib
+    is missing."""
     plt = _pyplot()
     if plt is None:
         return False
@@ -166,10 +166,10 @@ def save_lens_png(path: Path, data: dict[str, Any], replace: bool = False) -> bo
     for i, row in enumerate(lens):
         for j, cell in enumerate(row):
             ink = "black" if cell[0]["prob"] > 0.55 else "white"
-            ax.text(j, i, _visible(cell[0]["token"])[:10], ha="center", va="center", fontsize=7,
+            ax.text(j, i, visible(cell[0]["token"])[:10], ha="center", va="center", fontsize=7,
                     color=ink, parse_math=False)  # fmt: skip
     ax.set_xticks(range(P))
-    labels = [f"{_visible(data['tokens'][p])[:10]}\n{p}" for p in positions]
+    labels = [f"{visible(data['tokens'][p])[:10]}\n{p}" for p in positions]
     ax.set_xticklabels(labels, fontsize=7, parse_math=False)
     ax.set_yticks(range(L))
     ax.set_yticklabels(["embed", *(f"layer {i}" for i in range(1, L))], fontsize=7)

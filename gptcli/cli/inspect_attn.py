@@ -3,13 +3,11 @@ and the top-k next-token probabilities after it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gptcli import files
 from gptcli.cli import figures, render
 from gptcli.cli.common import (
     Base,
@@ -21,6 +19,7 @@ from gptcli.cli.common import (
     SaveFigure,
     check_save,
     load_model,
+    save_document,
     text_arg,
     warn_if_cut,
 )
@@ -123,17 +122,12 @@ def inspect_attn(
 
 
 def _save(path: Path, document: dict, maps, layers: list[int], heads: list[int] | str, force: bool) -> None:
-    suffix = path.suffix.lower()
-    if suffix == ".json":
-        files.write_file(path, json.dumps(document, ensure_ascii=False), replace=force)
-    elif suffix == ".html":
-        figures.save_attention_html(path, document, replace=force)
-    else:
-        names = ["mean"] if heads == "mean" else [str(h) for h in heads]
-        labels = [render.visible_piece(t.encode("utf-8")) for t in document["tokens"]]
-        if not figures.save_attention_png(
-            path, labels, maps.select(layers, heads).tolist(), layers, names, replace=force
-        ):
-            raise UsageError(
-                "--save .png needs matplotlib: pip install 'gptcli[plot]' (or save .html / .json)"
-            )
+    names = ["mean"] if heads == "mean" else [str(h) for h in heads]
+    labels = [render.visible_piece(t.encode("utf-8")) for t in document["tokens"]]
+
+    def png(path: Path, replace: bool) -> bool:
+        return figures.save_attention_png(
+            path, labels, maps.select(layers, heads).tolist(), layers, names, replace
+        )
+
+    save_document(path, document, force, figures.save_attention_html, png)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gptcli import files
 from gptcli.cli import figures, render
 from gptcli.cli.common import (
     Base,
@@ -20,6 +18,7 @@ from gptcli.cli.common import (
     SaveFigure,
     check_save,
     load_model,
+    save_document,
     text_arg,
     warn_if_cut,
 )
@@ -98,7 +97,12 @@ def inspect_lens(
     lens = logit_lens(loaded.model, p.ids, positions, top_k, vocab_size=tok.vocab_size, track=track_id)
     document = _document(tok, p.text, p.ids, lens, track_id)
     if save is not None:
-        _save(save, document, force)
+
+        def png(path: Path, replace: bool) -> bool:
+            visible = lambda token: render.visible_piece(token.encode("utf-8"))  # noqa: E731
+            return figures.save_lens_png(path, document, visible, replace=replace)
+
+        save_document(save, document, force, figures.save_lens_html, png)
     if json_out:
         render.print_json(document)
         return
@@ -144,13 +148,3 @@ def _document(tok, text: str, ids: list[int], lens, track_id: int | None) -> dic
             "rank": lens.track_ranks.tolist(),
         }
     return document
-
-
-def _save(path: Path, document: dict, force: bool) -> None:
-    suffix = path.suffix.lower()
-    if suffix == ".json":
-        files.write_file(path, json.dumps(document, ensure_ascii=False), replace=force)
-    elif suffix == ".html":
-        figures.save_lens_html(path, document, replace=force)
-    elif not figures.save_lens_png(path, document, replace=force):
-        raise UsageError("--save .png needs matplotlib: pip install 'gptcli[plot]' (or save .html / .json)")
