@@ -24,7 +24,7 @@ DEMO_STAMP := $(VENV)/.gptcli-installed-$(DEMO_EXTRAS)
 
 install: $(STAMP)
 
-# torch goes in first so that the project's `torch>=2.6` is already satisfied and pip
+# torch goes in first so that the project's `torch>=2.9` is already satisfied and pip
 # never pulls a different (multi-GB) build as a dependency.
 # one stamp per set of extras: `make demo` needs only plot, `make test` adds dev
 $(VENV)/.gptcli-installed-%: pyproject.toml

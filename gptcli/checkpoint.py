@@ -1,14 +1,16 @@
 """Checkpoints: run directories on disk (and, through gptcli.hf, Hugging Face GPT-2 models).
 
 A run directory holds `config.yaml`, `metrics.jsonl`, and two checkpoints: `best/` (lowest
-validation loss) and `last/` (most recent, with the training state for exact resume).
+validation loss) and `last/` (most recent, with the training state for exact resume); a
+run with the WSD schedule adds `stable/` (the state as its decay began, training state
+included, from which a longer budget continues).
 A checkpoint directory is self-contained:
 
     model.safetensors       weights (the tied unembedding is stored once)
     checkpoint.json         format version, model config, tokenizer, step, losses, run config
     tokenizer.json          the tokenizer
-    train_state.safetensors optimizer moments, RNG states        (last/ only)
-    train_state.json        step, schedule position, data RNG, ... (last/ only)
+    train_state.safetensors optimizer moments, RNG states        (last/ and stable/ only)
+    train_state.json        step, schedule position, data RNG, ... (last/ and stable/ only)
 
 Nothing is pickled. A checkpoint is written into a temporary directory, fsynced, and then
 renamed into place, so a crash never leaves a half-written checkpoint under its real name.
@@ -45,6 +47,7 @@ META_FILE = "checkpoint.json"
 STATE_TENSORS = "train_state.safetensors"
 STATE_JSON = "train_state.json"
 BEST, LAST = "best", "last"
+STABLE = "stable"  # a WSD run's state as its decay began, which a longer run continues from
 
 
 # --- one training per run directory -------------------------------------------------------
@@ -168,11 +171,14 @@ def save_checkpoint(
     return final
 
 
-def copy_checkpoint(run_dir: Path, src: str, dst: str, meta_update: dict[str, Any] | None = None) -> Path:
-    """Publish run_dir/dst as the weights of run_dir/src (hard links), without train state."""
+def copy_checkpoint(
+    run_dir: Path, src: str, dst: str, meta_update: dict[str, Any] | None = None, train_state: bool = False
+) -> Path:
+    """Publish run_dir/dst as the weights of run_dir/src (hard links), with its train state
+    when asked (stable/), without otherwise (best/)."""
     source = run_dir / src
     with files.new_dir(run_dir / dst) as tmp:
-        for f in (MODEL_FILE, TOKENIZER_FILE):
+        for f in (MODEL_FILE, TOKENIZER_FILE, *((STATE_TENSORS, STATE_JSON) if train_state else ())):
             files.link_or_copy(source / f, tmp / f)
         meta = json.loads((source / META_FILE).read_text(encoding="utf-8"))
         (tmp / META_FILE).write_text(json.dumps({**meta, **(meta_update or {})}, indent=2), encoding="utf-8")
@@ -260,7 +266,7 @@ META_SCHEMA: dict[str, tuple[type, ...]] = {
     "split": (str, type(None)), "delimiter": (str,), "both_orders": (bool,), "base": (str,),
     "data": (list,), "val_data": (str, type(None)), "val_fraction": (float,), "aux_lm_weight": (float,),
     "lora_rank": (int,), "lora_alpha": (float, type(None)), "lora_dropout": (float,), "lora_targets": (list,),
-    "base_checkpoint": (str,), "base_sha256": (str,),
+    "base_checkpoint": (str,), "base_sha256": (str,), "decay_started": (int,), "optimizers": (dict,),
 }  # fmt: skip
 
 

@@ -20,6 +20,8 @@ from typing import Any
 from gptcli.errors import UsageError, command
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes up to this
+OPTIMIZERS = ("adamw", "muon")  # gptcli/optim.py
+SCHEDULES = ("cosine", "wsd")
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,9 @@ def check_fields(obj: Any, section: str | None = None) -> None:
             raise UsageError(f"{name} must be {check.describe()}, got {value}")
         if choices and value not in choices:
             listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
-            raise UsageError(f"{name} must be {listed}, got {value!r}")
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise UsageError(f"{name} must be {listed}, got {value!r}{hint}")
 
 
 @dataclass
@@ -149,7 +153,7 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    """The optimisation loop: batches, AdamW, LR schedule, evaluation, hardware."""
+    """The optimisation loop: batches, optimizers, LR schedule, evaluation, hardware."""
 
     batch_size: int = knob(
         12, check=POSITIVE, flag="--batch-size", help="Sequences per micro-step (per process under torchrun)"
@@ -178,6 +182,31 @@ class TrainConfig:
     )
     beta1: float = knob(0.9, check=FRACTION)
     beta2: float = knob(0.99, check=FRACTION)
+    optimizer: str = knob(
+        "adamw",
+        choices=OPTIMIZERS,
+        flag="--optimizer",
+        help="adamw, or muon: Muon for the blocks' weight matrices and AdamW (--lr) for the rest",
+    )
+    muon_lr: float = knob(
+        0.02, check=GREATER_THAN_ZERO, flag="--muon-lr", help="Muon's peak learning rate (--optimizer muon)"
+    )
+    muon_momentum: float = knob(
+        0.95, check=FRACTION, flag="--muon-momentum", help="Muon's (Nesterov) momentum (--optimizer muon)"
+    )
+    schedule: str = knob(
+        "cosine",
+        choices=SCHEDULES,
+        flag="--schedule",
+        help="After warmup: cosine decay, or wsd: constant, then a linear decay over the last "
+        "--decay-fraction of the run",
+    )
+    decay_fraction: float = knob(
+        0.2,
+        check=Range(0, 1, lo_open=True),
+        flag="--decay-fraction",
+        help="The share of the run a wsd schedule spends decaying (--schedule wsd)",
+    )
     grad_clip: float = knob(1.0, check=NON_NEGATIVE, flag="--grad-clip", help="Max gradient norm, 0 = off")
     eval_interval: int = knob(
         250,
@@ -250,6 +279,11 @@ class TrainConfig:
             raise UsageError(
                 f"{key_name('train', 'min_lr')} = {self.min_lr} must not exceed "
                 f"{key_name('train', 'lr')} = {self.lr}"
+            )
+        if self.fsdp and self.optimizer == "muon":
+            raise UsageError(
+                "--optimizer muon does not run under --fsdp: Muon orthogonalizes each whole weight "
+                "matrix, which FSDP splits across the processes; drop --fsdp (DDP) or use --optimizer adamw"
             )
         if self.device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
             raise UsageError(

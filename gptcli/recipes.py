@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcli import loading, lora
-from gptcli.checkpoint import LAST, Loaded, checkpoint_in, newest_run
+from gptcli.checkpoint import LAST, STABLE, Loaded, checkpoint_in, newest_run
 from gptcli.config import (
     FINETUNE_DEFAULTS,
     Config,
@@ -135,7 +135,8 @@ def resume_pretraining(
         raise UsageError(
             f"the data is tokenized with {tok.name}, but the run was trained with {loaded.tokenizer.name}"
         )
-    return Trainer(loaded.model, loaded.tokenizer, task, config, run_dir, meta={"task": "lm", **data})
+    meta = {"task": "lm", **data}
+    return Trainer(loaded.model, loaded.tokenizer, task, config, run_dir, meta, _resume_point(loaded))
 
 
 def _lm_task(data_dir: Path, config: Config) -> tuple[Tokenizer, LMTask]:
@@ -169,6 +170,11 @@ def finetune_trainer(
     loaded = loading.load(settings.base)
     base_block = loaded.model.config.block_size
     config = _finetune_config(loaded, config_path, flags or {})
+    if settings.lora_rank and config.train.optimizer == "muon":  # Muon's matrices are LoRA's frozen base
+        raise UsageError(
+            "--optimizer muon trains the blocks' weight matrices, which LoRA keeps frozen; "
+            "use --optimizer adamw with --lora-rank (AdamW trains the adapters)"
+        )
     if config.model.block_size > base_block:
         raise UsageError(
             f"--block-size {config.model.block_size} is larger than the checkpoint's {base_block}; "
@@ -258,7 +264,8 @@ def resume_finetuning(
         where = Path(moved_base).resolve() if moved_base is not None else meta["base_checkpoint"]
         extra |= {"base_checkpoint": str(where), "base_sha256": meta["base_sha256"]}
     meta = {**asdict(settings), **extra}
-    return Trainer(loaded.model, loaded.tokenizer, task, config, loaded.path.parent, meta)
+    run_dir = loaded.path.parent
+    return Trainer(loaded.model, loaded.tokenizer, task, config, run_dir, meta, _resume_point(loaded))
 
 
 def _check_same_settings(settings: FinetuneSettings, given: dict[str, Any]) -> None:
@@ -405,8 +412,41 @@ def load_for_resume(
         if gone:
             notes.warning(f"--eval-file {', '.join(gone)}: no longer there; not scored from now on")
             config.train.eval_files = [p for p in config.train.eval_files if p not in gone]
+    stable = _longer_wsd_run(loaded, saved, config, run, notes)
+    if stable is not None:
+        loaded = loading.load(stable, base=base, merge=False)
     loaded.model.train()
     return loaded, config
+
+
+def _longer_wsd_run(loaded: Loaded, saved: Config, config: Config, run: Path, notes: Notes) -> Path | None:
+    """The stable/ checkpoint to continue from when a WSD run whose decay has begun is
+    given a longer budget: it goes on at the constant rate and decays at the new end."""
+    began = loaded.meta.get("decay_started")
+    old, new = saved.train, config.train
+    longer = new.max_iters > old.max_iters or (
+        old.max_time is not None and (new.max_time is None or new.max_time > old.max_time)
+    )
+    if new.schedule != "wsd" or began is None or not longer:
+        return None
+    stable = checkpoint_in(run, STABLE)
+    if stable is None:
+        notes.warning(
+            f"the run's decay began at step {began} and its {STABLE}/ checkpoint is gone, so the "
+            "longer run decays from the current rate to the new end"
+        )
+        return None
+    notes.info(
+        f"the run's decay began at step {began}: the longer run continues from {stable} at the "
+        f"constant rate and decays over the last {new.decay_fraction:.0%} of the new budget; "
+        f"{loaded.path} (step {loaded.meta.get('step')}) stays until the run's next checkpoint"
+    )
+    return stable
+
+
+def _resume_point(loaded: Loaded) -> str:
+    """Which of the run's checkpoints loaded is: stable/ (a longer WSD run) or last/."""
+    return STABLE if loaded.path.name in (STABLE, f"{STABLE}.old") else LAST
 
 
 def same_data(meta: dict[str, Any], sha256: str, new_data: bool, what: str, notes: Notes) -> dict[str, Any]:

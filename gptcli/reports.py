@@ -32,6 +32,8 @@ class RunInfo:
     max_iters: int
     max_time: float | None
     compile: bool
+    optimizers: dict[str, dict] = field(default_factory=dict)  # gptcli.optim.describe
+    schedule: str = ""  # the LR schedule in words
 
 
 @dataclass

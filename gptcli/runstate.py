@@ -1,6 +1,7 @@
 """What a run saves with every last/ checkpoint and reads back on --resume, so that it
-continues exactly: where training is (TrainState), the optimizer moments, the gradient
-scaler, every RNG stream and the data position; and metrics.jsonl, cut back to match.
+continues exactly: where training is (TrainState), the optimizers' state (AdamW's under
+"optimizer", as runs always saved it, and Muon's under "muon"), the gradient scaler, every
+RNG stream and the data position; and metrics.jsonl, cut back to match.
 
 The saved state is data from disk: check_train_state refuses anything in it that does not
 fit the run, and restore turns every other surprise into a one-line error.
@@ -21,7 +22,7 @@ from gptcli.checkpoint import LAST, checkpoint_in, load_train_state, save_checkp
 from gptcli.config import Config, TrainConfig
 from gptcli.errors import UsageError
 from gptcli.model import GPT
-from gptcli.optim import lr_at
+from gptcli.optim import Optimizers, lr_at
 from gptcli.parallel import Sharded, Whole
 from gptcli.runtime import Dist
 from gptcli.tokenizer import Tokenizer
@@ -71,9 +72,12 @@ class TrainState:
 
 
 def refit_schedule(state: TrainState, cfg: TrainConfig) -> None:
-    """Record the schedule's end; a resume that moves it decays on from the current LR."""
+    """Record the schedule's end; a resume that moves it decays on from the current LR (a
+    WSD run still in its constant phase simply decays at the new end)."""
     planned = [cfg.max_iters, cfg.max_time]
-    if state.schedule is not None and state.schedule != planned and state.step >= cfg.warmup_iters:
+    moved = state.schedule is not None and state.schedule != planned
+    constant = cfg.schedule == "wsd" and state.decay_from is None
+    if moved and state.step >= cfg.warmup_iters and not constant:
         before = replace(cfg, max_iters=state.schedule[0], max_time=state.schedule[1])
         lr = lr_at(state.step, before, state.elapsed, state.decay_from)
         state.decay_from = [state.step, lr, state.elapsed]
@@ -84,7 +88,7 @@ def refit_schedule(state: TrainState, cfg: TrainConfig) -> None:
 class Parts:
     """The live objects whose state is saved and restored with a run."""
 
-    optimizer: torch.optim.Optimizer
+    optimizers: Optimizers
     placement: Whole | Sharded
     scaler: torch.amp.GradScaler
     data_gen: torch.Generator
@@ -102,7 +106,7 @@ def collect(state: TrainState, parts: Parts) -> dict[str, Any]:
     )
     return {
         "state": asdict(state),
-        "optimizer": parts.placement.optimizer_state(parts.optimizer),
+        **{_STATE_KEY[name]: parts.placement.optimizer_state(opt) for name, opt in parts.optimizers.items()},
         "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else None,
         "data_rng": parts.data_gen.get_state(),
         "world": parts.dist.world,
@@ -135,18 +139,21 @@ def save_last(
         "config": config.to_dict(),
         **meta,
     }
+    if config.train.schedule == "wsd" and state.decay_from is not None:
+        full_meta["decay_started"] = int(state.decay_from[0])  # a longer budget goes back to stable/
     return save_checkpoint(run_dir, LAST, model, tokenizer, full_meta, saved, weights)
 
 
-def restore(run_dir: Path, parts: Parts) -> TrainState:
-    """Put the state saved in run_dir's last/ checkpoint back into parts, and return where
-    training was. Anything in it that does not fit this run is a one-line error."""
+def restore(run_dir: Path, parts: Parts, name: str = LAST) -> TrainState:
+    """Put the state saved in run_dir's last/ checkpoint (or stable/) back into parts, and
+    return where training was. Anything in it that does not fit this run is a one-line
+    error."""
     skip = None if parts.dist.is_main else parts.placement.skip_on_load
-    ckpt = checkpoint_in(run_dir, LAST) or run_dir / LAST
+    ckpt = checkpoint_in(run_dir, name) or run_dir / name
     saved = load_train_state(ckpt, skip)
     try:
         if parts.dist.is_main:
-            check_train_state(saved, parts.optimizer, f"{ckpt}/train_state.json")
+            check_train_state(saved, parts.optimizers, f"{ckpt}/train_state.json")
         return _load(saved, parts)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
         raise UsageError(
@@ -156,9 +163,10 @@ def restore(run_dir: Path, parts: Parts) -> TrainState:
 
 
 def _load(saved: dict[str, Any], parts: Parts) -> TrainState:
-    optim = saved["optimizer"]
-    optim["state"] = {int(k): v for k, v in optim["state"].items()}
-    parts.placement.load_optimizer_state(parts.optimizer, optim)
+    for name, opt in parts.optimizers.items():
+        optim = saved[_STATE_KEY[name]]
+        optim["state"] = {int(k): v for k, v in optim["state"].items()}
+        parts.placement.load_optimizer_state(opt, optim)
     if saved.get("scaler"):
         parts.scaler.load_state_dict(saved["scaler"])
     parts.data_gen.set_state(saved["data_rng"])
@@ -180,39 +188,47 @@ def _per_rank(rng: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
     return [rng] if isinstance(rng, torch.Tensor) else rng
 
 
+_STATE_KEY = {"adamw": "optimizer", "muon": "muon"}  # where each optimizer's state is saved
+
 _STATE_SCHEMA: dict[str, tuple[type, ...]] = {
     "step": (int,), "tokens": (int,), "elapsed": (float,), "best_val_loss": (float, type(None)),
     "last_eval_step": (int,), "schedule": (list, type(None)), "decay_from": (list, type(None)),
 }  # fmt: skip
 
 
-def check_train_state(
-    saved: Any, optimizer: torch.optim.Optimizer, source: str = "the training state"
-) -> None:
+def check_train_state(saved: Any, optimizers: Optimizers, source: str = "the training state") -> None:
     """Raise ValueError unless a saved training state has the parts resume reads, with
-    values that can be, and an optimizer state for exactly this model's parameters (every
-    moment the shape of its parameter)."""
+    values that can be, and a state for exactly this run's optimizers, each for exactly
+    its parameters (every moment the shape of its parameter)."""
     if not isinstance(saved, dict) or not all(k in saved for k in ("state", "optimizer", "data_rng")):
         raise ValueError("it lacks the state, optimizer or data_rng part")
     if not isinstance(saved["state"], dict) or set(saved["state"]) - set(TrainState.__dataclass_fields__):
         raise ValueError("its state part holds unknown fields")
     check_types(saved["state"], _STATE_SCHEMA, source)
     _check_state_values(saved["state"])
-    optim = saved["optimizer"]
+    for name, key in _STATE_KEY.items():
+        if (key in saved) != (name in optimizers):
+            raise ValueError(f"it {'holds' if key in saved else 'lacks'} a {name} state, and this run "
+                             f"{'does not use' if key in saved else 'uses'} {name}")  # fmt: skip
+    for name, opt in optimizers.items():
+        _check_optimizer_state(saved[_STATE_KEY[name]], opt, name)
+
+
+def _check_optimizer_state(optim: Any, optimizer: torch.optim.Optimizer, name: str) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
     groups = optim.get("param_groups") if isinstance(optim, dict) else None
     if not isinstance(groups, list) or [len(g.get("params", [])) for g in groups] != [
         len(g["params"]) for g in optimizer.param_groups
     ]:
-        raise ValueError("its optimizer has other parameter groups than this model")
+        raise ValueError(f"its {name} has other parameter groups than this model")
     for index, moments in (optim.get("state") or {}).items():
         i = int(index)
         if not 0 <= i < len(params) or not isinstance(moments, dict):
-            raise ValueError(f"its optimizer state names parameter {index}, which this model lacks")
-        for name, value in moments.items():
-            if name != "step" and isinstance(value, torch.Tensor) and value.shape != params[i].shape:
+            raise ValueError(f"its {name} state names parameter {index}, which this model lacks")
+        for key, value in moments.items():
+            if key != "step" and isinstance(value, torch.Tensor) and value.shape != params[i].shape:
                 raise ValueError(
-                    f"optimizer {name} of parameter {i} has shape {tuple(value.shape)}, "
+                    f"{name} {key} of parameter {i} has shape {tuple(value.shape)}, "
                     f"the parameter {tuple(params[i].shape)}"
                 )
 

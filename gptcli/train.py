@@ -27,13 +27,13 @@ import torch
 import torch.nn as nn
 
 from gptcli import files, lora
-from gptcli.checkpoint import LAST, RunLock, copy_checkpoint
+from gptcli.checkpoint import BEST, LAST, STABLE, RunLock, checkpoint_in, copy_checkpoint, read_meta
 from gptcli.config import Config
 from gptcli.errors import GptcliError, UsageError
 from gptcli.evals import evaluate as evaluate_file
 from gptcli.evals import plan_files
 from gptcli.model import GPT
-from gptcli.optim import lr_at, make_optimizer, set_lr
+from gptcli.optim import decay_due, decay_time, describe, describe_schedule, lr_at, make_optimizers, set_lr
 from gptcli.parallel import Sharded, Whole
 from gptcli.reports import EvalReport, Reporter, RunInfo, SampleReport, StepReport, Summary
 from gptcli.runstate import METRICS_FILE, MetricsLog, Parts, TrainState, refit_schedule, restore, save_last
@@ -53,7 +53,7 @@ from gptcli.tasks import Batch, Task
 from gptcli.tokenizer import Tokenizer
 
 CONFIG_FILE = "config.yaml"
-RUN_FILES = (LAST, "best", CONFIG_FILE, METRICS_FILE, "loss.png")  # what a run writes in its directory
+RUN_FILES = (LAST, BEST, STABLE, CONFIG_FILE, METRICS_FILE, "loss.png")  # what a run writes in its directory
 
 
 class Diverged(GptcliError):
@@ -137,8 +137,10 @@ class Trainer:
         config: Config,
         run_dir: Path,
         meta: dict[str, Any] | None = None,
+        resume_from: str = LAST,
     ) -> None:
         self.model = model
+        self.resume_from = resume_from  # the checkpoint run(resume=True) continues from: last/, or stable/
         self.tokenizer = tokenizer
         self.task = task
         self.config = config
@@ -206,8 +208,9 @@ class Trainer:
                 self.device_reason += ", weights gathered in bf16 and gradients reduced in fp32"
         else:
             placement = Whole(loss_module, self.model, self.device, dist.enabled, cfg.compile)
-        optimizer = make_optimizer(self.model, cfg, self.device)  # after sharding, if any
-        self.parts = Parts(optimizer, placement, scaler, data_gen, dist, self.device)
+        optimizers = make_optimizers(self.model, cfg, self.device)  # after sharding, if any
+        self.meta["optimizers"] = describe(optimizers, cfg)  # in every checkpoint.json
+        self.parts = Parts(optimizers, placement, scaler, data_gen, dist, self.device)
         self.state = TrainState()
 
     def _check_memory(self) -> None:
@@ -226,7 +229,8 @@ class Trainer:
         return RunInfo(
             self.run_dir, str(self.device), self.device_reason, self.precision.name, self.precision.reason,
             model.num_params(), tokens_per_step, cfg.batch_size, cfg.grad_accum, self.dist.world,
-            self.state.step, cfg.max_iters, cfg.max_time, cfg.compile,
+            self.state.step, cfg.max_iters, cfg.max_time, cfg.compile, self.meta.get("optimizers", {}),
+            describe_schedule(cfg),
         )  # fmt: skip
 
     def _seq_len(self) -> int:
@@ -301,7 +305,7 @@ class Trainer:
         )
         self._save_last(metrics)
         if improved and self.dist.is_main:
-            path = copy_checkpoint(self.run_dir, LAST, "best")
+            path = copy_checkpoint(self.run_dir, LAST, BEST)
             self.reporter.on_checkpoint("best", path, self.state.step)
         return metrics, scored
 
@@ -353,7 +357,7 @@ class Trainer:
         the whole job processed, and the gradient norm before clipping (when clipping, or
         when measure asks for it; None otherwise)."""
         cfg, dist, parts = self.cfg, self.dist, self.parts
-        set_lr(parts.optimizer, lr)
+        set_lr(parts.optimizers, lr, cfg)
         indices = torch.randint(
             self.task.num_examples("train"), (cfg.grad_accum, cfg.batch_size), generator=parts.data_gen
         )
@@ -368,12 +372,16 @@ class Trainer:
                 parts.scaler.scale(loss).backward()
             step_loss += loss.detach()
         norm = None
+        optimizers = parts.optimizers.values()
         if cfg.grad_clip > 0 or measure:  # an infinite bound measures and leaves the gradients as they are
-            parts.scaler.unscale_(parts.optimizer)
+            for opt in optimizers:
+                parts.scaler.unscale_(opt)
             norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
-        parts.scaler.step(parts.optimizer)
+        for opt in optimizers:
+            parts.scaler.step(opt)
         parts.scaler.update()
-        parts.optimizer.zero_grad(set_to_none=True)
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
         return step_loss, tokens, norm
 
     def _log(
@@ -413,26 +421,37 @@ class Trainer:
             )
         return peak
 
-    def _should_stop(self, elapsed: float) -> bool:
-        """Whether to stop before the next step (max_iters, max_time or a signal). Under
-        torchrun every process must stop at the same step: what only one process knows (its
-        clock, a signal) is agreed on at log steps alone, one small all-reduce per log
-        interval rather than a host sync every step; max_iters needs no agreement."""
-        out_of_time = self.cfg.max_time is not None and elapsed >= self.cfg.max_time
+    def _should_stop(self, elapsed: float) -> tuple[bool, bool]:
+        """Whether to stop before the next step (max_iters, max_time or a signal), and whether
+        max_time says a WSD run's decay is due. Under torchrun every process must act at the
+        same step: what only one process knows (its clock, a signal) is agreed on at log
+        steps alone, one small all-reduce per log interval rather than a host sync every
+        step; max_iters needs no agreement."""
+        cfg = self.cfg
+        out_of_time = cfg.max_time is not None and elapsed >= cfg.max_time
+        timed_decay = self.state.decay_from is None and decay_time(cfg, elapsed)
         request = self.stop_request
         if self.dist.enabled:
-            if self.state.step % self.cfg.log_interval == 0:
-                flags = torch.tensor([out_of_time, request is not None], dtype=torch.float32)
+            if self.state.step % cfg.log_interval == 0:
+                flags = torch.tensor([out_of_time, request is not None, timed_decay], dtype=torch.float32)
                 flags = self.dist.reduce(flags.to(self.device), "max").cpu()
-                out_of_time = bool(flags[0])
+                out_of_time, timed_decay = bool(flags[0]), bool(flags[2])
                 request = (request or "interrupted") if flags[1] else None
             else:  # acted on at the next log step, by every process together
-                out_of_time, request = False, None
+                out_of_time, request, timed_decay = False, None, False
         if self.stop_reason is None and request is not None:
             self.stop_reason = request
-        if self.stop_reason is None and (self.state.step >= self.cfg.max_iters or out_of_time):
-            self.stop_reason = "max_time" if self.state.step < self.cfg.max_iters else "max_iters"
-        return self.stop_reason is not None
+        if self.stop_reason is None and (self.state.step >= cfg.max_iters or out_of_time):
+            self.stop_reason = "max_time" if self.state.step < cfg.max_iters else "max_iters"
+        return self.stop_reason is not None, timed_decay and self.state.step >= cfg.warmup_iters
+
+    def _begin_decay(self, elapsed: float) -> None:
+        """End a WSD run's constant phase: keep the checkpoint just taken here as stable/, from
+        which a longer budget can continue, and decay from now on."""
+        if self.dist.is_main:
+            path = copy_checkpoint(self.run_dir, LAST, STABLE, train_state=True)
+            self.reporter.on_checkpoint(STABLE, path, self.state.step)
+        self.state.decay_from = [self.state.step, self.cfg.lr, elapsed]
 
     # -- the loop
 
@@ -458,7 +477,12 @@ class Trainer:
     def _run(self, resume: bool) -> Summary:
         self._setup()
         if resume:
-            self.state = restore(self.run_dir, self.parts)
+            self.state = restore(self.run_dir, self.parts, self.resume_from)
+            if self.resume_from == STABLE:  # best/ may hold a better model, from the decay since
+                best = checkpoint_in(self.run_dir, BEST)
+                kept = read_meta(best).get("best_val_loss") if best is not None else None
+                if kept is not None and (self.state.best_val_loss is None or kept < self.state.best_val_loss):
+                    self.state.best_val_loss = kept
             self.metrics.truncate(
                 self.state.step, keep_eval_at_step=self.state.last_eval_step == self.state.step
             )
@@ -477,7 +501,7 @@ class Trainer:
         with _StopSignals(self):
             while True:
                 self.state.elapsed = elapsed = clock.elapsed()
-                stopping = self._should_stop(elapsed)
+                stopping, timed_decay = self._should_stop(elapsed)
                 if self.stop_reason in ("interrupted", "terminated"):
                     self._save_last(None)
                     break
@@ -489,6 +513,12 @@ class Trainer:
                     clock.pause(since)
                 if stopping:
                     break
+                if self.state.decay_from is None and (timed_decay or decay_due(self.state.step, self.cfg)):
+                    since = time.perf_counter()
+                    if self.state.last_eval_step != self.state.step:
+                        last_metrics, last_files = self._evaluate_and_checkpoint(elapsed)
+                    self._begin_decay(elapsed)
+                    clock.pause(since)
                 lr = lr_at(self.state.step, self.cfg, elapsed, self.state.decay_from)
                 logging = (self.state.step + 1) % self.cfg.log_interval == 0 or self.state.step == 0
                 step_loss, tokens, grad_norm = self._step(lr, measure=logging)

@@ -76,6 +76,25 @@ def test_config_round_trips_through_yaml(tmp_path):
         ("model: [1, 2]\n", "section 'model' .* must be a mapping"),
         ("train:\n  max_time: soon\n", "bad duration"),
         ("{{{\n", "not valid YAML"),
+        # the optimizer and schedule keys (gptcli/optim.py)
+        (
+            "train:\n  optimizer: mun\n",
+            r"train.optimizer \(--optimizer\) must be adamw or muon, got 'mun'; did you mean 'muon'\?",
+        ),
+        (
+            "train:\n  schedule: wds\n",
+            r"train.schedule \(--schedule\) must be cosine or wsd, got 'wds'; did you mean 'wsd'\?",
+        ),
+        ("train:\n  muon_lrr: 0.02\n", "unknown key 'train.muon_lrr' in .*did you mean 'muon_lr'"),
+        (
+            "train:\n  muon_momentum: 1.0\n",
+            r"train.muon_momentum \(--muon-momentum\) must be in \[0, 1\), got 1.0",
+        ),
+        ("train:\n  muon_lr: 0\n", r"train.muon_lr \(--muon-lr\) must be > 0"),
+        ("train:\n  decay_fraction: 0\n", r"train.decay_fraction \(--decay-fraction\) must be in \(0, 1\]"),
+        ("train:\n  decay_fraction: 1.5\n", r"train.decay_fraction \(--decay-fraction\) must be in \(0, 1\]"),
+        ("muon_lr: 0.02\n", r"did you mean 'train.muon_lr'"),
+        ("train:\n  optimizer: muon\n  fsdp: true\n", "--optimizer muon does not run under --fsdp"),
     ],
 )
 def test_bad_configs_explain_themselves(tmp_path, text, message):

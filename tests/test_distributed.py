@@ -96,6 +96,25 @@ def test_samples_are_drawn_alike_replicated_or_sharded(runs, mode):
     assert samples["single"] == samples[mode]
 
 
+def test_muon_replicated_follows_one_process(runs):
+    """--optimizer muon under DDP: every replica orthogonalizes the same all-reduced
+    gradient, so two processes take one process's steps (to the Newton-Schulz iteration's
+    precision, bf16 where the CPU multiplies bf16 natively)."""
+    for name, procs in (("muon-single", 1), ("muon-ddp", 2)):
+        args = ["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "10", "--optimizer", "muon"]
+        result = launch(args, runs, procs)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    single, ddp = records(runs / "muon-single"), records(runs / "muon-ddp")
+    assert [(r["kind"], r["step"]) for r in single] == [(r["kind"], r["step"]) for r in ddp]
+    for a, b in zip(single, ddp, strict=True):
+        key = "loss" if a["kind"] == "train" else "val_loss"
+        assert a[key] == pytest.approx(b[key], abs=1e-3), a["step"]
+    from gptcli.checkpoint import load_train_state
+
+    saved = load_train_state(runs / "muon-ddp" / "last")
+    assert sorted(saved["muon"]["state"]) == ["0", "1", "2", "3"]  # the block's four matrices
+
+
 def test_torchrun_with_the_defaults_trains_one_micro_step_per_process(runs):
     """No --grad-accum under torchrun: the global batch is one micro-batch per process, and
     the run follows one process given that batch (--grad-accum 2)."""

@@ -14,12 +14,12 @@ from gptcli.checkpoint import load_checkpoint, load_train_state
 from gptcli.config import Config, TrainConfig, flag_overrides, load_config
 from gptcli.data import load_data_tokenizer, load_split, tokenize_corpus
 from gptcli.model import GPT
-from gptcli.optim import lr_at, make_optimizer
+from gptcli.optim import Muon, block_matrices, lr_at, make_optimizers
 from gptcli.reports import Reporter
 from gptcli.runtime import seed_everything
 from gptcli.tasks import LMTask
 from gptcli.train import Trainer
-from tests.helpers import make_corpus
+from tests.helpers import TINY, assert_usage_error, digest, make_corpus, run
 
 
 def tiny_config(**train) -> Config:
@@ -80,7 +80,9 @@ def test_lr_decays_on_from_where_a_changed_schedule_takes_over():
 
 def test_weight_decay_only_on_matrices():
     model = GPT(tiny_config().model.__class__(vocab_size=11, block_size=8, n_layer=1, n_head=1, n_embd=8))
-    opt = make_optimizer(model, TrainConfig(weight_decay=0.1), torch.device("cpu"))
+    opts = make_optimizers(model, TrainConfig(weight_decay=0.1), torch.device("cpu"))
+    assert list(opts) == ["adamw"]
+    opt = opts["adamw"]
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
@@ -135,18 +137,20 @@ class StopAt(Reporter):
             self.trainer.request_stop()
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_resume_is_exact(data_dir, tmp_path, dtype):
+@pytest.mark.parametrize(
+    ("dtype", "optimizer"), [("fp32", {}), ("bf16", {}), ("fp32", {"optimizer": "muon", "schedule": "wsd"})]
+)
+def test_resume_is_exact(data_dir, tmp_path, dtype, optimizer):
     """N steps straight == N/2 steps, stop, resume, N/2 steps: same losses, same weights
-    (also with bf16 autocast, the default on CPUs with native bf16)."""
-    config = tiny_config(max_iters=40, eval_interval=10, log_interval=1, dropout=0.1, dtype=dtype)
+    (also with bf16 autocast, the default on CPUs with native bf16; and with Muon and the
+    WSD schedule, whose decay begins after the resume)."""
+    settings = dict(max_iters=40, eval_interval=10, log_interval=1, dropout=0.1, dtype=dtype, **optimizer)
+    config = tiny_config(**settings)
     straight = build_trainer(data_dir, tmp_path / "straight", config)
     straight.run()
 
     stopper = StopAt(23)  # between evaluations, so the stop itself writes the checkpoint
-    first = build_trainer(
-        data_dir, tmp_path / "split", tiny_config(max_iters=40, eval_interval=10, log_interval=1, dtype=dtype)
-    )
+    first = build_trainer(data_dir, tmp_path / "split", tiny_config(**settings))
     stopper.trainer = first
     assert first.run(reporter=stopper).stop_reason == "interrupted"
     assert load_train_state(tmp_path / "split" / "last")["state"]["step"] == 23
@@ -329,3 +333,144 @@ def test_samples_while_training_leave_training_alone(data_dir, tmp_path):
     Trainer(model, first.tokenizer, first.task, config, tmp_path / "resumed", {"task": "lm"}).run(resume=True)
     resumed = [r for r in train_records(tmp_path / "resumed") if r["kind"] == "sample"]
     assert [(r["step"], r["text"]) for r in resumed] == [(r["step"], r["text"]) for r in samples]
+
+
+# --- Muon and the WSD schedule ---------------------------------------------------------------
+
+
+def test_every_parameter_is_in_exactly_one_optimizer():
+    """--optimizer muon: the blocks' attention and MLP matrices in Muon's group, everything
+    else (tied embedding and head, positions, LayerNorms, biases, a task's head) in AdamW's."""
+    cfg = tiny_config().model.__class__(
+        vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8, n_classes=3
+    )
+    model = GPT(cfg)
+    opts = make_optimizers(model, TrainConfig(optimizer="muon"), torch.device("cpu"))
+    assert list(opts) == ["adamw", "muon"] and isinstance(opts["muon"], Muon)
+    name = {id(p): n for n, p in model.named_parameters()}
+    held = {k: [name[id(p)] for g in o.param_groups for p in g["params"]] for k, o in opts.items()}
+    every = held["adamw"] + held["muon"]
+    assert sorted(every) == sorted(name.values()) and len(set(every)) == len(every)  # once each
+    matrices = {f"transformer.h.{i}.{m}.weight" for i in range(2)
+                for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}  # fmt: skip
+    assert set(held["muon"]) == matrices
+    assert "transformer.wte.weight" in held["adamw"] and "transformer.wpe.weight" in held["adamw"]
+    assert any(n.startswith("classifier.") for n in held["adamw"])
+    assert [name[id(p)] for p in block_matrices(model)] == sorted(matrices, key=held["muon"].index)
+
+
+def test_muon_step_is_torchs():
+    """gptcli's Muon with its Newton-Schulz iteration in bf16 is torch.optim.Muon bit for
+    bit; in fp32 (CPUs without native bf16) it takes the same steps to bf16's precision."""
+    torch.manual_seed(0)
+    start = [torch.randn(48, 16), torch.randn(16, 64)]
+
+    def steps(make) -> list[torch.Tensor]:
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        opt, gen = make(params), torch.Generator().manual_seed(1)
+        for _ in range(3):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        return [p.detach() - w for p, w in zip(params, start, strict=True)]
+
+    settings = dict(lr=0.02, momentum=0.95, weight_decay=0.01, adjust_lr_fn="original")
+    torchs = steps(lambda ps: torch.optim.Muon(ps, **settings))
+    ours = steps(lambda ps: Muon(ps, ns_dtype=torch.bfloat16, **settings))
+    assert all(torch.equal(a, b) for a, b in zip(torchs, ours, strict=True))
+    fp32 = steps(lambda ps: Muon(ps, ns_dtype=torch.float32, **settings))
+    for a, b in zip(torchs, fp32, strict=True):
+        assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.999
+        assert not torch.equal(a, b)
+
+
+def test_wsd_schedule_and_its_stable_checkpoint(data_dir, tmp_path):
+    """--schedule wsd: warmup, the peak until the last decay_fraction of the run, then a
+    straight line to min_lr; Muon's rate follows, scaled to its own peak. The run keeps the
+    checkpoint taken as the decay begins, training state included, as stable/."""
+    run_dir = tmp_path / "run"
+    config = tiny_config(max_iters=40, warmup_iters=5, log_interval=1, eval_interval=100, optimizer="muon",
+                         schedule="wsd", decay_fraction=0.25, muon_lr=0.03)  # fmt: skip
+    trainer = build_trainer(data_dir, run_dir, config)
+    trainer.run()
+    lrs = {
+        r["step"]: r["lr"] for r in train_records(run_dir) if r["kind"] == "train"
+    }  # step k used lr_at(k-1)
+    peak, floor = 3e-3, 3e-4
+    assert lrs[5] == pytest.approx(peak * 5 / 6)  # the last warmup step
+    assert lrs[6] == lrs[30] == lrs[31] == pytest.approx(peak)  # warmup over; the decay starts at step 30
+    assert lrs[32] == pytest.approx(peak - (peak - floor) / 10)
+    assert lrs[40] == pytest.approx(floor + (peak - floor) / 10)  # the last step, one tenth above min_lr
+    assert all(a >= b for a, b in itertools.pairwise(list(lrs.values())[5:]))
+    muon = trainer.parts.optimizers["muon"].param_groups[0]["lr"]
+    assert muon == pytest.approx(lrs[40] * 0.03 / peak)
+    evals = [r["step"] for r in train_records(run_dir) if r["kind"] == "eval"]
+    assert evals == [0, 30, 40]  # the decay's start is evaluated, to be kept
+    assert load_train_state(run_dir / "stable")["state"]["step"] == 30
+    assert load_train_state(run_dir / "stable")["state"]["decay_from"] is None
+    assert json.loads((run_dir / "last" / "checkpoint.json").read_text())["decay_started"] == 30
+
+
+def test_a_longer_wsd_run_continues_from_stable(tmp_path):
+    """Resuming a WSD run whose decay has begun with a larger budget continues from
+    stable/ at the constant rate and decays at the new end; best/ keeps the better model."""
+    make_corpus(tmp_path / "c.txt")
+    flags = list(TINY)  # warmup 3 steps, lr 3e-3
+    flags[flags.index("--max-iters") + 1] = "20"
+    flags[flags.index("--log-interval") + 1] = "1"
+    first = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "run", *flags, "--schedule", "wsd")
+    assert first.exit_code == 0, first.output
+    best_before = json.loads((tmp_path / "run" / "best" / "checkpoint.json").read_text())["val_loss"]
+    last_before = digest(tmp_path / "run" / "last" / "model.safetensors")
+    more = run("pretrain", "--resume", "--out", tmp_path / "run", "--max-iters", "40", "--json")
+    assert more.exit_code == 0, more.output
+    assert "the run's decay began at step 16: the longer run continues from" in more.output
+    assert f"{tmp_path / 'run' / 'last'} (step 20) stays until the run's next checkpoint" in more.output
+    records = train_records(tmp_path / "run")
+    lrs = [r["lr"] for r in records if r["kind"] == "train"]
+    assert len(lrs) == 40  # steps 17..20 of the first decay were replaced
+    assert lrs[3:33] == [pytest.approx(3e-3)] * 30 and lrs[-1] < lrs[33] < 3e-3  # decays from step 32 on
+    assert load_train_state(tmp_path / "run" / "stable")["state"]["step"] == 32
+    assert digest(tmp_path / "run" / "last" / "model.safetensors") != last_before
+    vals = [r["val_loss"] for r in records if r["kind"] == "eval"] + [best_before]
+    assert json.loads((tmp_path / "run" / "best" / "checkpoint.json").read_text())["val_loss"] == min(vals)
+
+
+def test_refit_of_a_wsd_schedule():
+    """A budget change in the constant phase moves the decay's start; in the decay, a
+    shorter budget decays on from the current rate."""
+    from gptcli.runstate import TrainState, refit_schedule
+
+    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100, schedule="wsd")
+    constant = TrainState(step=50, schedule=[80, None])
+    refit_schedule(constant, cfg)
+    assert constant.decay_from is None and constant.schedule == [100, None]
+    decaying = TrainState(step=70, schedule=[80, None], decay_from=[64, 1e-3, 0.0])
+    refit_schedule(decaying, TrainConfig(**{**cfg.__dict__, "max_iters": 75}))
+    assert decaying.decay_from[:2] == [70, pytest.approx(1e-3 - 0.9e-3 * 6 / 16)]
+
+
+def test_optimizer_choices_are_refused_in_one_line(tmp_path, trained):
+    """Changing the optimizer on --resume, Muon with --fsdp, and Muon with LoRA: each one
+    line, before anything is written."""
+    make_corpus(tmp_path / "c.txt")
+    made = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "run", *TINY, "--optimizer", "muon")
+    assert made.exit_code == 0, made.output
+    assert "Muon lr 0.02, momentum 0.95: " in made.output and "AdamW lr 0.003: " in made.output
+    meta = json.loads((tmp_path / "run" / "last" / "checkpoint.json").read_text())
+    groups = meta["optimizers"]
+    assert groups["muon"]["tensors"] == 4 and groups["muon"]["lr"] == 0.02 and groups["adamw"]["lr"] == 3e-3
+    assert (
+        groups["muon"]["params"] + groups["adamw"]["params"]
+        == sum(p.numel() for p in load_checkpoint(tmp_path / "run").model.parameters())  # tied: once
+    )
+    before = digest(tmp_path / "run" / "last" / "model.safetensors")
+    changed = run("pretrain", "--resume", "--out", tmp_path / "run", "--optimizer", "adamw")
+    assert_usage_error(changed, "train.optimizer (--optimizer) is 'adamw', the run's is 'muon'")
+    assert digest(tmp_path / "run" / "last" / "model.safetensors") == before
+    sharded = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "fsdp", "--optimizer", "muon", "--fsdp")
+    assert_usage_error(sharded, "--optimizer muon does not run under --fsdp")
+    lora = run("finetune", "--ckpt", trained, tmp_path / "c.txt", "--out", tmp_path / "lora",
+               "--lora-rank", "4", "--optimizer", "muon")  # fmt: skip
+    assert_usage_error(lora, "which LoRA keeps frozen; use --optimizer adamw")
+    assert not (tmp_path / "fsdp").exists() and not (tmp_path / "lora").exists()

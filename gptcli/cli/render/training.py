@@ -96,7 +96,21 @@ def header(info: reports.RunInfo, sep: str) -> list[str]:
     line's parts with " · ", the log with "; ")."""
     where = [info.device_reason, info.precision_reason, f"{info.params / 1e6:.2f}M parameters"]
     where += ["torch.compile"] if info.compile else []
-    return [sep.join(where), batch_line(info)]
+    lines = [sep.join(where), batch_line(info)]
+    return lines + ([optimizer_line(info, sep)] if info.optimizers else [])
+
+
+def optimizer_line(info: Any, sep: str) -> str:
+    """Each optimizer's learning rate and share of the model, and the schedule: "Muon lr 0.02,
+    momentum 0.95: 3.15M parameters in 16 matrices; AdamW lr 0.001: 0.42M; cosine schedule: ..."."""
+    parts = []
+    for name, o in sorted(info.optimizers.items(), reverse=True):  # muon first, as it holds the most
+        label = {"adamw": "AdamW", "muon": "Muon"}.get(name, name)
+        momentum = f", momentum {o['momentum']:g}" if "momentum" in o else ""
+        share = f"{o['params'] / 1e6:.2f}M parameters"
+        share += f" in {o['tensors']} matrices" if name == "muon" else ""
+        parts.append(f"{label} lr {o['lr']:g}{momentum}: {share}")
+    return sep.join([*parts, info.schedule] if info.schedule else parts)
 
 
 def batch_line(info: Any) -> str:
