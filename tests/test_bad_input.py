@@ -107,7 +107,7 @@ CASES = [
     ("classify an LM", ["classify", "--ckpt", "{trained}", "some text"], "is not a classifier"),
     ("fp16 on the CPU", ["sample", "--ckpt", "{trained}", "--dtype", "fp16", "--device", "cpu"], "--dtype fp16 is for GPUs"),
     ("unknown dtype", ["pretrain", "corpus.txt", "--dtype", "fp64"], "train.dtype (--dtype) must be auto, fp32, bf16 or fp16, got 'fp64'"),
-    ("unknown flag", ["finetune", "--n-layer", "2"], "No such option: --n-layer (Possible options: --lr, --min-lr) (see 'gptcli finetune --help')"),
+    ("unknown flag", ["finetune", "--n-layer", "2"], "No such option: --n-layer (Possible options: --lr, --min-lr, --muon-lr) (see 'gptcli finetune --help')"),
 ]  # fmt: skip
 
 

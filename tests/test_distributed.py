@@ -96,22 +96,23 @@ def test_samples_are_drawn_alike_replicated_or_sharded(runs, mode):
     assert samples["single"] == samples[mode]
 
 
-def test_muon_replicated_follows_one_process(runs):
+def test_muon_replicated_follows_one_process(runs, tmp_path):
     """--optimizer muon under DDP: every replica orthogonalizes the same all-reduced
     gradient, so two processes take one process's steps (to the Newton-Schulz iteration's
     precision, bf16 where the CPU multiplies bf16 natively)."""
-    for name, procs in (("muon-single", 1), ("muon-ddp", 2)):
+    (tmp_path / "c.txt").write_bytes((runs / "c.txt").read_bytes())  # its own dir: runs holds four
+    for name, procs in (("single", 1), ("ddp", 2)):
         args = ["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "10", "--optimizer", "muon"]
-        result = launch(args, runs, procs)
+        result = launch(args, tmp_path, procs)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    single, ddp = records(runs / "muon-single"), records(runs / "muon-ddp")
+    single, ddp = records(tmp_path / "single"), records(tmp_path / "ddp")
     assert [(r["kind"], r["step"]) for r in single] == [(r["kind"], r["step"]) for r in ddp]
     for a, b in zip(single, ddp, strict=True):
         key = "loss" if a["kind"] == "train" else "val_loss"
         assert a[key] == pytest.approx(b[key], abs=1e-3), a["step"]
     from gptcli.checkpoint import load_train_state
 
-    saved = load_train_state(runs / "muon-ddp" / "last")
+    saved = load_train_state(tmp_path / "ddp" / "last")
     assert sorted(saved["muon"]["state"]) == ["0", "1", "2", "3"]  # the block's four matrices
 
 
