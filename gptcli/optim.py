@@ -28,11 +28,12 @@ from gptcli.runtime import cpu_bf16_feature
 
 Optimizers = dict[str, torch.optim.Optimizer]  # "adamw", and "muon" when the run uses it
 
-# Muon's settings, chosen by measurement (bench/RESULTS.md, "Muon settings"): the 4-layer,
-# 256-wide char model of the bench, 400 steps, val loss at step 400 with lr 0.02:
-# adjust_lr_fn "original" (Keller Jordan's sqrt(max(1, rows/cols)) scaling) beat
-# "match_rms_adamw" at its own best rate, and weight decay on the Muon matrices did not help
-# at this length (the run is far from overfitting), so it is off.
+# Muon's settings, chosen by measurement (bench/muon_settings.py; bench/RESULTS.md, "Muon
+# settings"): char-level tinyshakespeare, 4 layers x 256, block 128, batch 16, 400 steps, one
+# seed, whole val split after the last step. adjust_lr_fn "original" (Keller Jordan's
+# sqrt(max(1, rows/cols)) scaling) at lr 0.02 reached 1.728, "match_rms_adamw" at 3e-3
+# 1.787; weight decay 0.1 on the Muon matrices gave 1.737 against 1.728 without, so it is
+# off. (AdamW alone, at its best rate of 1e-3, 3e-3 and 6e-3: 1.983.)
 MUON_ADJUST_LR = "original"
 MUON_WEIGHT_DECAY = 0.0
 
@@ -42,9 +43,9 @@ class Muon(torch.optim.Muon):
     step with the iteration in that dtype (the state and settings stay torch's).
 
     On a CPU without native bf16 matmuls (AVX2) torch's bf16 iteration made a step of the
-    bench's 4-layer, 256-wide model 20x slower than AdamW's (9.3 s against 0.45 s: bf16
-    matmuls ran at 14 GFLOP/s there, fp32 at 79), so there, and only there, gptcli runs it
-    in fp32 (make_optimizers). The tests check that this step with ns_dtype bf16 equals
+    bench's 4-layer, 256-wide model take 9.1 s against AdamW's 0.42 s (bf16 matmuls ran at
+    14 GFLOP/s there, fp32 at 79); in fp32 it takes 0.6 s. So there, and only there, gptcli
+    runs it in fp32 (make_optimizers). The tests check that this step with ns_dtype bf16 equals
     torch's exactly."""
 
     def __init__(self, params: Any, ns_dtype: torch.dtype | None = None, **settings: Any) -> None:

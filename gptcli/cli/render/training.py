@@ -107,6 +107,7 @@ def optimizer_line(info: Any, sep: str) -> str:
     for name, o in sorted(info.optimizers.items(), reverse=True):  # muon first, as it holds the most
         label = {"adamw": "AdamW", "muon": "Muon"}.get(name, name)
         momentum = f", momentum {o['momentum']:g}" if "momentum" in o else ""
+        momentum += ", Newton-Schulz in fp32" if o.get("newton_schulz") == "fp32" else ""
         share = f"{o['params'] / 1e6:.2f}M parameters"
         share += f" in {o['tensors']} matrices" if name == "muon" else ""
         parts.append(f"{label} lr {o['lr']:g}{momentum}: {share}")
