@@ -5,6 +5,7 @@ the ratio, appended with the machine's details to bench/RESULTS.md.
     python bench/run.py --quick               # shorter runs, no equal-time training case
     python bench/run.py --only decode,beam    # some cases
     python bench/run.py --nanogpt ~/src/nanoGPT --corpus tinyshakespeare.txt
+    python bench/run.py --only muon --nanogpt ~/src/nanoGPT --corpus tinyshakespeare.txt
 
 The in-repo peer is Hugging Face transformers (a dev dependency). nanoGPT is not part of
 this project: give --nanogpt DIR (a checkout of it) to also run its model and loop for the
@@ -1004,6 +1005,13 @@ def case_chart(args) -> list[Result]:
     ]
 
 
+def case_muon(args) -> list[Result]:
+    """--optimizer muon against adamw and nanoGPT, three seeds (bench/muon.py)."""
+    from bench.muon import compare_optimizers
+
+    return compare_optimizers(args, Result)
+
+
 CASES = {
     "train": case_train_speed,
     "equal-time": case_equal_time,
@@ -1018,6 +1026,7 @@ CASES = {
     "chart": case_chart,
     "formats": case_formats,
     "lora": case_lora,
+    "muon": case_muon,
 }
 
 

@@ -1,0 +1,245 @@
+"""The `muon` case of bench/run.py: nanoGPT's train.py (AdamW), gptcli AdamW and gptcli Muon
+on the same tokens, model shape, batch, block and step budget, on tinyshakespeare
+char-level and with the GPT-2 BPE.
+
+gptcli runs three seeds of each optimizer; nanoGPT's train.py has no seed option (it seeds
+with 1337 + rank), so it runs once. Every final model is scored on the whole val split
+(bench/val_loss.py); the curves over time come from gptcli's own evaluations every 50 steps,
+against training time only (evaluations and checkpoints left out), and nanoGPT's time is the
+sum of its per-iteration times with the evaluating iterations replaced by its median; it
+evaluates every 50 steps too (its own 20-batch estimate), so it has a curve.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptcli.reports import Reporter
+
+SEEDS = (1, 2, 3)
+EVAL_EVERY = 50
+# AdamW's peak rate, the best of 1e-3, 3e-3 and 6e-3 on the char case (bench/RESULTS.md, "Muon
+# settings"), for gptcli AdamW and nanoGPT alike; Muon runs keep AdamW at gptcli's default 1e-3
+# for the parameters it does not take
+ADAMW_LR = 3e-3
+MUON_RUN_LR = 1e-3
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One dataset's run: the model, batch and budget every trainer gets."""
+
+    name: str
+    tokenizer: str
+    n_layer: int
+    n_embd: int
+    block: int
+    batch: int
+    steps: int
+    vocab: int | None = None  # padded vocabulary (nanoGPT pads GPT-2's to 50304)
+
+
+CHAR = Shape("char", "char", 4, 256, 128, 16, 400)
+BPE = Shape("gpt2", "gpt2", 4, 256, 64, 8, 200, vocab=50304)  # the 50304 x 256 head dominates a step
+SHAPES = (CHAR, BPE)
+
+
+@dataclass
+class Run:
+    name: str
+    seed: int | None
+    final_val: float  # whole val split, after the last step
+    train_s: float  # training time of all steps
+    curve: list[tuple[float, float]]  # (training seconds, val loss) at each evaluation
+
+    def time_to(self, loss: float) -> float | None:
+        """When the curve first reaches loss (linear between evaluations), or None."""
+        for (t0, v0), (t1, v1) in itertools.pairwise(self.curve):
+            if v1 <= loss:
+                return t0 + (t1 - t0) * (v0 - loss) / (v0 - v1) if v0 > loss else t0
+        return None
+
+    def val_at(self, seconds: float) -> float:
+        """The val loss at this training time (linear between evaluations)."""
+        for (t0, v0), (t1, v1) in itertools.pairwise(self.curve):
+            if t0 <= seconds <= t1:
+                return v0 + (v1 - v0) * (seconds - t0) / max(t1 - t0, 1e-9)
+        return self.curve[-1][1]
+
+
+class _Curve(Reporter):
+    """Training time (steps only) and the run's val loss at each evaluation."""
+
+    def __init__(self) -> None:
+        self.last, self.train_s, self.points = time.perf_counter(), 0.0, []
+
+    def on_step(self, r) -> None:
+        now = time.perf_counter()
+        self.train_s, self.last = self.train_s + now - self.last, now
+
+    def on_eval(self, r) -> None:
+        self.points.append((self.train_s, r.metrics["val"]["loss"]))
+        self.last = time.perf_counter()
+
+    def on_checkpoint(self, *args) -> None:
+        self.last = time.perf_counter()
+
+
+def gptcli_run(shape: Shape, tokens: Path, optimizer: str, seed: int, work: Path) -> Run:
+    from bench.val_loss import full_val_loss
+    from gptcli.checkpoint import load_checkpoint
+    from gptcli.data import load_split
+    from gptcli.recipes import pretrain_trainer
+
+    model = dict(n_layer=shape.n_layer, n_head=4, n_embd=shape.n_embd, block_size=shape.block, dropout=0.0)
+    if shape.vocab:
+        model["vocab_size"] = shape.vocab
+    lr = ADAMW_LR if optimizer == "adamw" else MUON_RUN_LR
+    train = dict(
+        optimizer=optimizer, batch_size=shape.batch, max_iters=shape.steps, warmup_iters=50, lr=lr,
+        min_lr=lr / 10, eval_interval=EVAL_EVERY, eval_iters=20, log_interval=50, seed=seed, dtype="auto",
+    )  # fmt: skip
+    out = work / f"{shape.name}-{optimizer}-{seed}"
+    curve = _Curve()
+    pretrain_trainer([tokens], flags={"model": model, "train": train}, out=out).run(reporter=curve)
+    final = full_val_loss(load_checkpoint(out / "last").model, load_split(tokens, "val"))
+    shutil.rmtree(out, ignore_errors=True)
+    return Run(f"gptcli {optimizer}", seed, final, curve.train_s, curve.points)
+
+
+def nanogpt_run(shape: Shape, tokens: Path, nanogpt: Path, work: Path) -> Run:
+    """nanoGPT's train.py with its shakespeare_char settings scaled to the shape, on the
+    same train.bin/val.bin (gptcli's tokenize writes nanoGPT's layout: raw uint16 ids)."""
+    from bench.val_loss import full_val_loss, nanogpt_model
+    from gptcli.data import load_data_tokenizer, load_split
+
+    data = work / f"nanogpt-{shape.name}"
+    data.mkdir()
+    for split in ("train", "val"):
+        shutil.copy(tokens / f"{split}.bin", data / f"{split}.bin")
+    if shape.vocab is None:  # nanoGPT reads a char vocabulary's size from meta.pkl
+        with open(data / "meta.pkl", "wb") as f:
+            pickle.dump({"vocab_size": load_data_tokenizer(tokens).vocab_size}, f)
+    out = work / f"nanogpt-{shape.name}-out"
+    cmd = [
+        sys.executable, "train.py", "config/train_shakespeare_char.py", f"--dataset={data}",
+        f"--out_dir={out}",
+        "--device=cpu", "--compile=False", f"--n_layer={shape.n_layer}", "--n_head=4",
+        f"--n_embd={shape.n_embd}", f"--block_size={shape.block}", f"--batch_size={shape.batch}",
+        "--dropout=0.0", "--bias=True", "--always_save_checkpoint=True",
+        f"--max_iters={shape.steps}", f"--lr_decay_iters={shape.steps}",
+        "--warmup_iters=50", f"--eval_interval={EVAL_EVERY}", "--eval_iters=20", "--log_interval=1",
+        f"--learning_rate={ADAMW_LR}", f"--min_lr={ADAMW_LR / 10}",
+    ]  # fmt: skip
+    log = subprocess.run(cmd, cwd=nanogpt, check=True, capture_output=True, text=True).stdout
+    times = {
+        int(m[1]): float(m[2]) / 1000 for m in re.finditer(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", log)
+    }
+    # an iteration that evaluates first (0, 50, ...) counts as the median training step
+    median = statistics.median(t for i, t in times.items() if i % EVAL_EVERY)
+    step_s = [median if i % EVAL_EVERY == 0 else times[i] for i in range(shape.steps)]
+    # "step N: ..., val loss V" is measured after N steps (iterations 0 .. N-1)
+    curve = [
+        (sum(step_s[: int(m[1])]), float(m[2]))
+        for m in re.finditer(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)", log)
+    ]
+    final = full_val_loss(nanogpt_model(out / "ckpt.pt"), load_split(tokens, "val"))
+    train_s = sum(step_s)  # train.py takes one step past the budget; it is not counted
+    return Run("nanoGPT AdamW", None, final, train_s, curve)
+
+
+def _spread(values: list[float], digits: int = 3) -> str:
+    return (
+        f"{statistics.mean(values):.{digits}f} (min {min(values):.{digits}f}, max {max(values):.{digits}f})"
+    )
+
+
+def compare_optimizers(args, Result) -> list:
+    """The case's rows (Result: bench/run.py's row type)."""
+    from gptcli.data import tokenize_corpus
+
+    if not args.nanogpt or not args.corpus:
+        note = ["skipped: needs --nanogpt DIR and --corpus tinyshakespeare.txt"]
+        return [Result("Muon against AdamW", float("nan"), None, "", "gptcli AdamW", "", None, note)]
+    work = Path(tempfile.mkdtemp(prefix="gptcli-bench-muon-"))
+    results = []
+    for shape in SHAPES:
+        tokens = work / f"tokens-{shape.name}"
+        tokenize_corpus([args.corpus], tokens, shape.tokenizer)
+        print(f"  {shape.name}: nanoGPT ...", file=sys.stderr, flush=True)
+        peer = nanogpt_run(shape, tokens, args.nanogpt, work)
+        runs: dict[str, list[Run]] = {"adamw": [], "muon": []}
+        for seed in SEEDS:
+            for optimizer in runs:
+                print(f"  {shape.name}: gptcli {optimizer}, seed {seed} ...", file=sys.stderr, flush=True)
+                runs[optimizer].append(gptcli_run(shape, tokens, optimizer, seed, work))
+        results += _compare(shape, peer, runs["adamw"], runs["muon"], Result)
+    shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def _compare(shape: Shape, peer: Run, adamw: list[Run], muon: list[Run], Result) -> list:
+    """The case's rows: each seed's Muon against the same seed's AdamW."""
+    what = (
+        f"{shape.name}, {shape.n_layer} layers x {shape.n_embd}, block {shape.block}, batch {shape.batch}, "
+        f"{shape.steps} steps"
+    )
+    reach = [m.time_to(a.curve[-1][1]) for a, m in zip(adamw, muon, strict=True)]
+    reach_ratio = [float("inf") if r is None else r / a.train_s for r, a in zip(reach, adamw, strict=True)]
+    at_time = [a.curve[-1][1] - m.val_at(a.train_s) for a, m in zip(adamw, muon, strict=True)]
+    per_step = [m.train_s / a.train_s for a, m in zip(adamw, muon, strict=True)]
+    char = shape.name == "char"
+    finals = {name: [r.final_val for r in rs] for name, rs in (("adamw", adamw), ("muon", muon))}
+    mean = {name: statistics.mean(v) for name, v in finals.items()}
+    notes = [
+        f"whole val split after {shape.steps} steps: nanoGPT AdamW {peer.final_val:.3f} "
+        "(one run: train.py has no seed option), "
+        f"gptcli AdamW {_spread(finals['adamw'])}, gptcli Muon {_spread(finals['muon'])} over seeds {SEEDS}",
+        f"training time of {shape.steps} steps: nanoGPT {peer.train_s:.0f} s, gptcli AdamW "
+        f"{_spread([a.train_s for a in adamw], 0)} s, gptcli Muon {_spread([m.train_s for m in muon], 0)} s",
+    ]
+    target = statistics.mean(a.curve[-1][1] for a in adamw)
+    peer_reach = peer.time_to(target)
+    notes.append(
+        f"time to gptcli AdamW's final val loss ({target:.3f}, mean of the seeds' last evaluations): "
+        f"gptcli AdamW {statistics.mean(a.train_s for a in adamw):.0f} s, gptcli Muon "
+        f"{_spread([float('inf') if r is None else r for r in reach], 0)} s, nanoGPT "
+        + ("not reached" if peer_reach is None else f"{peer_reach:.0f} s")
+    )
+    at_time_val = [m.val_at(a.train_s) for a, m in zip(adamw, muon, strict=True)]
+    notes.append(
+        f"val loss (evaluation, 20 batches) at gptcli AdamW's wall time: AdamW "
+        f"{_spread([a.curve[-1][1] for a in adamw])}, Muon {_spread(at_time_val)}, nanoGPT "
+        f"{peer.val_at(statistics.mean(a.train_s for a in adamw)):.3f}"
+    )
+    return [
+        Result(
+            f"Muon, {what}: val loss after {shape.steps} steps",
+            mean["muon"], mean["adamw"], "nats", "gptcli AdamW", "lower", mean["muon"] < mean["adamw"], notes,
+        ),
+        Result(
+            f"Muon, {shape.name}: time to gptcli AdamW's final val loss (per seed)",
+            statistics.mean(reach_ratio), 1.0, "x AdamW's time", "AdamW's whole run",
+            "<= 0.7x" if char else "(reported)", max(reach_ratio) <= 0.7 if char else None,
+            [f"per seed: {', '.join(f'{r:.2f}x' for r in reach_ratio)}"],
+        ),
+        Result(
+            f"Muon, {shape.name}: val loss lower than AdamW's at AdamW's wall time",
+            statistics.mean(at_time), None, "nats", "", ">= 0.1 nats" if char else "(reported)",
+            min(at_time) >= 0.1 if char else None, [f"per seed: {', '.join(f'{d:.3f}' for d in at_time)}"],
+        ),
+        Result(
+            f"Muon, {shape.name}: step time against AdamW's", statistics.mean(per_step), None, "x", "",
+            "(reported)", None, [f"per seed: {', '.join(f'{r:.2f}x' for r in per_step)}"],
+        ),
+    ]  # fmt: skip

@@ -1,0 +1,62 @@
+"""How gptcli's Muon settings and the bench's AdamW rate were chosen: one seed of each
+setting on char-level tinyshakespeare (4 layers x 256, block 128, batch 16, 400 steps,
+warmup 50 and cosine to lr / 10), scored on the whole val split after the last step.
+
+    gptcli tokenize tinyshakespeare.txt --out /tmp/tok-char
+    python bench/muon_settings.py /tmp/tok-char [RUN ...]     # about 20 minutes on 2 cores
+
+Muon's adjust_lr_fn and weight decay are module constants of gptcli/optim.py, set here for
+each run; the figures are in bench/RESULTS.md ("Muon settings").
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import gptcli.optim as optim  # noqa: E402
+from bench.val_loss import full_val_loss  # noqa: E402
+from gptcli.checkpoint import load_checkpoint  # noqa: E402
+from gptcli.data import load_split  # noqa: E402
+from gptcli.recipes import pretrain_trainer  # noqa: E402
+
+RUNS = {
+    "muon-original-0.02": dict(optimizer="muon", lr=1e-3, muon_lr=0.02, adjust="original", wd=0.0),
+    "adamw-1e-3": dict(optimizer="adamw", lr=1e-3),
+    "muon-rms-3e-3": dict(optimizer="muon", lr=1e-3, muon_lr=3e-3, adjust="match_rms_adamw", wd=0.0),
+    "adamw-3e-3": dict(optimizer="adamw", lr=3e-3),
+    "muon-original-0.02-wd0.1": dict(optimizer="muon", lr=1e-3, muon_lr=0.02, adjust="original", wd=0.1),
+    "adamw-6e-3": dict(optimizer="adamw", lr=6e-3),
+}
+
+
+def main() -> None:
+    tokens, only = Path(sys.argv[1]), sys.argv[2:] or list(RUNS)
+    val = load_split(tokens, "val")
+    work = Path(tempfile.mkdtemp(prefix="gptcli-muon-settings-"))
+    for name in only:
+        settings = dict(RUNS[name])
+        optim.MUON_ADJUST_LR = settings.pop("adjust", "original")
+        optim.MUON_WEIGHT_DECAY = settings.pop("wd", 0.0)
+        model = dict(n_layer=4, n_head=4, n_embd=256, block_size=128, dropout=0.0)
+        train = dict(batch_size=16, max_iters=400, warmup_iters=50, eval_interval=1000, eval_iters=5,
+                     log_interval=50, min_lr=settings["lr"] / 10, seed=1337, **settings)  # fmt: skip
+        out = work / name
+        trainer = pretrain_trainer([tokens], flags={"model": model, "train": train}, out=out)
+        t0 = time.perf_counter()
+        trainer.run()
+        wall = time.perf_counter() - t0
+        loss = full_val_loss(load_checkpoint(out / "last").model, val)
+        print(json.dumps({"run": name, "val": round(loss, 4), "wall": round(wall, 1)}), flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
