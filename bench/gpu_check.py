@@ -8,8 +8,9 @@ bench/RESULTS.md (each section with the command that produced it).
 2. the CUDA tests (tests/test_cuda.py) and the whole suite;
 3. the demo (`make demo`'s training and sampling) on the device;
 4. GPT-2 124M training (GPT-2 BPE vocabulary, block 1024, bf16 + compile + SDPA) at the
-   largest micro-batch that fits: tokens/s, MFU, peak memory; beside nanoGPT's train.py
-   on the same tokens, shape and batch when a checkout is given;
+   largest micro-batch that fits: tokens/s, MFU, peak memory, and --optimizer muon's
+   tokens/s beside AdamW's; beside nanoGPT's train.py on the same tokens, shape and batch
+   when a checkout is given;
 5. greedy decoding (batch 1, 200 tokens) and beam search (B=4) of the 124M shape against
    Hugging Face's generate on the same weights, fp32 and bf16, and whether they agree;
 6. the largest GPT-2 shape that trains on this GPU (with one GPU, FSDP has nothing to
@@ -150,7 +151,15 @@ class _Rates:
         return (lambda r: self.reports.append(r)) if name == "on_step" else (lambda *a, **k: None)
 
 
-def train_run(cfg: ModelConfig, batch: int, steps: int, device: str, compile_: bool, work: Path) -> dict:
+def train_run(
+    cfg: ModelConfig,
+    batch: int,
+    steps: int,
+    device: str,
+    compile_: bool,
+    work: Path,
+    optimizer: str = "adamw",
+) -> dict:
     """gptcli's Trainer on random tokens: median tokens/s and MFU after warm-up, peak memory."""
     from gptcli.config import load_config
     from gptcli.tasks import LMTask
@@ -160,7 +169,7 @@ def train_run(cfg: ModelConfig, batch: int, steps: int, device: str, compile_: b
     flags = flag_overrides(
         n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
         batch_size=batch, max_iters=steps, eval_interval=10**6, eval_iters=1, log_interval=1,
-        device=device, dtype="auto", compile=compile_, warmup_iters=0,
+        device=device, dtype="auto", compile=compile_, warmup_iters=0, optimizer=optimizer,
     )  # fmt: skip
     config = load_config(None, flags)
     config.model.vocab_size = cfg.vocab_size
@@ -215,6 +224,13 @@ def training(report: Report, work: Path, device: str, dry_run: bool, nanogpt: Pa
         "(median of the later steps):"
     )
     report.table(["micro-batch", "tokens/s", "MFU", "peak memory"], rows)
+    if best is not None:  # Muon's per-step cost, at the batch AdamW trains fastest at
+        muon = train_run(cfg, best[0], steps, device, not dry_run, work, optimizer="muon")
+        ratio = muon["tokens_per_s"] / best[1]["tokens_per_s"]
+        report.say(
+            f"--optimizer muon at micro-batch {best[0]}: {muon['tokens_per_s']:,.0f} tokens/s "
+            f"({ratio:.2f}x AdamW's), peak memory {_gib(muon['peak_bytes'])}"
+        )
     if nanogpt is None:
         report.say("nanoGPT: not run (give --nanogpt DIR, a checkout of it, to run its train.py beside)")
     elif best is not None:
