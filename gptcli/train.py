@@ -461,17 +461,22 @@ class Trainer:
         everything (on rank 0 only under torchrun)."""
         self.reporter = reporter if reporter is not None and self.dist.is_main else Reporter()
         lock = RunLock(self.run_dir) if self.dist.is_main else contextlib.nullcontext()
+        finished = False
         try:
             with lock:
                 if self.dist.is_main:  # what a killed run left half-written (we hold the lock)
                     files.clean_stale(self.run_dir, RUN_FILES)
-                return self._run(resume)
+                summary = self._run(resume)
+                finished = True
+                return summary
         finally:
             self.reporter.close()
             if self.dist.enabled:
                 import torch.distributed as td
 
                 if td.is_initialized():
+                    if finished:  # tear down together: a process leaving early aborted at exit
+                        td.barrier()
                     td.destroy_process_group()
 
     def _run(self, resume: bool) -> Summary:

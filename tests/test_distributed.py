@@ -340,6 +340,7 @@ def test_fsdp_in_bf16_gathers_bf16_weights_and_follows_ddp(tmp_path):
 
 
 COUNT_SYNCS = """
+import os
 import sys
 from gptcli.config import flag_overrides
 from gptcli.recipes import pretrain_trainer
@@ -354,7 +355,8 @@ flags = flag_overrides(
     max_time=float(sys.argv[3]) if len(sys.argv) > 3 else None,
 )
 summary = pretrain_trainer([sys.argv[1]], flags=flags, out="r").run()
-print(summary.steps, summary.stop_reason, calls.count("max"), calls.count("avg"))
+line = f"{summary.steps} {summary.stop_reason} {calls.count('max')} {calls.count('avg')}\\n"
+os.write(1, line.encode())  # one write: the two processes' lines never interleave
 """
 
 
