@@ -23,7 +23,7 @@ class RunInfo:
     device_reason: str
     precision: str
     precision_reason: str
-    params: int
+    params: int  # every parameter, position embeddings included (the optimizers hold them all)
     tokens_per_step: int | None  # None when examples vary in length
     batch_size: int  # sequences per micro-step, in each process
     grad_accum: int  # micro-steps per optimizer step, of all processes together

@@ -226,9 +226,10 @@ class Trainer:
     def _run_info(self) -> RunInfo:
         cfg, model = self.cfg, self.model
         tokens_per_step = cfg.batch_size * cfg.grad_accum * self._seq_len() if self._fixed_length() else None
+        params = model.num_params(non_embedding=False)  # as the optimizer line counts them
         return RunInfo(
             self.run_dir, str(self.device), self.device_reason, self.precision.name, self.precision.reason,
-            model.num_params(), tokens_per_step, cfg.batch_size, cfg.grad_accum, self.dist.world,
+            params, tokens_per_step, cfg.batch_size, cfg.grad_accum, self.dist.world,
             self.state.step, cfg.max_iters, cfg.max_time, cfg.compile, self.meta.get("optimizers", {}),
             describe_schedule(cfg),
         )  # fmt: skip
