@@ -158,6 +158,7 @@ def ours_trainer_run(
             device="cpu",
             dtype="auto",
             compile=compile_,
+            optimizer="adamw",  # nanoGPT's; the muon case measures Muon
             warmup_iters=0,
         ),
     )
@@ -377,6 +378,8 @@ def case_equal_time(args) -> list[Result]:
         f"{wall:.1f}",
         "--max-iters",
         "100000",
+        "--optimizer",
+        "adamw",  # the same optimizer as nanoGPT: this case measures the loop (muon: Muon's gain)
     ]
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     loaded = load_checkpoint(run / "last")

@@ -182,11 +182,15 @@ class TrainConfig:
     )
     beta1: float = knob(0.9, check=FRACTION)
     beta2: float = knob(0.99, check=FRACTION)
-    optimizer: str = knob(
-        "adamw",
+    # None: pretraining's default, resolved by validate(). Muon won the bench's char and
+    # GPT-2 BPE cases on every seed (bench/RESULTS.md, "muon"); FSDP splits the matrices Muon
+    # orthogonalizes, so under --fsdp the default is AdamW. Finetuning keeps AdamW.
+    optimizer: str | None = knob(
+        None,
         choices=OPTIMIZERS,
         flag="--optimizer",
-        help="adamw, or muon: Muon for the blocks' weight matrices and AdamW (--lr) for the rest",
+        help="muon: Muon for the blocks' weight matrices and AdamW (--lr) for the rest; or adamw "
+        "for all (default: muon, or adamw under --fsdp)",
     )
     muon_lr: float = knob(
         0.02, check=GREATER_THAN_ZERO, flag="--muon-lr", help="Muon's peak learning rate (--optimizer muon)"
@@ -280,6 +284,8 @@ class TrainConfig:
                 f"{key_name('train', 'min_lr')} = {self.min_lr} must not exceed "
                 f"{key_name('train', 'lr')} = {self.lr}"
             )
+        if self.optimizer is None:
+            self.optimizer = "adamw" if self.fsdp else "muon"
         if self.fsdp and self.optimizer == "muon":
             raise UsageError(
                 "--optimizer muon does not run under --fsdp: Muon orthogonalizes each whole weight "
@@ -293,8 +299,9 @@ class TrainConfig:
 
 # finetuning starts from a trained model: smaller steps, shorter runs, than pretraining
 FINETUNE_DEFAULTS = TrainConfig(
-    batch_size=16, lr=1e-4, min_lr=1e-5, warmup_iters=20, max_iters=300, eval_interval=50, weight_decay=0.01
-)
+    batch_size=16, lr=1e-4, min_lr=1e-5, warmup_iters=20, max_iters=300, eval_interval=50, weight_decay=0.01,
+    optimizer="adamw",
+)  # fmt: skip
 FINETUNE_TASKS = ("lm", "classify", "choice", "sft")
 LORA_TARGETS = ("attn", "proj", "mlp")  # attn.c_attn; attn.c_proj; mlp.c_fc and mlp.c_proj (gptcli/lora.py)
 

@@ -404,7 +404,9 @@ def load_for_resume(
     loaded = loading.load(found, base=base, merge=False)
     if not isinstance(loaded.meta.get("config"), dict):
         raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")
-    saved = merge(Config(), loaded.meta["config"], f"{loaded.path}/checkpoint.json")
+    # a run saved before --optimizer existed trained with AdamW, whatever the default is now
+    before_muon = Config(train=TrainConfig(optimizer="adamw"))
+    saved = merge(before_muon, loaded.meta["config"], f"{loaded.path}/checkpoint.json")
     given = [(read_yaml(config_path), str(config_path))] if config_path is not None else []
     config = resume_config(saved, [*given, (flags, "the command line")])
     if config.train.eval_files == saved.train.eval_files:  # the run's own, not given again

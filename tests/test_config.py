@@ -36,6 +36,18 @@ def test_shakespeare_char_cpu_is_nanogpts_cpu_run():
     assert c.data.tokenizer == "char"
 
 
+def test_pretraining_defaults_to_muon_but_adamw_under_fsdp_and_for_finetuning():
+    from gptcli.config import FINETUNE_DEFAULTS
+
+    assert load_config().train.optimizer == "muon"
+    # FSDP splits the matrices Muon orthogonalizes whole
+    assert load_config(None, {"train": {"fsdp": True}}).train.optimizer == "adamw"
+    assert load_config(None, {"train": {"optimizer": "adamw"}}).train.optimizer == "adamw"
+    assert FINETUNE_DEFAULTS.optimizer == "adamw"
+    with pytest.raises(UsageError, match="--optimizer muon does not run under --fsdp"):
+        load_config(None, {"train": {"fsdp": True, "optimizer": "muon"}})
+
+
 def test_precedence_defaults_then_yaml_then_flags(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model:\n  n_layer: 3\n  n_head: 4\n  n_embd: 64\ntrain:\n  lr: 0.002\n")
@@ -134,3 +146,16 @@ def test_settings_named_with_a_flag_have_that_flag():
     for flag in named:
         for name in flag.split("/"):
             assert name in flags, name
+
+
+def test_the_optimizer_flag_says_each_verbs_default():
+    import typing
+
+    from gptcli.cli.training import training_options
+    from gptcli.config import FINETUNE_DEFAULTS, TrainConfig
+
+    def help_of(defaults: TrainConfig) -> str:
+        return typing.get_args(training_options(defaults)["optimizer"])[1].help
+
+    assert help_of(TrainConfig()).endswith("(default: muon, or adamw under --fsdp).")
+    assert help_of(FINETUNE_DEFAULTS).endswith("(default: adamw).")

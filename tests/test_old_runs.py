@@ -1,6 +1,7 @@
 """Runs made by an earlier release (tests/fixtures/v0.1.0: no data hash, grad_accum saved as
-1, a classifier whose validation split was the plain random holdout) still load, sample,
-classify and resume with their old behaviour."""
+1, no optimizer saved (AdamW, before Muon became pretrain's default), a classifier whose
+validation split was the plain random holdout) still load, sample, classify and resume
+with their old behaviour."""
 
 from __future__ import annotations
 
@@ -48,6 +49,12 @@ def test_an_old_pretraining_run_resumes_and_then_records_its_data(old):
     assert "resumed at 6" in result.output
     saved = checkpoint_meta(old / "lm-run")
     assert saved["step"] == 9 and saved["config"]["train"]["grad_accum"] == 1
+    # it trained with AdamW before --optimizer existed, and goes on so under Muon's default
+    assert (
+        "optimizer"
+        not in json.loads((FIXTURE / "lm-run" / "last" / "checkpoint.json").read_text())["config"]["train"]
+    )
+    assert saved["config"]["train"]["optimizer"] == "adamw" and "AdamW lr" in result.output
     assert len(saved["data_sha256"]) == 64  # recorded from now on
 
 

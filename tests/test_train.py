@@ -454,16 +454,15 @@ def test_optimizer_choices_are_refused_in_one_line(tmp_path, trained):
     """Changing the optimizer on --resume, Muon with --fsdp, and Muon with LoRA: each one
     line, before anything is written."""
     make_corpus(tmp_path / "c.txt")
-    made = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "run", *TINY, "--optimizer", "muon")
+    made = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "run", *TINY)  # Muon: the default
     assert made.exit_code == 0, made.output
     assert "Muon lr 0.02, momentum 0.95" in made.output and "AdamW lr 0.003: " in made.output
     meta = json.loads((tmp_path / "run" / "last" / "checkpoint.json").read_text())
     groups = meta["optimizers"]
     assert groups["muon"]["tensors"] == 4 and groups["muon"]["lr"] == 0.02 and groups["adamw"]["lr"] == 3e-3
-    assert (
-        groups["muon"]["params"] + groups["adamw"]["params"]
-        == sum(p.numel() for p in load_checkpoint(tmp_path / "run").model.parameters())  # tied: once
-    )
+    total = sum(p.numel() for p in load_checkpoint(tmp_path / "run").model.parameters())  # tied: once
+    assert groups["muon"]["params"] + groups["adamw"]["params"] == total
+    assert f"{total / 1e6:.2f}M parameters" in made.output.splitlines()[1]  # the header's count agrees
     before = digest(tmp_path / "run" / "last" / "model.safetensors")
     changed = run("pretrain", "--resume", "--out", tmp_path / "run", "--optimizer", "adamw")
     assert_usage_error(changed, "train.optimizer (--optimizer) is 'adamw', the run's is 'muon'")

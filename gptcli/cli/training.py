@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -28,6 +28,10 @@ def opt(*names: str, help: str, panel: str = TRAIN, **kw: Any) -> Any:
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
 
 
+def _field_default(f: Any) -> Any:
+    return f.default_factory() if f.default is MISSING else f.default
+
+
 def training_options(defaults: TrainConfig) -> dict[str, Any]:
     """Annotated option types for the TrainConfig flags, their help showing these defaults
     (flags default to None: "not given", so a YAML value is not overridden)."""
@@ -42,9 +46,11 @@ def training_options(defaults: TrainConfig) -> dict[str, Any]:
             if value is None or value is False
             else ("on" if value is True else f"{value:g}" if isinstance(value, float) else value)
         )
-        if "(default:" in text:  # the help says what the default means
-            text, shown = text.split(" (default: ")[0], text.split(" (default: ")[1].rstrip(")")
-        base = {"max_time": str, "dist_timeout": str, "grad_accum": int}.get(f.name) or type(value)
+        if "(default:" in text:  # the help says what the field's default means
+            text, meaning = text.split(" (default: ")[0], text.split(" (default: ")[1].rstrip(")")
+            shown = meaning if value == _field_default(f) else shown
+        typed = {"max_time": str, "dist_timeout": str, "grad_accum": int, "optimizer": str}
+        base = typed.get(f.name) or type(value)
         panel = HARDWARE if f.name in ("device", "dtype", "compile", "fsdp", "seed") else TRAIN
         out[f.name] = Annotated[
             _TYPES[base], opt(*flag.split(" "), help=f"{text} (default: {shown}).", panel=panel)
