@@ -519,6 +519,11 @@ def resume_config(saved: Config, given: list[tuple[dict[str, Any], str]]) -> Con
                     where = "" if source == "the command line" else f" in {source}"
                     conflicts.append(f"{key_name(section, key)}{where} is {new!r}, the run's is {old!r}")
         config = candidate
+    if config.train.fsdp and saved.train.optimizer == "muon" and not conflicts:
+        raise UsageError(
+            "this run trains with Muon, which does not run under --fsdp (FSDP splits the matrices "
+            "Muon orthogonalizes whole): resume it without --fsdp"
+        )
     if conflicts:
         allowed = ", ".join(
             SECTIONS[s].__dataclass_fields__[k].metadata["flag"].split("/")[0]

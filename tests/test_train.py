@@ -451,8 +451,8 @@ def test_refit_of_a_wsd_schedule():
 
 
 def test_optimizer_choices_are_refused_in_one_line(tmp_path, trained):
-    """Changing the optimizer on --resume, Muon with --fsdp, and Muon with LoRA: each one
-    line, before anything is written."""
+    """Changing the optimizer on --resume, Muon with --fsdp (new or resumed), and Muon with
+    LoRA: each one line, before anything is written."""
     make_corpus(tmp_path / "c.txt")
     made = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "run", *TINY)  # Muon: the default
     assert made.exit_code == 0, made.output
@@ -466,6 +466,9 @@ def test_optimizer_choices_are_refused_in_one_line(tmp_path, trained):
     before = digest(tmp_path / "run" / "last" / "model.safetensors")
     changed = run("pretrain", "--resume", "--out", tmp_path / "run", "--optimizer", "adamw")
     assert_usage_error(changed, "train.optimizer (--optimizer) is 'adamw', the run's is 'muon'")
+    assert digest(tmp_path / "run" / "last" / "model.safetensors") == before
+    resharded = run("pretrain", "--resume", "--out", tmp_path / "run", "--fsdp")  # may change, not with Muon
+    assert_usage_error(resharded, "this run trains with Muon, which does not run under --fsdp", "without")
     assert digest(tmp_path / "run" / "last" / "model.safetensors") == before
     sharded = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "fsdp", "--optimizer", "muon", "--fsdp")
     assert_usage_error(sharded, "--optimizer muon does not run under --fsdp")
