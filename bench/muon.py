@@ -104,8 +104,11 @@ class _Curve(Reporter):
         self.last = time.perf_counter()
 
 
-def gptcli_run(shape: Shape, tokens: Path, optimizer: str, seed: int, work: Path, steps: int = 0) -> Run:
-    """One gptcli run of the shape (steps: a shorter budget, the schedule fitted to it)."""
+def gptcli_run(
+    shape: Shape, tokens: Path, optimizer: str, seed: int, work: Path, steps: int = 0, **train_flags: float
+) -> Run:
+    """One gptcli run of the shape (steps: a shorter budget, the schedule fitted to it;
+    train_flags: other TrainConfig values, e.g. lr and muon_lr)."""
     from bench.val_loss import full_val_loss
     from gptcli.checkpoint import load_checkpoint
     from gptcli.data import load_split
@@ -114,8 +117,8 @@ def gptcli_run(shape: Shape, tokens: Path, optimizer: str, seed: int, work: Path
     model = dict(n_layer=shape.n_layer, n_head=4, n_embd=shape.n_embd, block_size=shape.block, dropout=0.0)
     if shape.vocab:
         model["vocab_size"] = shape.vocab
-    lr = ADAMW_LR if optimizer == "adamw" else MUON_RUN_LR
-    train = dict(
+    lr = train_flags.pop("lr", ADAMW_LR if optimizer == "adamw" else MUON_RUN_LR)
+    train = dict(**train_flags,
         optimizer=optimizer, batch_size=shape.batch, max_iters=steps or shape.steps, warmup_iters=50, lr=lr,
         min_lr=lr / 10, eval_interval=EVAL_EVERY, eval_iters=20, log_interval=50, seed=seed, dtype="auto",
     )  # fmt: skip
@@ -168,6 +171,10 @@ def nanogpt_run(shape: Shape, tokens: Path, nanogpt: Path, work: Path) -> Run:
     return Run("nanoGPT AdamW", None, final, train_s, curve)
 
 
+def _per_seed(values: list[float], form: str, unit: str = "") -> str:
+    return ", ".join(format(v, form) + unit for v in values)
+
+
 def _spread(values: list[float], digits: int = 3) -> str:
     return (
         f"{statistics.mean(values):.{digits}f} (min {min(values):.{digits}f}, max {max(values):.{digits}f})"
@@ -197,11 +204,12 @@ def compare_optimizers(args, Result) -> list:
         # runs took that long for, with warmup and cosine fitted to them
         per_step = statistics.mean(m.train_s for m in runs["muon"]) / shape.steps
         steps = int(BUDGET * statistics.mean(a.train_s for a in runs["adamw"]) / per_step)
+        budget = []
         for seed in SEEDS:
             print(f"  {shape.name}: gptcli muon, {steps} steps, seed {seed} ...", file=sys.stderr, flush=True)
-            runs.setdefault("budget", []).append(gptcli_run(shape, tokens, "muon", seed, work, steps))
+            budget.append(gptcli_run(shape, tokens, "muon", seed, work, steps))
         results += _compare(shape, peer, runs["adamw"], runs["muon"], Result)
-        results.append(_budget_row(shape, runs["adamw"], runs["budget"], steps, Result))
+        results.append(_budget_row(shape, runs["adamw"], budget, steps, Result))
     shutil.rmtree(work, ignore_errors=True)
     return results
 
@@ -218,9 +226,9 @@ def _budget_row(shape: Shape, adamw: list[Run], budget: list[Run], steps: int, R
         "<= 0.7x, val loss <= AdamW's" if char else "(reported)",
         (max(time_ratio) <= 0.7 and min(lower) >= 0) if char else None,
         [
-            f"per seed: time {', '.join(f'{r:.2f}x' for r in time_ratio)}; whole val split "
-            f"{', '.join(f'{b.final_val:.3f}' for b in budget)} against AdamW's "
-            f"{', '.join(f'{a.final_val:.3f}' for a in adamw)} after {shape.steps} steps"
+            f"per seed: time {_per_seed(time_ratio, '.2f', 'x')}; whole val split "
+            f"{_per_seed([b.final_val for b in budget], '.3f')} against AdamW's "
+            f"{_per_seed([a.final_val for a in adamw], '.3f')} after {shape.steps} steps"
         ],
     )  # fmt: skip
 
@@ -231,9 +239,11 @@ def _compare(shape: Shape, peer: Run, adamw: list[Run], muon: list[Run], Result)
         f"{shape.name}, {shape.n_layer} layers x {shape.n_embd}, block {shape.block}, batch {shape.batch}, "
         f"{shape.steps} steps"
     )
-    reach = [m.time_to(a.curve[-1][1]) for a, m in zip(adamw, muon, strict=True)]
+    last = [a.curve[-1][1] for a in adamw]  # AdamW's final evaluation, per seed
+    reach = [m.time_to(v) for v, m in zip(last, muon, strict=True)]
     reach_ratio = [float("inf") if r is None else r / a.train_s for r, a in zip(reach, adamw, strict=True)]
-    at_time = [a.curve[-1][1] - m.val_at(a.train_s) for a, m in zip(adamw, muon, strict=True)]
+    muon_at = [m.val_at(a.train_s) for a, m in zip(adamw, muon, strict=True)]  # at AdamW's wall time
+    at_time = [v - m for v, m in zip(last, muon_at, strict=True)]
     per_step = [m.train_s / a.train_s for a, m in zip(adamw, muon, strict=True)]
     char = shape.name == "char"
     finals = {name: [r.final_val for r in rs] for name, rs in (("adamw", adamw), ("muon", muon))}
@@ -245,7 +255,7 @@ def _compare(shape: Shape, peer: Run, adamw: list[Run], muon: list[Run], Result)
         f"training time of {shape.steps} steps: nanoGPT {peer.train_s:.0f} s, gptcli AdamW "
         f"{_spread([a.train_s for a in adamw], 0)} s, gptcli Muon {_spread([m.train_s for m in muon], 0)} s",
     ]
-    target = statistics.mean(a.curve[-1][1] for a in adamw)
+    target = statistics.mean(last)
     peer_reach = peer.time_to(target)
     notes.append(
         f"time to gptcli AdamW's final val loss ({target:.3f}, mean of the seeds' last evaluations): "
@@ -253,10 +263,9 @@ def _compare(shape: Shape, peer: Run, adamw: list[Run], muon: list[Run], Result)
         f"{_spread([float('inf') if r is None else r for r in reach], 0)} s, nanoGPT "
         + ("not reached" if peer_reach is None else f"{peer_reach:.0f} s")
     )
-    at_time_val = [m.val_at(a.train_s) for a, m in zip(adamw, muon, strict=True)]
     notes.append(
         f"val loss (evaluation, 20 batches) at gptcli AdamW's wall time: AdamW "
-        f"{_spread([a.curve[-1][1] for a in adamw])}, Muon {_spread(at_time_val)}, nanoGPT "
+        f"{_spread(last)}, Muon {_spread(muon_at)}, nanoGPT "
         f"{peer.val_at(statistics.mean(a.train_s for a in adamw)):.3f}"
     )
     return [
@@ -268,15 +277,15 @@ def _compare(shape: Shape, peer: Run, adamw: list[Run], muon: list[Run], Result)
             f"Muon, {shape.name}: time to gptcli AdamW's final val loss, on its {shape.steps}-step curve",
             statistics.mean(reach_ratio), 1.0, "x AdamW's time", "AdamW's whole run",
             "<= 0.7x" if char else "(reported)", max(reach_ratio) <= 0.7 if char else None,
-            [f"per seed: {', '.join(f'{r:.2f}x' for r in reach_ratio)}"],
+            [f"per seed: {_per_seed(reach_ratio, '.2f', 'x')}"],
         ),
         Result(
             f"Muon, {shape.name}: val loss lower than AdamW's at AdamW's wall time",
             statistics.mean(at_time), None, "nats", "", ">= 0.1 nats" if char else "(reported)",
-            min(at_time) >= 0.1 if char else None, [f"per seed: {', '.join(f'{d:.3f}' for d in at_time)}"],
+            min(at_time) >= 0.1 if char else None, [f"per seed: {_per_seed(at_time, '.3f')}"],
         ),
         Result(
             f"Muon, {shape.name}: step time against AdamW's", statistics.mean(per_step), None, "x", "",
-            "(reported)", None, [f"per seed: {', '.join(f'{r:.2f}x' for r in per_step)}"],
+            "(reported)", None, [f"per seed: {_per_seed(per_step, '.2f', 'x')}"],
         ),
     ]  # fmt: skip

@@ -15,17 +15,13 @@ import json
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import gptcli.optim as optim  # noqa: E402
-from bench.val_loss import full_val_loss  # noqa: E402
-from gptcli.checkpoint import load_checkpoint  # noqa: E402
-from gptcli.data import load_split  # noqa: E402
-from gptcli.recipes import pretrain_trainer  # noqa: E402
+from bench.muon import CHAR, gptcli_run  # noqa: E402
 
 RUNS = {
     "muon-original-0.02": dict(optimizer="muon", lr=1e-3, muon_lr=0.02, adjust="original", wd=0.0),
@@ -39,23 +35,15 @@ RUNS = {
 
 def main() -> None:
     tokens, only = Path(sys.argv[1]), sys.argv[2:] or list(RUNS)
-    val = load_split(tokens, "val")
     work = Path(tempfile.mkdtemp(prefix="gptcli-muon-settings-"))
     for name in only:
         settings = dict(RUNS[name])
         optim.MUON_ADJUST_LR = settings.pop("adjust", "original")
         optim.MUON_WEIGHT_DECAY = settings.pop("wd", 0.0)
-        model = dict(n_layer=4, n_head=4, n_embd=256, block_size=128, dropout=0.0)
-        train = dict(batch_size=16, max_iters=400, warmup_iters=50, eval_interval=1000, eval_iters=5,
-                     log_interval=50, min_lr=settings["lr"] / 10, seed=1337, **settings)  # fmt: skip
-        out = work / name
-        trainer = pretrain_trainer([tokens], flags={"model": model, "train": train}, out=out)
-        t0 = time.perf_counter()
-        trainer.run()
-        wall = time.perf_counter() - t0
-        loss = full_val_loss(load_checkpoint(out / "last").model, val)
-        print(json.dumps({"run": name, "val": round(loss, 4), "wall": round(wall, 1)}), flush=True)
-        shutil.rmtree(out, ignore_errors=True)
+        run = gptcli_run(CHAR, tokens, settings.pop("optimizer"), 1337, work, **settings)
+        scored = {"run": name, "val": round(run.final_val, 4), "train_s": round(run.train_s, 1)}
+        print(json.dumps(scored), flush=True)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
