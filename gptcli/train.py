@@ -459,7 +459,9 @@ class Trainer:
     def run(self, resume: bool = False, reporter: Reporter | None = None) -> Summary:
         """Train to the end of the budget (or a signal) and return the summary; with
         resume, continue exactly from run_dir's last/ checkpoint. The reporter hears
-        everything (on rank 0 only under torchrun)."""
+        everything (on rank 0 only under torchrun). Under torchrun the run ends the job's
+        process group and releases the optimizers (and a sharded model): read the results
+        from run_dir's checkpoints."""
         self.reporter = reporter if reporter is not None and self.dist.is_main else Reporter()
         lock = RunLock(self.run_dir) if self.dist.is_main else contextlib.nullcontext()
         finished = False
@@ -473,12 +475,27 @@ class Trainer:
         finally:
             self.reporter.close()
             if self.dist.enabled:
-                import torch.distributed as td
+                self._leave_job(finished)
 
-                if td.is_initialized():
-                    if finished:  # tear down together: a process leaving early aborted at exit
-                        td.barrier()
-                    td.destroy_process_group()
+    def _leave_job(self, finished: bool) -> None:
+        """Leave the torchrun job's process group, every process together when the run
+        finished (a process leaving early aborted at exit). What holds the group and its last
+        collectives' buffers (DDP's reducer, the optimizers; under FSDP the model, whose
+        weights are shards over the group) is freed first, while the interpreter is whole,
+        not in its finalization on the way out."""
+        import gc
+
+        import torch.distributed as td
+
+        if not td.is_initialized():
+            return
+        if finished:
+            td.barrier()
+        if isinstance(getattr(self, "parts", None), Parts) and isinstance(self.parts.placement, Sharded):
+            self.model = None  # type: ignore[assignment]
+        self.parts = None  # type: ignore[assignment]
+        gc.collect()
+        td.destroy_process_group()
 
     def _run(self, resume: bool) -> Summary:
         self._setup()

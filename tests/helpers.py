@@ -36,7 +36,8 @@ def run(*args: object) -> Result:
 
 def gptcli(args: list[str], cwd: Path, procs: int = 1, **env: str) -> subprocess.CompletedProcess:
     """gptcli in a child process (under torchrun with procs > 1), to its end."""
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    # a process that dies of a signal prints its Python stack
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", **env}
     if procs > 1:
         launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--standalone"]
         cmd = [sys.executable, *launcher, "-m", "gptcli", *args]
@@ -44,6 +45,15 @@ def gptcli(args: list[str], cwd: Path, procs: int = 1, **env: str) -> subprocess
         cmd = [sys.executable, "-m", "gptcli", *args]
     return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, errors="replace",
                           timeout=300, check=False)  # fmt: skip
+
+
+def failure(result: subprocess.CompletedProcess) -> str:
+    """What a failed child printed: the end of stdout, and both ends of stderr (under torchrun a
+    process's own error comes before the launcher's long report of which rank failed)."""
+    err = result.stderr
+    if len(err) > 5000:
+        err = err[:3000] + "\n[...]\n" + err[-2000:]
+    return result.stdout[-1500:] + "\n" + err
 
 
 def start(args: list[str], cwd: Path) -> subprocess.Popen:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import TINY, make_corpus, run
+from tests.helpers import TINY, failure, make_corpus, run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -96,5 +96,5 @@ def test_torchrun_with_nccl(tmp_path, corpus, mode):
     result = subprocess.run(
         cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False
     )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.returncode == 0, failure(result)
     assert (tmp_path / mode / "last" / "model.safetensors").is_file()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import gptcli, make_corpus
+from tests.helpers import failure, gptcli, make_corpus
 
 TINY = [
     "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
@@ -55,12 +55,12 @@ def runs(tmp_path_factory) -> Path:
     for name, procs, extra in (("single", 1, []), ("ddp", 2, []), ("fsdp", 2, ["--fsdp"])):
         args = ["pretrain", "c.txt", "--out", name, *TINY, "--max-iters", "20", *files, *extra]
         result = launch(args, tmp, procs)
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        assert result.returncode == 0, failure(result)
     # torchrun with the defaults: no --grad-accum, so one micro-step per process
     assert TINY[-2:] == ["--grad-accum", "2"]
     defaults = TINY[:-2]
     result = launch(["pretrain", "c.txt", "--out", "defaults", *defaults, "--max-iters", "20"], tmp, 2)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.returncode == 0, failure(result)
     (tmp / "defaults.out").write_text(result.stdout)
     return tmp
 
@@ -107,7 +107,7 @@ def test_muon_replicated_follows_one_process(runs, tmp_path):
     for name, procs in (("single", 1), ("ddp", 2)):
         args = ["pretrain", "c.txt", "--out", name, *MUON, "--max-iters", "10"]
         result = launch(args, tmp_path, procs)
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        assert result.returncode == 0, failure(result)
     single, ddp = records(tmp_path / "single"), records(tmp_path / "ddp")
     assert [(r["kind"], r["step"]) for r in single] == [(r["kind"], r["step"]) for r in ddp]
     for a, b in zip(single, ddp, strict=True):
@@ -185,7 +185,7 @@ def test_sharded_run_resumes_exactly_sharded_or_not(runs, tmp_path):
     import shutil
 
     single = launch(["pretrain", "--resume", "--out", "single", "--max-iters", "25"], runs)
-    assert single.returncode == 0, single.stderr[-2000:]
+    assert single.returncode == 0, failure(single)
     expected = records(runs / "single")
     shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
     shutil.copytree(runs / "fsdp", tmp_path / "as-ddp")
@@ -193,7 +193,7 @@ def test_sharded_run_resumes_exactly_sharded_or_not(runs, tmp_path):
         again = gptcli(
             ["pretrain", "--resume", "--out", name, "--max-iters", "25", *extra], tmp_path, procs=2
         )
-        assert again.returncode == 0, again.stderr[-2000:]
+        assert again.returncode == 0, failure(again)
         assert_same_trajectory(expected, records(tmp_path / name))
 
 
@@ -208,7 +208,7 @@ def test_sharded_finetuning_with_a_classifier_head(runs):
         result = gptcli(
             ["finetune", "--ckpt", "single", "animals.jsonl", "--out", name, *flags, *extra], runs, procs
         )
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        assert result.returncode == 0, failure(result)
     single, sharded = records(runs / "ft-single"), records(runs / "ft-fsdp")
     assert_same_trajectory(single, sharded)
     assert single[-1]["val_accuracy"] == pytest.approx(sharded[-1]["val_accuracy"])
@@ -218,7 +218,7 @@ def test_sharded_finetuning_with_a_classifier_head(runs):
 
 def test_resume_needs_the_same_number_of_processes(runs):
     again = launch(["pretrain", "--resume", "--out", "ddp", "--max-iters", "25"], runs, procs=2)
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.returncode == 0, failure(again)
     assert [r["step"] for r in records(runs / "ddp") if r["kind"] == "train"] == list(range(1, 26))
     alone = launch(["pretrain", "--resume", "--out", "ddp", "--max-iters", "30"], runs)
     assert alone.returncode == 2
@@ -276,7 +276,7 @@ def test_lora_finetuning_replicated_or_sharded_follows_one_process(runs, mode):
         result = gptcli(
             ["finetune", "--ckpt", "single", data.name, "--out", name, *flags, *extra], runs, procs
         )
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        assert result.returncode == 0, failure(result)
     assert_same_trajectory(records(runs / "lora-single"), records(runs / f"lora-{mode}"))
     with safe_open(runs / f"lora-{mode}" / "last" / "model.safetensors", framework="pt") as f:
         saved = set(f.keys())
@@ -316,11 +316,9 @@ def test_the_group_waits_as_long_as_dist_timeout_says(tmp_path, timeout, expecte
     )
     printed = result.stdout.split()
     if expected == "ready":
-        assert result.returncode == 0 and printed == ["ready", "ready"], result.stderr[-2000:]
+        assert result.returncode == 0 and printed == ["ready", "ready"], failure(result)
     else:  # the waiting process gives up after 2 s, long before the first is done
-        assert "timed out" in result.stdout or "imeout" in result.stderr, (
-            result.stdout + result.stderr[-2000:]
-        )
+        assert "timed out" in result.stdout or "imeout" in result.stderr, failure(result)
 
 
 def test_fsdp_in_bf16_gathers_bf16_weights_and_follows_ddp(tmp_path):
@@ -333,7 +331,7 @@ def test_fsdp_in_bf16_gathers_bf16_weights_and_follows_ddp(tmp_path):
         if not corpus.exists():
             make_corpus(corpus, n_sentences=300)
         result = gptcli(["pretrain", str(corpus), "--out", name, *bf16, *extra], tmp_path, procs=2)
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        assert result.returncode == 0, failure(result)
         out[name] = result.stdout + result.stderr
     assert "weights gathered in bf16 and gradients reduced in fp32" in out["fsdp"]
     assert "gathered in bf16" not in out["ddp"]
@@ -383,7 +381,7 @@ def test_processes_agree_on_stopping_once_per_log_interval(tmp_path):
         text=True, timeout=300, env=env,
         cwd=tmp_path, check=False,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, failure(result)
     lines = [line.split() for line in result.stdout.splitlines() if line.strip()]
     assert len(lines) == 2 and lines[0][:2] == lines[1][:2]  # the same step, the same reason
     steps, reason, agreements = int(lines[0][0]), lines[0][1], int(lines[0][2])
