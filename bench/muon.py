@@ -35,10 +35,9 @@ from gptcli.reports import Reporter
 SEEDS = (1, 2, 3)
 EVAL_EVERY = 50
 # AdamW's peak rate, the best of 1e-3, 3e-3 and 6e-3 on the char case (bench/RESULTS.md, "Muon
-# settings"), for gptcli AdamW and nanoGPT alike; Muon runs keep AdamW at gptcli's default 1e-3
-# for the parameters it does not take
+# settings"), for gptcli AdamW and nanoGPT alike, and in Muon runs for the parameters Muon does
+# not take (--lr 3e-3; Muon itself at its default --muon-lr)
 ADAMW_LR = 3e-3
-MUON_RUN_LR = 1e-3
 # the share of AdamW's training time a budgeted Muon run gets: below the 0.7x target, as
 # step times vary by a few percent between runs
 BUDGET = 0.65
@@ -117,7 +116,7 @@ def gptcli_run(
     model = dict(n_layer=shape.n_layer, n_head=4, n_embd=shape.n_embd, block_size=shape.block, dropout=0.0)
     if shape.vocab:
         model["vocab_size"] = shape.vocab
-    lr = train_flags.pop("lr", ADAMW_LR if optimizer == "adamw" else MUON_RUN_LR)
+    lr = train_flags.pop("lr", ADAMW_LR)
     train = dict(**train_flags,
         optimizer=optimizer, batch_size=shape.batch, max_iters=steps or shape.steps, warmup_iters=50, lr=lr,
         min_lr=lr / 10, eval_interval=EVAL_EVERY, eval_iters=20, log_interval=50, seed=seed, dtype="auto",

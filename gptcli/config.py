@@ -193,7 +193,7 @@ class TrainConfig:
         "for all (default: muon, or adamw under --fsdp)",
     )
     muon_lr: float = knob(
-        0.02, check=GREATER_THAN_ZERO, flag="--muon-lr", help="Muon's peak learning rate (--optimizer muon)"
+        0.03, check=GREATER_THAN_ZERO, flag="--muon-lr", help="Muon's peak learning rate (--optimizer muon)"
     )
     muon_momentum: float = knob(
         0.95, check=FRACTION, flag="--muon-momentum", help="Muon's (Nesterov) momentum (--optimizer muon)"

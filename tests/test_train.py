@@ -456,10 +456,10 @@ def test_optimizer_choices_are_refused_in_one_line(tmp_path, trained):
     make_corpus(tmp_path / "c.txt")
     made = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "run", *TINY)  # Muon: the default
     assert made.exit_code == 0, made.output
-    assert "Muon lr 0.02, momentum 0.95" in made.output and "AdamW lr 0.003: " in made.output
+    assert "Muon lr 0.03, momentum 0.95" in made.output and "AdamW lr 0.003: " in made.output
     meta = json.loads((tmp_path / "run" / "last" / "checkpoint.json").read_text())
     groups = meta["optimizers"]
-    assert groups["muon"]["tensors"] == 4 and groups["muon"]["lr"] == 0.02 and groups["adamw"]["lr"] == 3e-3
+    assert groups["muon"]["tensors"] == 4 and groups["muon"]["lr"] == 0.03 and groups["adamw"]["lr"] == 3e-3
     total = sum(p.numel() for p in load_checkpoint(tmp_path / "run").model.parameters())  # tied: once
     assert groups["muon"]["params"] + groups["adamw"]["params"] == total
     assert f"{total / 1e6:.2f}M parameters" in made.output.splitlines()[1]  # the header's count agrees

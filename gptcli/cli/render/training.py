@@ -101,7 +101,7 @@ def header(info: reports.RunInfo, sep: str) -> list[str]:
 
 
 def optimizer_line(info: Any, sep: str) -> str:
-    """Each optimizer's learning rate and share of the model, and the schedule: "Muon lr 0.02,
+    """Each optimizer's learning rate and share of the model, and the schedule: "Muon lr 0.03,
     momentum 0.95: 3.15M parameters in 16 matrices; AdamW lr 0.001: 0.42M; cosine schedule: ..."."""
     parts = []
     for name, o in sorted(info.optimizers.items(), reverse=True):  # muon first, as it holds the most
