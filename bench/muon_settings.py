@@ -6,8 +6,9 @@ the run's curve (training seconds, val loss of its evaluation every 50 steps).
     gptcli tokenize tinyshakespeare.txt --out /tmp/tok-char
     python bench/muon_settings.py /tmp/tok-char [RUN ...]     # under a minute a run on 2 cores
 
-Muon's adjust_lr_fn, weight decay and Newton-Schulz steps are module constants of
-gptcli/optim.py, set here for each run (the steps at torch's 5 unless a run says otherwise);
+Muon's adjust_lr_fn and weight decay are module constants of gptcli/optim.py, set here for
+each run, and its Newton-Schulz steps the config key train.muon_ns_steps (torch's 5 unless a
+run says otherwise);
 the figures are in bench/RESULTS.md ("Muon settings").
 """
 
@@ -61,7 +62,7 @@ def main() -> None:
         settings = dict(RUNS[name])
         optim.MUON_ADJUST_LR = settings.pop("adjust", "original")
         optim.MUON_WEIGHT_DECAY = settings.pop("wd", 0.0)
-        optim.MUON_NS_STEPS = settings.pop("ns_steps", 5)
+        settings["muon_ns_steps"] = settings.pop("ns_steps", 5)
         run = gptcli_run(CHAR, tokens, settings.pop("optimizer"), 1337, work, **settings)
         scored = {"run": name, "val": round(run.final_val, 4), "train_s": round(run.train_s, 1),
                   "curve": [(round(t, 1), round(v, 3)) for t, v in run.curve]}  # fmt: skip

@@ -198,6 +198,9 @@ class TrainConfig:
     muon_momentum: float = knob(
         0.95, check=FRACTION, flag="--muon-momentum", help="Muon's (Nesterov) momentum (--optimizer muon)"
     )
+    # 4, where torch's default is 5: cheaper steps and the same loss (gptcli/optim.py). Runs
+    # saved before this key existed iterated 5 times and resume so (SAVED_BEFORE).
+    muon_ns_steps: int = knob(4, check=Range(1, 99))  # Newton-Schulz iterations per Muon step
     schedule: str = knob(
         "cosine",
         choices=SCHEDULES,
@@ -302,6 +305,10 @@ FINETUNE_DEFAULTS = TrainConfig(
     batch_size=16, lr=1e-4, min_lr=1e-5, warmup_iters=20, max_iters=300, eval_interval=50, weight_decay=0.01,
     optimizer="adamw",
 )  # fmt: skip
+# what a key missing from a saved run's config meant when the run was saved: runs made before
+# --optimizer existed trained with AdamW, and Muon runs made before muon_ns_steps existed
+# iterated torch's 5 times (checkpoint.json keeps every key from then on)
+SAVED_BEFORE = TrainConfig(optimizer="adamw", muon_ns_steps=5)
 FINETUNE_TASKS = ("lm", "classify", "choice", "sft")
 LORA_TARGETS = ("attn", "proj", "mlp")  # attn.c_attn; attn.c_proj; mlp.c_fc and mlp.c_proj (gptcli/lora.py)
 

@@ -35,15 +35,14 @@ Optimizers = dict[str, torch.optim.Optimizer]  # "adamw", and "muon" when the ru
 # 1.787; weight decay 0.1 on the Muon matrices gave 1.737 against 1.728 without, so it is
 # off. (AdamW alone, at its best rate of 1e-3, 3e-3 and 6e-3: 1.983.) A second sweep ("Muon
 # settings, 2026-11-24"), scored also by the time to reach AdamW's (3e-3) last evaluation:
-# lr 0.03 with 4 Newton-Schulz steps (torch's default is 5) and AdamW at 3e-3 for the rest
-# reached it in 0.58x to 0.60x of AdamW's time, the old lr 0.02 with 5 steps and AdamW at
-# 1e-3 in 0.68x to 0.71x; 4 steps cost about 5% less a step and ended within 0.025 of 5
-# (better at the new rates, worse at the old), 3 ended 0.056 worse. On the bench's three
-# seeds (bench/muon.py) the new settings beat the old on every seed: val 1.723 against 1.736,
-# AdamW's final loss in 0.66x its time against 0.70x.
+# lr 0.03 with 4 Newton-Schulz steps (train.muon_ns_steps; torch's default is 5) and AdamW
+# at 3e-3 for the rest reached it in 0.58x to 0.60x of AdamW's time, the old lr 0.02 with 5
+# steps and AdamW at 1e-3 in 0.68x to 0.71x; 4 steps cost about 5% less a step and ended
+# within 0.025 of 5 (better at the new rates, worse at the old), 3 ended 0.056 worse. On the
+# bench's three seeds (bench/muon.py) the new settings beat the old on every seed: val 1.723
+# against 1.736, AdamW's final loss in 0.66x its time against 0.70x.
 MUON_ADJUST_LR = "original"
 MUON_WEIGHT_DECAY = 0.0
-MUON_NS_STEPS = 4
 
 
 class Muon(torch.optim.Muon):
@@ -149,7 +148,7 @@ def make_optimizers(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
             nesterov=True,
             weight_decay=MUON_WEIGHT_DECAY,
             adjust_lr_fn=MUON_ADJUST_LR,
-            ns_steps=MUON_NS_STEPS,
+            ns_steps=cfg.muon_ns_steps,
         )
         taken = {id(p) for p in hidden}
         params = [p for p in params if id(p) not in taken]

@@ -23,6 +23,7 @@ from gptcli import loading, lora
 from gptcli.checkpoint import LAST, STABLE, Loaded, checkpoint_in, newest_run
 from gptcli.config import (
     FINETUNE_DEFAULTS,
+    SAVED_BEFORE,
     Config,
     FinetuneSettings,
     TrainConfig,
@@ -404,9 +405,9 @@ def load_for_resume(
     loaded = loading.load(found, base=base, merge=False)
     if not isinstance(loaded.meta.get("config"), dict):
         raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")
-    # a run saved before --optimizer existed trained with AdamW, whatever the default is now
-    before_muon = Config(train=TrainConfig(optimizer="adamw"))
-    saved = merge(before_muon, loaded.meta["config"], f"{loaded.path}/checkpoint.json")
+    # keys the run was saved without mean what they meant then, whatever the default is now
+    before = Config(train=TrainConfig(**asdict(SAVED_BEFORE)))
+    saved = merge(before, loaded.meta["config"], f"{loaded.path}/checkpoint.json")
     given = [(read_yaml(config_path), str(config_path))] if config_path is not None else []
     config = resume_config(saved, [*given, (flags, "the command line")])
     if config.train.eval_files == saved.train.eval_files:  # the run's own, not given again

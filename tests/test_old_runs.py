@@ -10,9 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from gptcli.tasks import holdout
-from tests.helpers import checkpoint_meta, run
+from tests.helpers import checkpoint_meta, make_corpus, run
 
 FIXTURE = Path(__file__).parent / "fixtures" / "v0.1.0"
 
@@ -69,3 +70,39 @@ def test_an_old_classifier_resumes_with_its_plain_holdout(old, monkeypatch):
     assert "resumed at 6" in result.output
     assert used  # the random holdout it was made with, not the stratified one of new runs
     assert checkpoint_meta(old / "cls-run")["step"] == 9
+
+
+def test_a_muon_run_saved_before_its_iteration_count_was_kept_resumes_with_torchs_five(tmp_path):
+    """Muon runs of the first release iterated Newton-Schulz torch's 5 times and saved no
+    train.muon_ns_steps; resumed, such a run goes on with 5 (new runs take 4), and its config
+    says so: its weights equal a straight run's with 5 (torch's saved optimizer state carries
+    the count as well, so the config is what could go wrong)."""
+    from gptcli.config import flag_overrides
+    from gptcli.recipes import pretrain_trainer, resume_pretraining
+    from tests.test_train import StopAt
+
+    corpus = make_corpus(tmp_path / "c.txt", n_sentences=200)
+    flags = flag_overrides(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=8, max_iters=12,
+                           eval_interval=6, eval_iters=2, log_interval=1, warmup_iters=2, device="cpu",
+                           dtype="fp32", optimizer="muon")  # fmt: skip
+    five = {**flags, "train": {**flags["train"], "muon_ns_steps": 5}}
+    straight = pretrain_trainer([corpus], out=tmp_path / "straight", flags=five)
+    straight.run()
+    first = pretrain_trainer([corpus], out=tmp_path / "old", flags=five)
+    stopper = StopAt(8)  # between evaluations: the stop itself writes last/
+    stopper.trainer = first
+    first.run(reporter=stopper)
+    assert meta(tmp_path / "old")["step"] == 8
+    for name in ("last", "best"):  # as the first release saved it
+        path = tmp_path / "old" / name / "checkpoint.json"
+        saved = json.loads(path.read_text())
+        del saved["config"]["train"]["muon_ns_steps"]
+        path.write_text(json.dumps(saved))
+    resumed = resume_pretraining(tmp_path / "old")
+    resumed.run(resume=True)
+    assert resumed.parts.optimizers["muon"].param_groups[0]["ns_steps"] == 5
+    assert meta(tmp_path / "old")["config"]["train"]["muon_ns_steps"] == 5  # kept from now on
+    after = resumed.model.state_dict().values()
+    for (name, p), q in zip(straight.model.state_dict().items(), after, strict=True):
+        assert torch.equal(p, q), name
+    assert pretrain_trainer([corpus], out=tmp_path / "new", flags=flags).config.train.muon_ns_steps == 4
