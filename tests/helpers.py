@@ -15,6 +15,8 @@ from typing import Any
 
 from typer.testing import CliRunner, Result
 
+from gptcli.reports import Reporter
+
 ROOT = Path(__file__).parents[1]
 
 # flags for a model small enough to train in a second
@@ -148,3 +150,14 @@ def rendered_dom(page: Path, profile: Path) -> str:
         f"--user-data-dir={profile}", "--dump-dom", page.as_uri(),
     ]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False).stdout
+
+
+class StopAt(Reporter):
+    """Asks the trainer to stop after a given step, as Ctrl-C would."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.trainer = step, None
+
+    def on_step(self, report) -> None:
+        if report.step == self.step:
+            self.trainer.request_stop()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gptcli.tasks import holdout
-from tests.helpers import checkpoint_meta, make_corpus, run
+from tests.helpers import StopAt, checkpoint_meta, make_corpus, run
 
 FIXTURE = Path(__file__).parent / "fixtures" / "v0.1.0"
 
@@ -79,7 +79,6 @@ def test_a_muon_run_saved_before_its_iteration_count_was_kept_resumes_with_torch
     the count as well, so the config is what could go wrong)."""
     from gptcli.config import flag_overrides
     from gptcli.recipes import pretrain_trainer, resume_pretraining
-    from tests.test_train import StopAt
 
     corpus = make_corpus(tmp_path / "c.txt", n_sentences=200)
     flags = flag_overrides(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=8, max_iters=12,
@@ -92,7 +91,7 @@ def test_a_muon_run_saved_before_its_iteration_count_was_kept_resumes_with_torch
     stopper = StopAt(8)  # between evaluations: the stop itself writes last/
     stopper.trainer = first
     first.run(reporter=stopper)
-    assert meta(tmp_path / "old")["step"] == 8
+    assert checkpoint_meta(tmp_path / "old")["step"] == 8
     for name in ("last", "best"):  # as the first release saved it
         path = tmp_path / "old" / name / "checkpoint.json"
         saved = json.loads(path.read_text())
@@ -101,7 +100,7 @@ def test_a_muon_run_saved_before_its_iteration_count_was_kept_resumes_with_torch
     resumed = resume_pretraining(tmp_path / "old")
     resumed.run(resume=True)
     assert resumed.parts.optimizers["muon"].param_groups[0]["ns_steps"] == 5
-    assert meta(tmp_path / "old")["config"]["train"]["muon_ns_steps"] == 5  # kept from now on
+    assert checkpoint_meta(tmp_path / "old")["config"]["train"]["muon_ns_steps"] == 5  # kept from now on
     after = resumed.model.state_dict().values()
     for (name, p), q in zip(straight.model.state_dict().items(), after, strict=True):
         assert torch.equal(p, q), name

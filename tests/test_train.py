@@ -19,7 +19,7 @@ from gptcli.reports import Reporter
 from gptcli.runtime import seed_everything
 from gptcli.tasks import LMTask
 from gptcli.train import Trainer
-from tests.helpers import TINY, assert_usage_error, digest, make_corpus, run
+from tests.helpers import TINY, StopAt, assert_usage_error, digest, make_corpus, run
 
 
 def tiny_config(**train) -> Config:
@@ -124,17 +124,6 @@ def test_run_dir_layout_and_checkpoint_reload(data_dir, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(x)[0], trainer.model(x)[0], rtol=0, atol=0)
     assert loaded.tokenizer.encode("The fox") == trainer.tokenizer.encode("The fox")
-
-
-class StopAt(Reporter):
-    """Asks the trainer to stop after a given step, as Ctrl-C would."""
-
-    def __init__(self, step: int) -> None:
-        self.step, self.trainer = step, None
-
-    def on_step(self, report) -> None:
-        if report.step == self.step:
-            self.trainer.request_stop()
 
 
 @pytest.mark.parametrize(
