@@ -8,8 +8,8 @@ the run's curve (training seconds, val loss of its evaluation every 50 steps).
 
 Muon's adjust_lr_fn and weight decay are module constants of gptcli/optim.py, set here for
 each run, and its Newton-Schulz steps the config key train.muon_ns_steps (torch's 5 unless a
-run says otherwise);
-the figures are in bench/RESULTS.md ("Muon settings").
+run says otherwise), and Muon's own warmup train.muon_warmup_iters (none; here AdamW's
+unless a run says otherwise); the figures are in bench/RESULTS.md ("Muon settings").
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ RUNS = {
     "muon-original-0.03-adamw-3e-3-ns4": dict(
         optimizer="muon", lr=3e-3, muon_lr=0.03, adjust="original", wd=0.0, ns_steps=4
     ),
+    # Muon at its peak from the first step while AdamW warms up (train.muon_warmup_iters 0)
+    "muon-original-0.03-adamw-3e-3-ns4-no-warmup": dict(
+        optimizer="muon", lr=3e-3, muon_lr=0.03, adjust="original", wd=0.0, ns_steps=4, muon_warmup_iters=0
+    ),
 }
 
 
@@ -63,6 +67,7 @@ def main() -> None:
         optim.MUON_ADJUST_LR = settings.pop("adjust", "original")
         optim.MUON_WEIGHT_DECAY = settings.pop("wd", 0.0)
         settings["muon_ns_steps"] = settings.pop("ns_steps", 5)
+        settings.setdefault("muon_warmup_iters", None)  # Muon warmed up with AdamW until it had its own
         run = gptcli_run(CHAR, tokens, settings.pop("optimizer"), 1337, work, **settings)
         scored = {"run": name, "val": round(run.final_val, 4), "train_s": round(run.train_s, 1),
                   "curve": [(round(t, 1), round(v, 3)) for t, v in run.curve]}  # fmt: skip

@@ -201,6 +201,10 @@ class TrainConfig:
     # 4, where torch's default is 5: cheaper steps and the same loss (gptcli/optim.py). Runs
     # saved before this key existed iterated 5 times and resume so (SAVED_BEFORE).
     muon_ns_steps: int = knob(4, check=Range(1, 99))  # Newton-Schulz iterations per Muon step
+    # Muon's own warmup steps: none, it starts at its peak while AdamW warms up (gptcli/optim.py,
+    # rates_at). None: Muon's rate follows AdamW's warmup, as runs saved before this key
+    # existed trained and resume (SAVED_BEFORE).
+    muon_warmup_iters: int | None = knob(0, check=NON_NEGATIVE)
     schedule: str = knob(
         "cosine",
         choices=SCHEDULES,
@@ -306,9 +310,10 @@ FINETUNE_DEFAULTS = TrainConfig(
     optimizer="adamw",
 )  # fmt: skip
 # what a key missing from a saved run's config meant when the run was saved: runs made before
-# --optimizer existed trained with AdamW, and Muon runs made before muon_ns_steps existed
-# iterated torch's 5 times (checkpoint.json keeps every key from then on)
-SAVED_BEFORE = TrainConfig(optimizer="adamw", muon_ns_steps=5)
+# --optimizer existed trained with AdamW, and Muon runs made before muon_ns_steps and
+# muon_warmup_iters existed iterated torch's 5 times and warmed Muon's rate up with AdamW's
+# (checkpoint.json keeps every key from then on)
+SAVED_BEFORE = TrainConfig(optimizer="adamw", muon_ns_steps=5, muon_warmup_iters=None)
 FINETUNE_TASKS = ("lm", "classify", "choice", "sft")
 LORA_TARGETS = ("attn", "proj", "mlp")  # attn.c_attn; attn.c_proj; mlp.c_fc and mlp.c_proj (gptcli/lora.py)
 

@@ -33,7 +33,7 @@ from gptcli.errors import GptcliError, UsageError
 from gptcli.evals import evaluate as evaluate_file
 from gptcli.evals import plan_files
 from gptcli.model import GPT
-from gptcli.optim import decay_due, decay_time, describe, describe_schedule, lr_at, make_optimizers, set_lr
+from gptcli.optim import decay_due, decay_time, describe, describe_schedule, make_optimizers, rates_at, set_lr
 from gptcli.parallel import Sharded, Whole
 from gptcli.reports import EvalReport, Reporter, RunInfo, SampleReport, StepReport, Summary
 from gptcli.runstate import METRICS_FILE, MetricsLog, Parts, TrainState, refit_schedule, restore, save_last
@@ -352,13 +352,15 @@ class Trainer:
 
     # -- one optimizer step
 
-    def _step(self, lr: float, measure: bool = False) -> tuple[torch.Tensor, int, torch.Tensor | None]:
-        """One optimizer step over the global batch: this process's micro-steps, then clip
-        and step. Returns this process's mean loss (on the device, not synced), the tokens
-        the whole job processed, and the gradient norm before clipping (when clipping, or
-        when measure asks for it; None otherwise)."""
+    def _step(
+        self, rates: dict[str, float], measure: bool = False
+    ) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+        """One optimizer step over the global batch, at these rates (rates_at): this
+        process's micro-steps, then clip and step. Returns this process's mean loss (on the
+        device, not synced), the tokens the whole job processed, and the gradient norm
+        before clipping (when clipping, or when measure asks for it; None otherwise)."""
         cfg, dist, parts = self.cfg, self.dist, self.parts
-        set_lr(parts.optimizers, lr, cfg)
+        set_lr(parts.optimizers, rates)
         indices = torch.randint(
             self.task.num_examples("train"), (cfg.grad_accum, cfg.batch_size), generator=parts.data_gen
         )
@@ -542,9 +544,10 @@ class Trainer:
                         last_metrics, last_files = self._evaluate_and_checkpoint(elapsed)
                     self._begin_decay(elapsed)
                     clock.pause(since)
-                lr = lr_at(self.state.step, self.cfg, elapsed, self.state.decay_from)
+                rates = rates_at(self.state.step, self.cfg, elapsed, self.state.decay_from)
+                lr = rates["adamw"]  # the rate shown: the schedule's
                 logging = (self.state.step + 1) % self.cfg.log_interval == 0 or self.state.step == 0
-                step_loss, tokens, grad_norm = self._step(lr, measure=logging)
+                step_loss, tokens, grad_norm = self._step(rates, measure=logging)
                 self.state.step += 1
                 self.state.tokens += tokens
                 clock.window_tokens += tokens

@@ -106,6 +106,8 @@ def test_config_round_trips_through_yaml(tmp_path):
         ("train:\n  muon_ns_steps: 0\n", r"train.muon_ns_steps must be in \[1, 99\], got 0"),
         ("train:\n  muon_ns_steps: 2.5\n", r"train.muon_ns_steps must be an integer, got 2.5"),
         ("train:\n  muon_ns_step: 5\n", "unknown key 'train.muon_ns_step' in .*did you mean 'muon_ns_steps'"),
+        ("train:\n  muon_warmup_iters: -1\n", r"train.muon_warmup_iters must be >= 0, got -1"),
+        ("train:\n  muon_warmup: 10\n", "unknown key 'train.muon_warmup' .*did you mean 'muon_warmup_iters'"),
         ("train:\n  decay_fraction: 0\n", r"train.decay_fraction \(--decay-fraction\) must be in \(0, 1\]"),
         ("train:\n  decay_fraction: 1.5\n", r"train.decay_fraction \(--decay-fraction\) must be in \(0, 1\]"),
         ("muon_lr: 0.02\n", r"did you mean 'train.muon_lr'"),

@@ -72,36 +72,39 @@ def test_an_old_classifier_resumes_with_its_plain_holdout(old, monkeypatch):
     assert checkpoint_meta(old / "cls-run")["step"] == 9
 
 
-def test_a_muon_run_saved_before_its_iteration_count_was_kept_resumes_with_torchs_five(tmp_path):
-    """Muon runs of the first release iterated Newton-Schulz torch's 5 times and saved no
-    train.muon_ns_steps; resumed, such a run goes on with 5 (new runs take 4), and its config
-    says so: its weights equal a straight run's with 5 (torch's saved optimizer state carries
-    the count as well, so the config is what could go wrong)."""
+def test_a_muon_run_saved_before_its_later_keys_resumes_as_it_trained(tmp_path):
+    """Muon runs of the first release iterated Newton-Schulz torch's 5 times and warmed Muon's
+    rate up with AdamW's, and saved neither train.muon_ns_steps nor train.muon_warmup_iters;
+    resumed (here inside the warmup), such a run goes on with 5 and the warmup (new runs take
+    4 and none), and its config says so: its weights equal a straight run's with those
+    settings (torch's saved optimizer state carries the count as well)."""
     from gptcli.config import flag_overrides
     from gptcli.recipes import pretrain_trainer, resume_pretraining
 
     corpus = make_corpus(tmp_path / "c.txt", n_sentences=200)
     flags = flag_overrides(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=8, max_iters=12,
-                           eval_interval=6, eval_iters=2, log_interval=1, warmup_iters=2, device="cpu",
+                           eval_interval=6, eval_iters=2, log_interval=1, warmup_iters=10, device="cpu",
                            dtype="fp32", optimizer="muon")  # fmt: skip
-    five = {**flags, "train": {**flags["train"], "muon_ns_steps": 5}}
-    straight = pretrain_trainer([corpus], out=tmp_path / "straight", flags=five)
+    then = {**flags, "train": {**flags["train"], "muon_ns_steps": 5, "muon_warmup_iters": None}}
+    straight = pretrain_trainer([corpus], out=tmp_path / "straight", flags=then)
     straight.run()
-    first = pretrain_trainer([corpus], out=tmp_path / "old", flags=five)
-    stopper = StopAt(8)  # between evaluations: the stop itself writes last/
+    first = pretrain_trainer([corpus], out=tmp_path / "old", flags=then)
+    stopper = StopAt(8)  # between evaluations, in the warmup: the stop itself writes last/
     stopper.trainer = first
     first.run(reporter=stopper)
     assert checkpoint_meta(tmp_path / "old")["step"] == 8
     for name in ("last", "best"):  # as the first release saved it
         path = tmp_path / "old" / name / "checkpoint.json"
         saved = json.loads(path.read_text())
-        del saved["config"]["train"]["muon_ns_steps"]
+        del saved["config"]["train"]["muon_ns_steps"], saved["config"]["train"]["muon_warmup_iters"]
         path.write_text(json.dumps(saved))
     resumed = resume_pretraining(tmp_path / "old")
     resumed.run(resume=True)
     assert resumed.parts.optimizers["muon"].param_groups[0]["ns_steps"] == 5
-    assert checkpoint_meta(tmp_path / "old")["config"]["train"]["muon_ns_steps"] == 5  # kept from now on
+    kept = checkpoint_meta(tmp_path / "old")["config"]["train"]  # from now on
+    assert kept["muon_ns_steps"] == 5 and kept["muon_warmup_iters"] is None
     after = resumed.model.state_dict().values()
     for (name, p), q in zip(straight.model.state_dict().items(), after, strict=True):
         assert torch.equal(p, q), name
-    assert pretrain_trainer([corpus], out=tmp_path / "new", flags=flags).config.train.muon_ns_steps == 4
+    new = pretrain_trainer([corpus], out=tmp_path / "new", flags=flags).config.train
+    assert new.muon_ns_steps == 4 and new.muon_warmup_iters == 0

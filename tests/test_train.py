@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from gptcli.checkpoint import load_checkpoint, load_train_state
 from gptcli.config import Config, TrainConfig, flag_overrides, load_config
 from gptcli.data import load_data_tokenizer, load_split, tokenize_corpus
 from gptcli.model import GPT
-from gptcli.optim import Muon, block_matrices, lr_at, make_optimizers
+from gptcli.optim import Muon, block_matrices, describe_schedule, lr_at, make_optimizers, rates_at
 from gptcli.reports import Reporter
 from gptcli.runtime import seed_everything
 from gptcli.tasks import LMTask
@@ -65,6 +66,32 @@ def test_lr_schedule_at_known_steps():
     timed = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=0, max_iters=10_000, max_time=60.0)
     assert lr_at(10, timed, elapsed=30.0) == pytest.approx((1e-3 + 1e-4) / 2)
     assert lr_at(10, timed, elapsed=60.0) == pytest.approx(1e-4)
+
+
+def test_muon_starts_at_its_peak_while_adamw_warms_up():
+    """Muon's rate skips AdamW's warmup and otherwise sits at the same point of its own curve;
+    train.muon_warmup_iters gives it a warmup of its own, and None (runs saved before the
+    key) the old rate, AdamW's scaled, warmup included."""
+    cfg = TrainConfig(optimizer="muon", lr=1e-3, min_lr=1e-4, warmup_iters=100, max_iters=1100, muon_lr=0.03)
+    assert rates_at(0, cfg) == {"adamw": pytest.approx(1e-3 / 101), "muon": pytest.approx(0.03)}
+    assert rates_at(99, cfg)["muon"] == pytest.approx(0.03)
+    assert rates_at(100, cfg)["muon"] == pytest.approx(0.03)
+    assert rates_at(600, cfg) == {"adamw": pytest.approx(5.5e-4), "muon": pytest.approx(0.03 * 0.55)}
+    assert rates_at(1100, cfg)["muon"] == pytest.approx(3e-3)
+    assert "warmup 100 steps (AdamW's; Muon starts at its peak), cosine" in describe_schedule(cfg)
+    own = replace(cfg, muon_warmup_iters=20)
+    assert rates_at(0, own)["muon"] == pytest.approx(0.03 / 21)
+    assert rates_at(19, own)["muon"] == pytest.approx(0.03 * 20 / 21)
+    assert rates_at(20, own) == rates_at(20, cfg)
+    assert "warmup 100 steps (AdamW's; Muon's 20), cosine" in describe_schedule(own)
+    old = replace(cfg, muon_warmup_iters=None)
+    for step in (0, 49, 99, 100, 600, 1100):
+        rates = rates_at(step, old)
+        assert rates["muon"] == rates["adamw"] * 0.03 / 1e-3
+        assert rates["adamw"] == lr_at(step, cfg)
+    assert rates_at(600, old) == rates_at(600, cfg)
+    assert "warmup 100 steps, cosine" in describe_schedule(old)
+    assert "warmup 100 steps, cosine" in describe_schedule(replace(cfg, optimizer="adamw"))
 
 
 def test_lr_decays_on_from_where_a_changed_schedule_takes_over():
@@ -375,24 +402,34 @@ def test_muon_step_is_torchs():
 
 def test_wsd_schedule_and_its_stable_checkpoint(data_dir, tmp_path):
     """--schedule wsd: warmup, the peak until the last decay_fraction of the run, then a
-    straight line to min_lr; Muon's rate follows, scaled to its own peak. The run keeps the
-    checkpoint taken as the decay begins, training state included, as stable/."""
+    straight line to min_lr; Muon's rate follows, scaled to its own peak, without the
+    warmup. The run keeps the checkpoint taken as the decay begins, training state
+    included, as stable/."""
     run_dir = tmp_path / "run"
     config = tiny_config(max_iters=40, warmup_iters=5, log_interval=1, eval_interval=100, optimizer="muon",
                          schedule="wsd", decay_fraction=0.25, muon_lr=0.03)  # fmt: skip
     trainer = build_trainer(data_dir, run_dir, config)
-    trainer.run()
+
+    class MuonRates(Reporter):
+        def __init__(self) -> None:
+            self.rates: dict[int, float] = {}
+
+        def on_step(self, report) -> None:
+            self.rates[report.step] = trainer.parts.optimizers["muon"].param_groups[0]["lr"]
+
+    muon = MuonRates()
+    trainer.run(reporter=muon)
     lrs = {
         r["step"]: r["lr"] for r in train_records(run_dir) if r["kind"] == "train"
     }  # step k used lr_at(k-1)
     peak, floor = 3e-3, 3e-4
+    assert all(muon.rates[k] == pytest.approx(0.03) for k in range(1, 32))  # no warmup: the peak
+    assert all(muon.rates[k] == pytest.approx(lrs[k] * 0.03 / peak) for k in range(6, 41))
     assert lrs[5] == pytest.approx(peak * 5 / 6)  # the last warmup step
     assert lrs[6] == lrs[30] == lrs[31] == pytest.approx(peak)  # warmup over; the decay starts at step 30
     assert lrs[32] == pytest.approx(peak - (peak - floor) / 10)
     assert lrs[40] == pytest.approx(floor + (peak - floor) / 10)  # the last step, one tenth above min_lr
     assert all(a >= b for a, b in itertools.pairwise(list(lrs.values())[5:]))
-    muon = trainer.parts.optimizers["muon"].param_groups[0]["lr"]
-    assert muon == pytest.approx(lrs[40] * 0.03 / peak)
     evals = [r["step"] for r in train_records(run_dir) if r["kind"] == "eval"]
     assert evals == [0, 30, 40]  # the decay's start is evaluated, to be kept
     assert load_train_state(run_dir / "stable")["state"]["step"] == 30
