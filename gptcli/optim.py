@@ -206,12 +206,12 @@ def rates_at(
     the char case reached AdamW's final val loss 8 and 28 steps sooner on two seeds without
     Muon's warmup, and ended lower."""
     lr = lr_at(step, cfg, elapsed, decay_from)
-    if cfg.muon_warmup_iters is None:  # a run saved before the key: Muon followed AdamW's warmup
-        return {"adamw": lr, "muon": lr * cfg.muon_lr / cfg.lr}
-    warming_up = step < cfg.warmup_iters and decay_from is None
-    muon = cfg.muon_lr if warming_up else lr * cfg.muon_lr / cfg.lr
-    if step < cfg.muon_warmup_iters:
-        muon *= (step + 1) / (cfg.muon_warmup_iters + 1)
+    muon = lr * cfg.muon_lr / cfg.lr
+    if cfg.muon_warmup_iters is not None:  # None: a run saved before the key, warmed up with AdamW
+        if step < cfg.warmup_iters and decay_from is None:
+            muon = cfg.muon_lr
+        if step < cfg.muon_warmup_iters:
+            muon *= (step + 1) / (cfg.muon_warmup_iters + 1)
     return {"adamw": lr, "muon": muon}
 
 
