@@ -188,11 +188,18 @@ def describe_schedule(cfg: TrainConfig) -> str:
         muon = f"Muon's {own}" if own else "Muon starts at its peak"
         warmup = f"warmup {cfg.warmup_iters} steps (AdamW's; {muon}), "
     if cfg.schedule == "cosine":
-        return f"cosine schedule: {warmup}cosine to {cfg.min_lr:g} at {end}"
-    return (
-        f"wsd schedule: {warmup}constant, then linear to {cfg.min_lr:g} over the last "
-        f"{cfg.decay_fraction:.0%} of the run (ends at {end})"
-    )
+        line = f"cosine schedule: {warmup}cosine to {cfg.min_lr:g} at {end}"
+    else:
+        line = (
+            f"wsd schedule: {warmup}constant, then linear to {cfg.min_lr:g} over the last "
+            f"{cfg.decay_fraction:.0%} of the run (ends at {end})"
+        )
+    if cfg.warmup_iters >= cfg.max_iters:  # lr_at never leaves the warmup
+        line += (
+            f"; the warmup is not shorter than the run, so the rate rises to the last step and "
+            f"never decays: lower --warmup-iters (e.g. {cfg.max_iters // 10})"
+        )
+    return line
 
 
 def rates_at(

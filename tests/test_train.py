@@ -94,6 +94,16 @@ def test_muon_starts_at_its_peak_while_adamw_warms_up():
     assert "warmup 100 steps, cosine" in describe_schedule(replace(cfg, optimizer="adamw"))
 
 
+def test_the_header_says_when_the_warmup_outlasts_the_run():
+    """A run shorter than the default warmup never decays; the schedule line says so."""
+    short = TrainConfig(warmup_iters=100, max_iters=60)
+    assert lr_at(59, short) < short.lr  # still warming up at the last step
+    for schedule in ("cosine", "wsd"):
+        line = describe_schedule(replace(short, schedule=schedule))
+        assert "rises to the last step and never decays: lower --warmup-iters (e.g. 6)" in line
+    assert "never decays" not in describe_schedule(replace(short, warmup_iters=6))
+
+
 def test_lr_decays_on_from_where_a_changed_schedule_takes_over():
     cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=60)
     now = lr_at(40, TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=40))
