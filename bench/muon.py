@@ -2,8 +2,11 @@
 on the same tokens, model shape, batch, block and step budget, on tinyshakespeare
 char-level and with the GPT-2 BPE.
 
-gptcli runs three seeds of each optimizer; nanoGPT's train.py has no seed option (it seeds
-with 1337 + rank), so it runs once. Every final model is scored on the whole val split
+Every trainer runs three seeds. nanoGPT's train.py has no seed option (it seeds torch with
+1337 + rank, which draws its initial weights and its batches), so the bench runs it with
+torch.manual_seed set to give the seed instead (NANOGPT_SEEDED), its code unchanged. gptcli
+Muon also runs at pretrain's default AdamW rate for the parameters Muon does not take
+(--lr 1e-3, the rate a user gets), beside the tuned 3e-3. Every final model is scored on the whole val split
 (bench/val_loss.py); the curves over time come from gptcli's own evaluations every 50 steps,
 against training time only (evaluations and checkpoints left out), and nanoGPT's time is the
 sum of its per-iteration times with the evaluating iterations replaced by its median; it
@@ -34,6 +37,14 @@ from gptcli.reports import Reporter
 
 SEEDS = (1, 2, 3)
 EVAL_EVERY = 50
+# torch's generator seeded with the first argument instead of train.py's fixed 1337; train.py
+# then runs as `python train.py ARGS...` would (its configurator reads sys.argv[1:])
+NANOGPT_SEEDED = (
+    "import runpy, sys, torch; seed = int(sys.argv.pop(1)); manual_seed = torch.manual_seed; "
+    "torch.manual_seed = lambda _: manual_seed(seed); runpy.run_path('train.py', run_name='__main__')"
+)
+# pretrain's default --lr, for the parameters Muon does not take in a user's Muon run
+DEFAULT_LR = 1e-3
 # AdamW's peak rate, the best of 1e-3, 3e-3 and 6e-3 on the char case (bench/RESULTS.md, "Muon
 # settings"), for gptcli AdamW and nanoGPT alike, and in Muon runs for the parameters Muon does
 # not take (--lr 3e-3; Muon itself at its default --muon-lr)
@@ -121,7 +132,7 @@ def gptcli_run(
         optimizer=optimizer, batch_size=shape.batch, max_iters=steps or shape.steps, warmup_iters=50, lr=lr,
         min_lr=lr / 10, eval_interval=EVAL_EVERY, eval_iters=20, log_interval=50, seed=seed, dtype="auto",
     )  # fmt: skip
-    out = work / f"{shape.name}-{optimizer}-{seed}-{steps}"
+    out = work / f"{shape.name}-{optimizer}-{seed}-{steps}-{lr:g}"
     curve = _Curve()
     pretrain_trainer([tokens], flags={"model": model, "train": train}, out=out).run(reporter=curve)
     final = full_val_loss(load_checkpoint(out / "last").model, load_split(tokens, "val"))
@@ -129,23 +140,25 @@ def gptcli_run(
     return Run(f"gptcli {optimizer}", seed, final, curve.train_s, curve.points)
 
 
-def nanogpt_run(shape: Shape, tokens: Path, nanogpt: Path, work: Path) -> Run:
+def nanogpt_run(shape: Shape, tokens: Path, nanogpt: Path, work: Path, seed: int) -> Run:
     """nanoGPT's train.py with its shakespeare_char settings scaled to the shape, on the
-    same train.bin/val.bin (gptcli's tokenize writes nanoGPT's layout: raw uint16 ids)."""
+    same train.bin/val.bin (gptcli's tokenize writes nanoGPT's layout: raw uint16 ids),
+    seeded with seed (NANOGPT_SEEDED)."""
     from bench.val_loss import full_val_loss, nanogpt_model
     from gptcli.data import load_data_tokenizer, load_split
 
     data = work / f"nanogpt-{shape.name}"
-    data.mkdir()
-    for split in ("train", "val"):
-        shutil.copy(tokens / f"{split}.bin", data / f"{split}.bin")
-    if shape.vocab is None:  # nanoGPT reads a char vocabulary's size from meta.pkl
-        with open(data / "meta.pkl", "wb") as f:
-            pickle.dump({"vocab_size": load_data_tokenizer(tokens).vocab_size}, f)
-    out = work / f"nanogpt-{shape.name}-out"
+    if not data.is_dir():
+        data.mkdir()
+        for split in ("train", "val"):
+            shutil.copy(tokens / f"{split}.bin", data / f"{split}.bin")
+        if shape.vocab is None:  # nanoGPT reads a char vocabulary's size from meta.pkl
+            with open(data / "meta.pkl", "wb") as f:
+                pickle.dump({"vocab_size": load_data_tokenizer(tokens).vocab_size}, f)
+    out = work / f"nanogpt-{shape.name}-{seed}-out"
     cmd = [
-        sys.executable, "train.py", "config/train_shakespeare_char.py", f"--dataset={data}",
-        f"--out_dir={out}",
+        sys.executable, "-c", NANOGPT_SEEDED, str(seed), "config/train_shakespeare_char.py",
+        f"--dataset={data}", f"--out_dir={out}",
         "--device=cpu", "--compile=False", f"--n_layer={shape.n_layer}", "--n_head=4",
         f"--n_embd={shape.n_embd}", f"--block_size={shape.block}", f"--batch_size={shape.batch}",
         "--dropout=0.0", "--bias=True", "--always_save_checkpoint=True",
@@ -167,11 +180,12 @@ def nanogpt_run(shape: Shape, tokens: Path, nanogpt: Path, work: Path) -> Run:
     ]
     final = full_val_loss(nanogpt_model(out / "ckpt.pt"), load_split(tokens, "val"))
     train_s = sum(step_s)  # train.py takes one step past the budget; it is not counted
-    return Run("nanoGPT AdamW", None, final, train_s, curve)
+    shutil.rmtree(out, ignore_errors=True)
+    return Run("nanoGPT AdamW", seed, final, train_s, curve)
 
 
 def _per_seed(values: list[float], form: str, unit: str = "") -> str:
-    return ", ".join(format(v, form) + unit for v in values)
+    return ", ".join("not reached" if v == float("inf") else format(v, form) + unit for v in values)
 
 
 def _spread(values: list[float], digits: int = 3) -> str:
@@ -192,13 +206,16 @@ def compare_optimizers(args, Result) -> list:
     for shape in SHAPES:
         tokens = work / f"tokens-{shape.name}"
         tokenize_corpus([args.corpus], tokens, shape.tokenizer)
-        print(f"  {shape.name}: nanoGPT ...", file=sys.stderr, flush=True)
-        peer = nanogpt_run(shape, tokens, args.nanogpt, work)
-        runs: dict[str, list[Run]] = {"adamw": [], "muon": []}
+        peers, runs, defaults = [], {"adamw": [], "muon": []}, []
         for seed in SEEDS:
+            print(f"  {shape.name}: nanoGPT, seed {seed} ...", file=sys.stderr, flush=True)
+            peers.append(nanogpt_run(shape, tokens, args.nanogpt, work, seed))
             for optimizer in runs:
                 print(f"  {shape.name}: gptcli {optimizer}, seed {seed} ...", file=sys.stderr, flush=True)
                 runs[optimizer].append(gptcli_run(shape, tokens, optimizer, seed, work))
+            say = f"  {shape.name}: gptcli muon, --lr {DEFAULT_LR:g}, seed {seed} ..."
+            print(say, file=sys.stderr, flush=True)
+            defaults.append(gptcli_run(shape, tokens, "muon", seed, work, lr=DEFAULT_LR))
         # Muon given BUDGET of AdamW's training time, as --max-time would: the steps its own
         # runs took that long for, with warmup and cosine fitted to them
         per_step = statistics.mean(m.train_s for m in runs["muon"]) / shape.steps
@@ -207,8 +224,9 @@ def compare_optimizers(args, Result) -> list:
         for seed in SEEDS:
             print(f"  {shape.name}: gptcli muon, {steps} steps, seed {seed} ...", file=sys.stderr, flush=True)
             budget.append(gptcli_run(shape, tokens, "muon", seed, work, steps))
-        results += _compare(shape, peer, runs["adamw"], runs["muon"], Result)
+        results += _compare(shape, peers, runs["adamw"], runs["muon"], Result)
         results.append(_budget_row(shape, runs["adamw"], budget, steps, Result))
+        results.append(_defaults_row(shape, runs["adamw"], defaults, Result))
     shutil.rmtree(work, ignore_errors=True)
     return results
 
@@ -232,15 +250,43 @@ def _budget_row(shape: Shape, adamw: list[Run], budget: list[Run], steps: int, R
     )  # fmt: skip
 
 
-def _compare(shape: Shape, peer: Run, adamw: list[Run], muon: list[Run], Result) -> list:
-    """The case's rows: each seed's Muon against the same seed's AdamW."""
+def _reach(adamw: list[Run], other: list[Run]) -> list[float]:
+    """Per seed, the share of AdamW's training time the other run needs to reach that AdamW
+    run's final evaluation (inf: never)."""
+    return [
+        float("inf") if (t := o.time_to(a.curve[-1][1])) is None else t / a.train_s
+        for a, o in zip(adamw, other, strict=True)
+    ]
+
+
+def _defaults_row(shape: Shape, adamw: list[Run], defaults: list[Run], Result):
+    """Muon as a user's run gets it (AdamW's group at pretrain's default --lr) against the
+    tuned AdamW: the time to AdamW's final val loss, per seed."""
+    ratio = _reach(adamw, defaults)
+    char = shape.name == "char"
+    at_time = [a.curve[-1][1] - d.val_at(a.train_s) for a, d in zip(adamw, defaults, strict=True)]
+    return Result(
+        f"Muon at pretrain's default --lr {DEFAULT_LR:g} (for what Muon does not take), {shape.name}: "
+        "time to gptcli AdamW's final val loss",
+        statistics.mean(ratio), 1.0, "x AdamW's time", "AdamW's whole run",
+        "<= 0.7x" if char else "(reported)", max(ratio) <= 0.7 if char else None,
+        [
+            f"per seed: {_per_seed(ratio, '.2f', 'x')}; val loss lower than AdamW's at AdamW's wall "
+            f"time by {_per_seed(at_time, '.3f')}; whole val split after {shape.steps} steps "
+            f"{_spread([d.final_val for d in defaults])} (with --lr {ADAMW_LR:g}: see above)"
+        ],
+    )  # fmt: skip
+
+
+def _compare(shape: Shape, peers: list[Run], adamw: list[Run], muon: list[Run], Result) -> list:
+    """The case's rows: each seed's Muon against the same seed's AdamW; nanoGPT beside."""
     what = (
         f"{shape.name}, {shape.n_layer} layers x {shape.n_embd}, block {shape.block}, batch {shape.batch}, "
         f"{shape.steps} steps"
     )
     last = [a.curve[-1][1] for a in adamw]  # AdamW's final evaluation, per seed
     reach = [m.time_to(v) for v, m in zip(last, muon, strict=True)]
-    reach_ratio = [float("inf") if r is None else r / a.train_s for r, a in zip(reach, adamw, strict=True)]
+    reach_ratio = _reach(adamw, muon)
     muon_at = [m.val_at(a.train_s) for a, m in zip(adamw, muon, strict=True)]  # at AdamW's wall time
     at_time = [v - m for v, m in zip(last, muon_at, strict=True)]
     per_step = [m.train_s / a.train_s for a, m in zip(adamw, muon, strict=True)]
@@ -248,24 +294,24 @@ def _compare(shape: Shape, peer: Run, adamw: list[Run], muon: list[Run], Result)
     finals = {name: [r.final_val for r in rs] for name, rs in (("adamw", adamw), ("muon", muon))}
     mean = {name: statistics.mean(v) for name, v in finals.items()}
     notes = [
-        f"whole val split after {shape.steps} steps: nanoGPT AdamW {peer.final_val:.3f} "
-        "(one run: train.py has no seed option), "
+        f"whole val split after {shape.steps} steps: nanoGPT AdamW {_spread([p.final_val for p in peers])}, "
         f"gptcli AdamW {_spread(finals['adamw'])}, gptcli Muon {_spread(finals['muon'])} over seeds {SEEDS}",
-        f"training time of {shape.steps} steps: nanoGPT {peer.train_s:.0f} s, gptcli AdamW "
-        f"{_spread([a.train_s for a in adamw], 0)} s, gptcli Muon {_spread([m.train_s for m in muon], 0)} s",
+        f"training time of {shape.steps} steps: nanoGPT {_spread([p.train_s for p in peers], 0)} s, "
+        f"gptcli AdamW {_spread([a.train_s for a in adamw], 0)} s, "
+        f"gptcli Muon {_spread([m.train_s for m in muon], 0)} s",
     ]
     target = statistics.mean(last)
-    peer_reach = peer.time_to(target)
+    peer_reach = [p.time_to(target) for p in peers]
     notes.append(
         f"time to gptcli AdamW's final val loss ({target:.3f}, mean of the seeds' last evaluations): "
         f"gptcli AdamW {statistics.mean(a.train_s for a in adamw):.0f} s, gptcli Muon "
         f"{_spread([float('inf') if r is None else r for r in reach], 0)} s, nanoGPT "
-        + ("not reached" if peer_reach is None else f"{peer_reach:.0f} s")
+        + ", ".join("not reached" if r is None else f"{r:.0f} s" for r in peer_reach)
     )
     notes.append(
         f"val loss (evaluation, 20 batches) at gptcli AdamW's wall time: AdamW "
         f"{_spread(last)}, Muon {_spread(muon_at)}, nanoGPT "
-        f"{peer.val_at(statistics.mean(a.train_s for a in adamw)):.3f}"
+        f"{_spread([p.val_at(statistics.mean(a.train_s for a in adamw)) for p in peers])}"
     )
     return [
         Result(
