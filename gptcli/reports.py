@@ -41,7 +41,8 @@ class StepReport:
     step: int  # optimizer steps done
     max_iters: int
     elapsed: float
-    lr: float
+    lr: float  # AdamW's, the schedule's
+    muon_lr: float | None = None  # Muon's, in a Muon run
     loss: float | None = None  # mean training loss of this step (on log steps only)
     grad_norm: float | None = None  # the gradient's norm before clipping (on log steps only)
     tokens_per_s: float | None = None

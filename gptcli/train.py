@@ -415,6 +415,7 @@ class Trainer:
                     "step": report.step,
                     "loss": loss,
                     "lr": report.lr,
+                    **({} if report.muon_lr is None else {"muon_lr": report.muon_lr}),
                     "grad_norm": report.grad_norm,
                     "tokens": self.state.tokens,
                     "tokens_per_s": round(report.tokens_per_s, 1),
@@ -545,13 +546,16 @@ class Trainer:
                     self._begin_decay(elapsed)
                     clock.pause(since)
                 rates = rates_at(self.state.step, self.cfg, elapsed, self.state.decay_from)
+                muon = "muon" in self.parts.optimizers
                 lr = rates["adamw"]  # the rate shown: the schedule's
                 logging = (self.state.step + 1) % self.cfg.log_interval == 0 or self.state.step == 0
                 step_loss, tokens, grad_norm = self._step(rates, measure=logging)
                 self.state.step += 1
                 self.state.tokens += tokens
                 clock.window_tokens += tokens
-                report = StepReport(self.state.step, self.cfg.max_iters, clock.elapsed(), lr)
+                report = StepReport(
+                    self.state.step, self.cfg.max_iters, clock.elapsed(), lr, rates["muon"] if muon else None
+                )
                 if logging:
                     peak = self._log(report, step_loss, grad_norm, clock, peak)
                 self.reporter.on_step(report)

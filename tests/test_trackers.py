@@ -37,7 +37,7 @@ def test_tensorboard_holds_what_metrics_jsonl_holds(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     tb = scalars(Path("r"))
     train, evals = records(Path("r"), "train"), records(Path("r"), "eval")
-    for key in ("loss", "lr", "grad_norm"):
+    for key in ("loss", "lr", "muon_lr", "grad_norm"):  # a Muon run, pretrain's default
         assert [s for s, _ in tb[f"train/{key}"]] == [r["step"] for r in train]
         assert [v for _, v in tb[f"train/{key}"]] == pytest.approx([r[key] for r in train], rel=1e-6)
     for key in ("val_loss", "train_loss", "val_bpb"):

@@ -52,8 +52,8 @@ def make_trackers(
 
 def step_scalars(r: StepReport) -> dict[str, float]:
     """A log step's figures under the names every tracker uses: train/loss, train/lr,
-    train/grad_norm, train/tokens_per_s, train/mfu (those the step has)."""
-    keys = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu")
+    train/muon_lr, train/grad_norm, train/tokens_per_s, train/mfu (those the step has)."""
+    keys = ("loss", "lr", "muon_lr", "grad_norm", "tokens_per_s", "mfu")
     return {f"train/{k}": getattr(r, k) for k in keys if getattr(r, k) is not None}
 
 

@@ -165,7 +165,7 @@ class TrainView(reports.Reporter):
         self.live.start()
 
     def on_step(self, r: Any) -> None:
-        self.stats.update(step=r.step, lr=r.lr, elapsed=r.elapsed)
+        self.stats.update(step=r.step, lr=r.lr, muon_lr=r.muon_lr, elapsed=r.elapsed)
         if r.loss is not None:
             self.train.append(r.step, r.loss)
             best = self.stats.get("best_train")
@@ -215,7 +215,7 @@ class TrainView(reports.Reporter):
         best_at = f" @{s['best_step']}" if "best_step" in s else ""
         numbers.add_row(
             f"step [bold]{s.get('step', 0)}[/]",
-            f"lr {fmt(s.get('lr'), '.2e')}",
+            f"lr {fmt(s.get('lr'), '.2e')}" + muon_rate(s.get("muon_lr")),
             f"train [bold cyan]{fmt(s.get('loss'))}[/] (best {fmt(s.get('best_train'))})",
             f"val [bold orange1]{fmt(s.get('val'))}[/] (best {fmt(s.get('best_val'))}{best_at})",
         )
@@ -269,7 +269,7 @@ class TrainLog(reports.Reporter):
         mfu = "" if r.mfu is None else f" | mfu {100 * r.mfu:.1f}%"
         norm = "" if r.grad_norm is None else f" | grad norm {r.grad_norm:.3g}"
         self._line(
-            f"step {r.step}/{r.max_iters} | loss {r.loss:.4f} | lr {r.lr:.2e}{norm} | "
+            f"step {r.step}/{r.max_iters} | loss {r.loss:.4f} | lr {r.lr:.2e}{muon_rate(r.muon_lr)}{norm} | "
             f"{r.tokens_per_s:,.0f} tok/s{mfu} | {duration(r.elapsed)}"
         )
 
@@ -286,6 +286,11 @@ class TrainLog(reports.Reporter):
             f"eval step {r.step}: train {r.metrics['train']['loss']:.4f} | "
             f"val {r.metrics['val']['loss']:.4f}{best}{extra} | {duration(r.elapsed)}"
         )
+
+
+def muon_rate(rate: float | None) -> str:
+    """Muon's rate beside AdamW's on a step line, in a Muon run."""
+    return "" if rate is None else f" (Muon {rate:.2e})"
 
 
 def one_line(text: str) -> str:
