@@ -13,6 +13,7 @@ import difflib
 import math
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -302,6 +303,25 @@ class TrainConfig:
             raise UsageError(
                 f"{key_name('train', 'device')} must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}"
             )
+
+    def unused(self, given: Iterable[str]) -> list[str]:
+        """A warning for each flag given that this run's other settings leave unused (such as
+        --muon-lr in an AdamW run)."""
+        flag = {f.name: f.metadata.get("flag") for f in fields(self)}
+        return [
+            f"{flag[key]} is not used: it goes with {flag[other]} {wanted}, and this run has "
+            f"{flag[other]} {getattr(self, other)}"
+            for key, (other, wanted) in USED_WITH.items()
+            if key in given and getattr(self, other) != wanted
+        ]
+
+
+# settings that only one value of another setting uses: {key: (other key, its value)}
+USED_WITH = {
+    "muon_lr": ("optimizer", "muon"),
+    "muon_momentum": ("optimizer", "muon"),
+    "decay_fraction": ("schedule", "wsd"),
+}
 
 
 # finetuning starts from a trained model: smaller steps, shorter runs, than pretraining

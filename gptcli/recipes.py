@@ -73,6 +73,8 @@ def pretrain_trainer(
     if not corpus:
         raise UsageError("give the text to train on: gptcli pretrain CORPUS... (files or directories)")
     config = load_config(config_path, flags)
+    for text in config.train.unused(flags.get("train", {})):
+        notes.warning(text)
     explicit_tokenizer = "tokenizer" in flags.get("data", {}) or (
         config_path is not None and "tokenizer" in (read_yaml(config_path).get("data") or {})
     )
@@ -171,6 +173,8 @@ def finetune_trainer(
     loaded = loading.load(settings.base)
     base_block = loaded.model.config.block_size
     config = _finetune_config(loaded, config_path, flags or {})
+    for text in config.train.unused((flags or {}).get("train", {})):
+        notes.warning(text)
     if settings.lora_rank and config.train.optimizer == "muon":  # Muon's matrices are LoRA's frozen base
         raise UsageError(
             "--optimizer muon trains the blocks' weight matrices, which LoRA keeps frozen; "

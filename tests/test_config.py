@@ -164,3 +164,19 @@ def test_the_optimizer_flag_says_each_verbs_default():
 
     assert help_of(TrainConfig()).endswith("(default: muon, or adamw under --fsdp).")
     assert help_of(FINETUNE_DEFAULTS).endswith("(default: adamw).")
+
+
+def test_flags_another_setting_leaves_unused_are_named():
+    """--muon-lr in an AdamW run, --decay-fraction under the cosine: a warning each, from the
+    flags given (a config file may keep both optimizers' settings); pretrain and finetune
+    print them."""
+    adamw = load_config(None, {"train": {"optimizer": "adamw"}}).train
+    assert adamw.unused({"muon_lr": 0.02, "muon_momentum": 0.9, "lr": 1e-3}) == [
+        "--muon-lr is not used: it goes with --optimizer muon, and this run has --optimizer adamw",
+        "--muon-momentum is not used: it goes with --optimizer muon, and this run has --optimizer adamw",
+    ]
+    assert adamw.unused({"decay_fraction": 0.3}) == [
+        "--decay-fraction is not used: it goes with --schedule wsd, and this run has --schedule cosine"
+    ]
+    wsd_muon = load_config(None, {"train": {"schedule": "wsd"}}).train
+    assert wsd_muon.unused({"muon_lr": 0.02, "muon_momentum": 0.9, "decay_fraction": 0.3}) == []

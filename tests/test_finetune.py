@@ -92,6 +92,13 @@ def test_classification_that_needs_word_order_reaches_95_percent(pretrained, ord
     assert "val accuracy" in output
 
 
+def test_finetune_names_a_flag_its_settings_leave_unused(pretrained, order_data, tmp_path):
+    args = ("--max-iters", "1", "--decay-fraction", "0.3")
+    _, output = finetune(pretrained, order_data, tmp_path / "r", *args)
+    warning = "--decay-fraction is not used: it goes with --schedule wsd, and this run has --schedule cosine"
+    assert warning in output
+
+
 def test_compile_covers_the_classification_loss(pretrained, order_data, tmp_path):
     """A classifier's loss calls hidden_states and the classifier head, not the model's
     forward: --compile compiles the task's loss as a whole, and trains as eager does."""
