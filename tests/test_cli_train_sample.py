@@ -26,15 +26,22 @@ def test_pretrain_writes_a_run_and_reports(tmp_path):
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 15, 30]
     assert all(k in records[1] for k in ("loss", "lr", "tokens_per_s", "tokens"))
+    last = [r for r in records if r["kind"] == "train"][-1]  # Muon, the default: both rates shown
+    assert f"step 30/30 | loss {last['loss']:.4f} | lr {last['lr']:.2e} (Muon {last['muon_lr']:.2e}) |" in out
     meta = json.loads((run_dir / "last" / "checkpoint.json").read_text())
     assert meta["config"]["model"]["n_layer"] == 1 and meta["tokenizer"] == "char"
 
     # the same corpus again: the cached tokens are reused, not written again
     cache = Path(os.environ["GPTCLI_CACHE_DIR"]) / "tokens"
     entries = {p: p.stat().st_mtime_ns for p in cache.glob("*/train.bin")}
-    again = run("pretrain", corpus, "--out", tmp_path / "run2", *TINY, "--max-iters", "1")
+    adamw = ["--max-iters", "1", "--optimizer", "adamw", "--muon-lr", "0.02"]
+    again = run("pretrain", corpus, "--out", tmp_path / "run2", *TINY, *adamw)
     assert again.exit_code == 0, again.output
     assert {p: p.stat().st_mtime_ns for p in cache.glob("*/train.bin")} == entries
+    assert "(Muon" not in again.output and "muon_lr" not in (tmp_path / "run2" / "metrics.jsonl").read_text()
+    assert "--muon-lr is not used: it goes with --optimizer muon, and this run has --optimizer adamw" in (
+        again.output
+    )
 
     # --resume with a larger budget continues from step 30
     more = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "40")
