@@ -435,6 +435,8 @@ def test_wsd_schedule_and_its_stable_checkpoint(data_dir, tmp_path):
     peak, floor = 3e-3, 3e-4
     assert all(muon.rates[k] == pytest.approx(0.03) for k in range(1, 32))  # no warmup: the peak
     assert all(muon.rates[k] == pytest.approx(lrs[k] * 0.03 / peak) for k in range(6, 41))
+    logged = {r["step"]: r["muon_lr"] for r in train_records(run_dir) if r["kind"] == "train"}
+    assert logged == {k: muon.rates[k] for k in range(1, 41)}  # metrics.jsonl keeps Muon's rate too
     assert lrs[5] == pytest.approx(peak * 5 / 6)  # the last warmup step
     assert lrs[6] == lrs[30] == lrs[31] == pytest.approx(peak)  # warmup over; the decay starts at step 30
     assert lrs[32] == pytest.approx(peak - (peak - floor) / 10)
@@ -470,6 +472,52 @@ def test_a_longer_wsd_run_continues_from_stable(tmp_path):
     assert digest(tmp_path / "run" / "last" / "model.safetensors") != last_before
     vals = [r["val_loss"] for r in records if r["kind"] == "eval"] + [best_before]
     assert json.loads((tmp_path / "run" / "best" / "checkpoint.json").read_text())["val_loss"] == min(vals)
+
+
+def test_a_wsd_run_fits_its_decay_to_max_time(tmp_path, monkeypatch):
+    """--schedule wsd with --max-time: the decay starts as the last decay_fraction of the
+    time begins (stable/ kept there) and is a straight line to the end of the time; a
+    larger --max-time on resume continues from stable/ and decays at the new end. A clock
+    that moves one second per step (and not while evaluating) makes the times exact."""
+    import gptcli.train as train_module
+    from gptcli.reports import StepReport
+
+    clock = [1000.0]
+
+    class TickingReport(StepReport):  # built once after every step
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            clock[0] += 1.0
+
+    fake_time = type("FakeTime", (), {"perf_counter": staticmethod(lambda: clock[0])})
+    monkeypatch.setattr(train_module, "time", fake_time)
+    monkeypatch.setattr(train_module, "StepReport", TickingReport)
+    make_corpus(tmp_path / "c.txt")
+    flags = [*TINY, "--max-iters", "200", "--log-interval", "1", "--schedule", "wsd"]  # time ends first
+    first = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "run", *flags,
+                "--decay-fraction", "0.25", "--max-time", "40s", "--json")  # fmt: skip
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["steps"] == 40 and json.loads(first.stdout)["stop_reason"] == "max_time"
+
+    def rates() -> dict[int, float]:  # step k trained at lr_at(k - 1)
+        return {r["step"]: r["lr"] for r in train_records(tmp_path / "run") if r["kind"] == "train"}
+
+    peak, floor, lrs = 3e-3, 1e-4, rates()
+    assert lrs[3] == pytest.approx(peak * 3 / 4) and lrs[4] == lrs[31] == pytest.approx(peak)  # warmup 3
+    assert lrs[36] == pytest.approx((peak + floor) / 2)  # half of the 10 s decay gone
+    assert lrs[40] == pytest.approx(floor + (peak - floor) / 10)  # the last step
+    assert load_train_state(tmp_path / "run" / "stable")["state"]["step"] == 30  # at 30 s of 40
+
+    more = run("pretrain", "--resume", "--out", tmp_path / "run", "--max-time", "60s", "--json")
+    assert more.exit_code == 0, more.output
+    assert "the run's decay began at step 30: the longer run continues from" in more.output
+    assert json.loads(more.stdout)["steps"] == 60
+    lrs = rates()
+    assert sorted(lrs) == list(range(1, 61))  # the first decay's steps were replaced
+    assert all(lrs[k] == pytest.approx(peak) for k in range(4, 46))  # constant to 45 s of 60
+    assert lrs[53] == pytest.approx(floor + (peak - floor) * 8 / 15)
+    assert lrs[60] == pytest.approx(floor + (peak - floor) / 15)
+    assert load_train_state(tmp_path / "run" / "stable")["state"]["step"] == 45
 
 
 def test_refit_of_a_wsd_schedule():
