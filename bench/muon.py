@@ -6,11 +6,12 @@ Every trainer runs three seeds. nanoGPT's train.py has no seed option (it seeds 
 1337 + rank, which draws its initial weights and its batches), so the bench runs it with
 torch.manual_seed set to give the seed instead (NANOGPT_SEEDED), its code unchanged. gptcli
 Muon also runs at pretrain's default AdamW rate for the parameters Muon does not take
-(--lr 1e-3, the rate a user gets), beside the tuned 3e-3. Every final model is scored on the whole val split
-(bench/val_loss.py); the curves over time come from gptcli's own evaluations every 50 steps,
-against training time only (evaluations and checkpoints left out), and nanoGPT's time is the
-sum of its per-iteration times with the evaluating iterations replaced by its median; it
-evaluates every 50 steps too (its own 20-batch estimate), so it has a curve.
+(--lr 1e-3, the rate a user gets), beside the tuned 3e-3. Every final model is scored on
+the whole val split (bench/val_loss.py); the curves over time come from gptcli's own
+evaluations every 50 steps, against training time only (evaluations and checkpoints left
+out), and nanoGPT's time is the sum of its per-iteration times with the evaluating
+iterations replaced by its median; it evaluates every 50 steps too (its own 20-batch
+estimate), so it has a curve.
 
 The time Muon needs to reach AdamW's final val loss is read two ways: off the curve of its
 full-length run, and as a run given 0.65x AdamW's training time, in the steps that takes,

@@ -546,15 +546,14 @@ class Trainer:
                     self._begin_decay(elapsed)
                     clock.pause(since)
                 rates = rates_at(self.state.step, self.cfg, elapsed, self.state.decay_from)
-                muon = "muon" in self.parts.optimizers
-                lr = rates["adamw"]  # the rate shown: the schedule's
                 logging = (self.state.step + 1) % self.cfg.log_interval == 0 or self.state.step == 0
                 step_loss, tokens, grad_norm = self._step(rates, measure=logging)
                 self.state.step += 1
                 self.state.tokens += tokens
                 clock.window_tokens += tokens
+                muon_lr = rates["muon"] if "muon" in self.parts.optimizers else None
                 report = StepReport(
-                    self.state.step, self.cfg.max_iters, clock.elapsed(), lr, rates["muon"] if muon else None
+                    self.state.step, self.cfg.max_iters, clock.elapsed(), rates["adamw"], muon_lr
                 )
                 if logging:
                     peak = self._log(report, step_loss, grad_norm, clock, peak)
