@@ -168,6 +168,10 @@ def test_the_progress_bar_and_the_numbers_show_the_same_step():
     text = console.export_text()
     assert "7/100" in text and "step 7" in text and "global batch = 8 x 1 = 128 tokens" in text
     assert "2:06 left" in text  # the run's elapsed time (126 s, not the wall clock), as the summary counts it
+    assert "lr 1.00e-03" in text and "Muon" not in text  # an AdamW run
+    view.on_step(StepReport(8, 100, 144.0, 1e-3, muon_lr=3e-2, loss=2.0))
+    console.print(view._render())
+    assert "Muon lr 3.00e-02" in console.export_text()  # a Muon run: its rate under AdamW's
 
 
 def test_the_live_view_runs_in_a_terminal(tmp_path):

@@ -215,7 +215,7 @@ class TrainView(reports.Reporter):
         best_at = f" @{s['best_step']}" if "best_step" in s else ""
         numbers.add_row(
             f"step [bold]{s.get('step', 0)}[/]",
-            f"lr {fmt(s.get('lr'), '.2e')}" + muon_rate(s.get("muon_lr")),
+            f"lr {fmt(s.get('lr'), '.2e')}",
             f"train [bold cyan]{fmt(s.get('loss'))}[/] (best {fmt(s.get('best_train'))})",
             f"val [bold orange1]{fmt(s.get('val'))}[/] (best {fmt(s.get('best_val'))}{best_at})",
         )
@@ -227,8 +227,9 @@ class TrainView(reports.Reporter):
             f"grad norm {fmt(s.get('grad_norm'), '.3g')}",
             f"saved last @{s['saved_last']}" if "saved_last" in s else "",
         )
-        if extras or budget:
-            numbers.add_row("", "", Text(extras, style="dim"), budget)
+        muon = "" if s.get("muon_lr") is None else f"Muon lr {s['muon_lr']:.2e}"  # under AdamW's
+        if extras or budget or muon:
+            numbers.add_row("", muon, Text(extras, style="dim"), budget)
         for label, metrics in s.get("files", {}).items():
             numbers.add_row(Text(label, style="dim"), Text(headline(metrics)), "", "")
         parts: list[Any] = [self.header, self.progress, numbers]
