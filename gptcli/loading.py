@@ -29,7 +29,7 @@ from gptcli.checkpoint import (
 )
 from gptcli.errors import UsageError
 from gptcli.tokenizer import TOKENIZER_FILE, gpt2_tokenizer, load_tokenizer
-from gptcli.validate import read_tensors
+from gptcli.validate import check_tensors, read_tensors
 
 
 def load(
@@ -108,11 +108,13 @@ def _load_lora(
             f"{ckpt}: its model ({', '.join(mismatch) or 'block_size'}) is not the shape of its base "
             f"{loaded_base.path}; the checkpoint is damaged"
         )
+    settings = lora.LoRASettings.of(meta)
+    # the rank and the head the metadata claims, against the file, before they are built
+    check_tensors(ckpt / MODEL_FILE, lora.planned_shapes(model, settings, config.n_classes))
     if config.block_size < model.config.block_size:
         model.crop_block_size(config.block_size)
     model.set_dropout(config.dropout)
     model.set_classifier(config.n_classes)  # the run's head, or none (the base may have had one)
-    settings = lora.LoRASettings.of(meta)
     lora.add_adapters(model, settings)
     model.load_state_dict(read_tensors(ckpt / MODEL_FILE, lora.adapter_shapes(model)), strict=False)
     if merge:

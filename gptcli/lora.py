@@ -157,6 +157,20 @@ def merge(model: nn.Module) -> None:
             setattr(model.get_submodule(parent_name), attr, m.merged())
 
 
+def planned_shapes(model: nn.Module, settings: LoRASettings, n_classes: int) -> dict[str, tuple[int, ...]]:
+    """What a LoRA checkpoint of these settings on this (plain) model holds, computed from
+    the base's shapes without building anything: so that the sizes a checkpoint claims
+    (rank, classes) are checked against its file before adapters of that size exist."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for parent, attr, name in _targets(model, settings.modules):
+        base = getattr(parent, attr)
+        shapes[f"{name}.lora_A"] = (settings.rank, base.in_features)
+        shapes[f"{name}.lora_B"] = (base.out_features, settings.rank)
+    if n_classes:
+        shapes |= {"classifier.weight": (n_classes, model.config.n_embd), "classifier.bias": (n_classes,)}
+    return shapes
+
+
 def adapter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     """What a LoRA checkpoint of this (adapted) model holds: the adapters and any head."""
     return {n: tuple(p.shape) for n, p in model.named_parameters() if is_trained(n)}

@@ -95,24 +95,46 @@ def check_finite(name: str, tensor: torch.Tensor, source: str) -> None:
         raise UsageError(f"{source}: {name} holds NaN or inf; the weights are damaged, use another one")
 
 
-def check_against(
-    found: Mapping[str, tuple[str, tuple[int, ...]]], config: Any, source: str
-) -> dict[str, tuple[int, ...]]:
-    """The weights a model of config needs, after checking that found ({name: (dtype,
-    shape)} in our names) holds them. The blocks are counted first, from the names alone:
-    a config claiming a million layers is refused before a model of any size is laid out."""
+def check_claims(found: Mapping[str, tuple[str, tuple[int, ...]]], config: Any, source: str) -> None:
+    """Every size the config claims, against the tensors the file holds (found: {name:
+    (dtype, shape)} in our names, from the header): the blocks counted from the names, the
+    width, vocabulary, context and head from the embeddings' and head's shapes. Arithmetic
+    only, so that a few bytes claiming a billion layers or dimensions are refused before a
+    model of that size is laid out, even on the meta device."""
     blocks = {int(m[1]) for name in found if (m := _BLOCK.match(name))}
-    if blocks != set(range(config.n_layer)):
+    if len(blocks) != config.n_layer or (blocks and max(blocks) != config.n_layer - 1):
         raise UsageError(
             f"{source} holds {len(blocks)} blocks but the config says n_layer = {config.n_layer}; "
             "the weights do not match the config"
         )
+    claimed = {
+        "transformer.wte.weight": (config.vocab_size, config.n_embd),
+        "transformer.wpe.weight": (config.block_size, config.n_embd),
+    }
+    if config.n_classes:
+        claimed["classifier.weight"] = (config.n_classes, config.n_embd)
+    for name, shape in claimed.items():
+        if name not in found:
+            raise UsageError(f"{source} lacks {name}; the checkpoint is incomplete")
+        if found[name][1] != shape:
+            raise UsageError(
+                f"{source}: {name} has shape {found[name][1]} but the config needs {shape}; "
+                "the weights do not match the config"
+            )
+
+
+def check_against(
+    found: Mapping[str, tuple[str, tuple[int, ...]]], config: Any, source: str
+) -> dict[str, tuple[int, ...]]:
+    """The weights a model of config needs, after checking that found ({name: (dtype,
+    shape)} in our names) holds them: its sizes first (check_claims), then every shape."""
+    check_claims(found, config, source)
     expected = expected_shapes(config)
     check_shapes(found, expected, source)
     return expected
 
 
-_BLOCK = re.compile(r"^transformer\.h\.(\d+)\.")
+_BLOCK = re.compile(r"^transformer\.h\.(\d{1,9})\.")
 
 
 def read_weights(file: Path, config: Any) -> dict[str, torch.Tensor]:
@@ -121,14 +143,20 @@ def read_weights(file: Path, config: Any) -> dict[str, torch.Tensor]:
     return _read(file, check_against(header(file), config, str(file)))
 
 
-def read_tensors(file: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Exactly the tensors named in expected ({name: shape}) from a safetensors file (a LoRA
-    checkpoint's adapters, say), checked against its header first, then for NaN and inf."""
+def check_tensors(file: Path, expected: Mapping[str, tuple[int, ...]]) -> None:
+    """A safetensors file holds exactly the tensors named in expected ({name: shape}), with
+    those shapes: checked from its header, before the tensors' places are made."""
     found = header(file)
     extra = sorted(set(found) - set(expected))
     if extra:
         raise UsageError(f"{file} holds {extra[0]}, which the model has no place for; it does not fit")
     check_shapes(found, expected, str(file))
+
+
+def read_tensors(file: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Exactly the tensors named in expected ({name: shape}) from a safetensors file (a LoRA
+    checkpoint's adapters, say), checked against its header first, then for NaN and inf."""
+    check_tensors(file, expected)
     return _read(file, expected)
 
 
