@@ -114,7 +114,7 @@ class Sharded:
         """fn(model) inside the root's forward, where its weights are whole (tasks call more
         of the model than its forward), sharded again after."""
         try:
-            return self.root(fn)
+            return self.root(apply=fn)
         finally:
             self.root.reshard()
 

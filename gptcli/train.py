@@ -93,10 +93,13 @@ class _TaskLoss(nn.Module):
         self.model = model
         self.task = task
 
-    def forward(self, batch: Batch | Callable[[nn.Module], Any]) -> Any:
-        """A batch's loss; or, given a function, its result on the model (FSDP evaluates
-        this way, so that the root's weights are gathered for it)."""
-        return batch(self.model) if callable(batch) else self.task.loss(self.model, batch)
+    def forward(self, batch: Batch | None = None, apply: Callable[[nn.Module], Any] | None = None) -> Any:
+        """A batch's loss; or, given apply, its result on the model (FSDP evaluates this
+        way, so that the root's weights are gathered for it). Which one is decided by
+        whether apply is None, a constant to torch.compile: the step stays one graph."""
+        if apply is not None:
+            return apply(self.model)
+        return self.task.loss(self.model, batch)
 
 
 @dataclass
@@ -509,9 +512,10 @@ class Trainer:
                 kept = read_meta(best).get("best_val_loss") if best is not None else None
                 if kept is not None and (self.state.best_val_loss is None or kept < self.state.best_val_loss):
                     self.state.best_val_loss = kept
-            self.metrics.truncate(
-                self.state.step, keep_eval_at_step=self.state.last_eval_step == self.state.step
-            )
+            if self.dist.is_main:
+                self.metrics.truncate(
+                    self.state.step, keep_eval_at_step=self.state.last_eval_step == self.state.step
+                )
         refit_schedule(self.state, self.cfg)
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
