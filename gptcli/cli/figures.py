@@ -32,9 +32,14 @@ def save_loss_png(metrics_path: Any, png_path: Any) -> bool:
     if plt is None:
         return False
     train, val = [], []
-    with open(metrics_path, encoding="utf-8") as f:
+    with open(metrics_path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            rec = json.loads(line)
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                continue  # a damaged line: resume sets such lines aside (metrics.jsonl.damaged)
+            if not isinstance(rec, dict):
+                continue
             if rec.get("kind") == "train":
                 train.append((rec["step"], rec["loss"]))
             elif rec.get("kind") == "eval":

@@ -12,12 +12,14 @@ import errno
 import io
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -29,6 +31,7 @@ from rich.progress import (
 from rich.text import Text
 
 from gptcli import reports
+from gptcli.outside import printable
 
 
 class Stream(io.TextIOBase):
@@ -111,8 +114,26 @@ def carry_on_without_output() -> None:
 # under torchrun only rank 0 talks (errors excepted); every process runs this same CLI
 _QUIET = os.environ.get("RANK", "0") != "0"
 STDOUT, STDERR = Stream("stdout"), Stream("stderr")
-out = Console(file=STDOUT, highlight=False, quiet=_QUIET)
-err = Console(file=STDERR, highlight=False)
+MESSAGE_LIMIT = 2000  # characters of one error, warning or info line (a 1 MB path is cut)
+
+
+class _Console(Console):
+    """A Console that shows every plain string it draws through outside.printable: what
+    came from outside (a file name, a label, generated text) never moves the cursor,
+    retitles or clears the terminal. Text objects are built from printable strings by
+    the render modules (`text` below)."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(printable(text), **kwargs)
+
+
+out = _Console(file=STDOUT, highlight=False, quiet=_QUIET)
+err = _Console(file=STDERR, highlight=False)
+
+
+def text(value: str, style: str = "", limit: int | None = None) -> Text:
+    """A Rich Text of a string that may have come from outside: escaped (and cut to limit)."""
+    return Text(printable(value, limit), style=style)
 
 
 # --- messages ------------------------------------------------------------------------------
@@ -120,17 +141,19 @@ err = Console(file=STDERR, highlight=False)
 
 def error(message: str) -> None:
     """One line on stderr: what is wrong and what to do."""
-    err.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+    err.print(Text.assemble(("error: ", "bold red"), printable(message, MESSAGE_LIMIT)), soft_wrap=True)
 
 
 def warning(message: str) -> None:
     if not _QUIET:
-        err.print(Text.assemble(("warning: ", "bold yellow"), message), soft_wrap=True)
+        err.print(
+            Text.assemble(("warning: ", "bold yellow"), printable(message, MESSAGE_LIMIT)), soft_wrap=True
+        )
 
 
 def info(message: str) -> None:
     if not _QUIET:
-        err.print(Text(message, style="dim"), soft_wrap=True)
+        err.print(text(message, "dim", MESSAGE_LIMIT), soft_wrap=True)
 
 
 def note(message: str) -> None:
@@ -158,17 +181,26 @@ class Notes(reports.Notes):
             yield update
 
 
+# what json.dumps(ensure_ascii=False) leaves raw and a terminal may act on (DEL, C1, the
+# bidi controls) or cannot write (lone surrogates): written as \uXXXX escapes, which parse
+# back to the very same string
+_JSON_RAW = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
 def print_json(obj: Any) -> None:
-    """Machine-readable output: one JSON document on stdout (from rank 0 only under torchrun)."""
+    """Machine-readable output: one JSON document on stdout (from rank 0 only under torchrun).
+    Only escapes differ from json.dumps: the data parses back unchanged."""
     if _QUIET:
         return
-    STDOUT.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    doc = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False))
+    STDOUT.write(doc + "\n")
     STDOUT.flush()
 
 
 @contextmanager
 def byte_progress(description: str, total: int, show: bool = True) -> Iterator[Callable[[int, int], None]]:
     """A progress bar over bytes on stderr (only in a terminal); yields update(done, total)."""
+    description = escape(printable(description, 200))  # a file name is shown, never read as markup
     progress = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -188,6 +220,7 @@ def byte_progress(description: str, total: int, show: bool = True) -> Iterator[C
 def count_progress(description: str, total: int | None = None) -> Iterator[Callable[[int, int], None]]:
     """A progress bar over items (windows, examples) on stderr, only in a terminal;
     yields update(done, total)."""
+    description = escape(printable(description, 200))
     progress = Progress(
         "[progress.description]{task.description}",
         BarColumn(),

@@ -9,12 +9,13 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from gptcli.cli.render.console import out
+from gptcli.cli.render.console import out, text
+from gptcli.outside import printable
 
 
-def stream_text(text: str, style: str = "") -> None:
+def stream_text(piece: str, style: str = "") -> None:
     """Print text with no newline, at once (streaming generation)."""
-    out.print(text, end="", style=style, soft_wrap=True, markup=False, highlight=False)
+    out.print(piece, end="", style=style, soft_wrap=True, markup=False, highlight=False)
     out.file.flush()
 
 
@@ -22,7 +23,7 @@ def sample_text(prompt: str, continuation: str, index: int | None = None) -> Non
     """A prompt (dimmed) and its continuation (bright)."""
     if index is not None:
         out.rule(f"sample {index}", style="dim")
-    out.print(Text.assemble((prompt, "dim"), (continuation, "bold")), soft_wrap=True)
+    out.print(Text.assemble((printable(prompt), "dim"), (printable(continuation), "bold")), soft_wrap=True)
 
 
 def _bar(prob: float, width: int = 24) -> str:
@@ -42,7 +43,8 @@ def probs_table(
     reshaped the distribution, e.g. "T=0.7, top-k 3"), rows carry a fifth value, q, the
     probability the token was drawn with, shown beside the model's p."""
     table = Table(
-        title=title or Text.assemble(("…" if len(context) > 48 else "", "dim"), (context[-48:], "dim"), " →"),
+        title=title
+        or Text.assemble(("…" if len(context) > 48 else "", "dim"), (printable(context[-48:]), "dim"), " →"),
         title_justify="left",
         caption=f"p: model, q: drawn from ({sampling})" if sampling else None,
         caption_justify="left",
@@ -56,7 +58,7 @@ def probs_table(
         table.add_column("q", justify="right")
     table.add_column("", style="green")
     for rank, piece, prob, chosen, *q in rows:
-        cells = [str(rank), Text(piece, style="bold green" if chosen else ""), f"{prob:.4f}"]
+        cells = [str(rank), text(piece, "bold green" if chosen else ""), f"{prob:.4f}"]
         if sampling:
             cells.append(f"{q[0]:.4f}")
         table.add_row(*cells, _bar(prob) + (" ◀" if chosen else ""))
@@ -79,7 +81,7 @@ def beam_table(prompt: str, rows: Sequence[dict[str, Any]]) -> None:
     for rank, r in enumerate(rows, 1):
         table.add_row(
             str(rank),
-            Text.assemble((prompt, "dim"), (r["text"], "bold")),
+            Text.assemble((printable(prompt), "dim"), (printable(r["text"]), "bold")),
             f"{r['logprob']:.3f}",
             f"{r['score']:.4f}",
             str(len(r["ids"])),
@@ -99,11 +101,15 @@ def predictions_table(
     table.add_column(f"predicted {column}")
     table.add_column("prob", justify="right")
     table.add_column("true")
-    for i, (text, predicted, prob, true) in enumerate(rows, 1):
+    for i, (record, predicted, prob, true) in enumerate(rows, 1):
         mark = "" if true is None else (" ✓" if true == predicted else " ✗")
         style = "" if true is None else ("green" if true == predicted else "red")
         table.add_row(
-            str(i), Text(text), Text(predicted, style=style), f"{prob:.3f}", Text(f"{true or ''}{mark}")
+            str(i),
+            text(record, limit=500),
+            text(predicted, style, 200),
+            f"{prob:.3f}",
+            text(f"{true or ''}{mark}"),
         )
     out.print(table)
     if accuracy is not None:

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gptcli.cli.render.console import fmt, out
+from gptcli.outside import printable
 
 # the columns of each task's table: (metric key, header, format)
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {
@@ -45,6 +46,7 @@ def headline(metrics: dict) -> str:
 
 def eval_tables(rows: Sequence[tuple[str, str, str, dict]]) -> None:
     """(model, file, how, metrics) per evaluation, grouped by task in the order they came."""
+    rows = [(printable(m), printable(f), how, s) for m, f, how, s in rows]  # before measuring them
     tasks = list(dict.fromkeys(m["task"] for *_, m in rows))
     for task in tasks:
         mine = [

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gptcli.cli.render.console import out
+from gptcli.outside import printable
 
 # viridis, from 0 (dark) to 1 (bright)
 _SCALE = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
@@ -37,6 +38,7 @@ def _cell(w: float, masked: bool, numbers: bool) -> Text:
 def attention_heatmap(tokens: Sequence[str], weights: Any, title: str) -> None:
     """One attention map large: query tokens as rows, key tokens as columns, future
     positions masked. weights: (T, T) nested sequence or tensor."""
+    tokens = [printable(t) for t in tokens]
     T = len(tokens)
     numbers = T <= 16
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False, show_lines=False,
@@ -80,5 +82,6 @@ def legend(what: str = "weight") -> Text:
 
 def token_labels(tokens: Sequence[str]) -> None:
     """The prompt's tokens with their positions, for reading the small maps."""
+    tokens = [printable(t) for t in tokens]
     out.print(Text("tokens: ", style="dim") + Text("  ".join(f"{i}:{t}" for i, t in enumerate(tokens))),
               soft_wrap=True)  # fmt: skip

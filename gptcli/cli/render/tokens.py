@@ -8,17 +8,19 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from gptcli.cli.render.console import out
+from gptcli.cli.render.console import out, text
+from gptcli.outside import printable
 
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
 
 
 def visible_piece(raw: bytes) -> str:
     """A token's bytes as text with whitespace made visible; bytes that are only part of a
-    UTF-8 character are shown as <0xNN>."""
-    text = raw.decode("utf-8", errors="surrogateescape")
+    UTF-8 character are shown as <0xNN>, other control characters escaped (\\x1b)."""
+    piece = raw.decode("utf-8", errors="surrogateescape")
     return "".join(
-        f"<0x{ord(c) - 0xDC00:02X}>" if 0xDC80 <= ord(c) <= 0xDCFF else _VISIBLE.get(c, c) for c in text
+        f"<0x{ord(c) - 0xDC00:02X}>" if 0xDC80 <= ord(c) <= 0xDCFF else _VISIBLE.get(c) or printable(c)
+        for c in piece
     )
 
 
@@ -49,7 +51,7 @@ def token_table(
 def tokenize_summary(report: Any, out_dir: str) -> None:
     """The counts of a tokenized corpus (a gptcli.data.TokenizeReport)."""
     table = Table(
-        title=Text(f"{'reused' if report.reused else 'wrote'} {out_dir}", style="italic"),
+        title=text(f"{'reused' if report.reused else 'wrote'} {out_dir}", "italic"),
         title_justify="left",
         show_header=False,
         show_edge=False,
@@ -70,5 +72,5 @@ def tokenize_summary(report: Any, out_dir: str) -> None:
     if not report.reused:
         rows += [("time", f"{report.seconds:.2f} s"), ("speed", f"{report.mb_per_s:.1f} MB/s")]
     for k, v in rows:
-        table.add_row(k, Text(v))
+        table.add_row(k, text(v))
     out.print(table)

@@ -13,8 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from gptcli import reports
-from gptcli.cli.render.console import duration, fmt, out
+from gptcli.cli.render.console import duration, fmt, out, text
 from gptcli.cli.render.evals import headline
+from gptcli.outside import printable
 
 METRIC_NAMES = {"bpb": "bits per byte", "f1": "macro-F1"}  # how the views name task metrics
 
@@ -158,7 +159,9 @@ class TrainView(reports.Reporter):
 
     def on_start(self, info: Any) -> None:
         lines = "".join(f"\n{line}" for line in header(info, " · "))
-        self.header = Text.assemble((f"{self.title} ", "bold"), (str(info.run_dir), "cyan"), lines)
+        self.header = Text.assemble(
+            (f"{self.title} ", "bold"), (printable(str(info.run_dir)), "cyan"), printable(lines)
+        )
         self.max_time = info.max_time
         self.progress.update(self.task, total=info.max_iters, completed=info.start_step)
         self.stats["step"] = info.start_step
@@ -231,12 +234,14 @@ class TrainView(reports.Reporter):
         if extras or budget or muon:
             numbers.add_row("", muon, Text(extras, style="dim"), budget)
         for label, metrics in s.get("files", {}).items():
-            numbers.add_row(Text(label, style="dim"), Text(headline(metrics)), "", "")
+            numbers.add_row(text(label, "dim", 80), text(headline(metrics)), "", "")
         parts: list[Any] = [self.header, self.progress, numbers]
         if "sample" in s:
             r = s["sample"]
             line = Text.assemble(
-                (f"sample @{r.step}: ", "dim"), (one_line(r.prompt), "dim"), one_line(r.text)
+                (f"sample @{r.step}: ", "dim"),
+                (printable(one_line(r.prompt)), "dim"),
+                printable(one_line(r.text)),
             )
             line.no_wrap, line.overflow = True, "ellipsis"
             parts.append(line)
@@ -344,5 +349,5 @@ def train_summary(summary: Any, loss_png: str | None) -> None:
     if loss_png:
         rows.append(("loss curve", loss_png))
     for k, v in rows:
-        table.add_row(k, Text(v))
+        table.add_row(text(k), text(v))
     out.print(table)
