@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcli.errors import UsageError, command
+from gptcli.outside import quote
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes up to this
 OPTIMIZERS = ("adamw", "muon")  # gptcli/optim.py
@@ -105,7 +106,7 @@ def check_fields(obj: Any, section: str | None = None) -> None:
             listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
             close = difflib.get_close_matches(str(value), choices, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise UsageError(f"{name} must be {listed}, got {value!r}{hint}")
+            raise UsageError(f"{name} must be {listed}, got {quote(value)}{hint}")
 
 
 @dataclass
@@ -127,9 +128,13 @@ class ModelConfig:
     def validate(self) -> None:
         check_fields(self, "model")
         if self.n_embd % self.n_head:
-            raise UsageError(
-                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
+            hint = (
                 f"try n_embd={self.n_head * max(1, (self.n_embd + self.n_head // 2) // self.n_head)}"
+                if self.n_head <= self.n_embd
+                else "a head needs at least one dimension"
+            )
+            raise UsageError(
+                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); {hint}"
             )
 
     @property
@@ -301,7 +306,8 @@ class TrainConfig:
             )
         if self.device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
             raise UsageError(
-                f"{key_name('train', 'device')} must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}"
+                f"{key_name('train', 'device')} must be auto, cpu, cuda, cuda:N or mps, "
+                f"got {quote(self.device)}"
             )
 
     def unused(self, given: Iterable[str]) -> list[str]:
@@ -372,7 +378,7 @@ class FinetuneSettings:
         elif self.lora_alpha is not None or self.lora_dropout or self.lora_targets != list(LORA_TARGETS):
             raise UsageError("--lora-alpha, --lora-dropout and --lora-targets go with --lora-rank R")
         if self.task not in FINETUNE_TASKS:
-            raise UsageError(f"--task {self.task!r}: use one of {', '.join(FINETUNE_TASKS)}")
+            raise UsageError(f"--task {quote(self.task)}: use one of {', '.join(FINETUNE_TASKS)}")
         if not self.data:
             again = command("finetune", "--ckpt", self.base, "DATA", "--task", self.task)
             raise UsageError(f"give the data to finetune on: {again}")
@@ -456,7 +462,7 @@ def parse_duration(value: str | float | int) -> float:
     try:
         return float(number) * (scale or 1)
     except ValueError:
-        raise UsageError(f"bad duration {value!r}; use seconds or e.g. 90s, 15m, 1.5h") from None
+        raise UsageError(f"bad duration {quote(value)}; use seconds or e.g. 90s, 15m, 1.5h") from None
 
 
 _ACCEPTS = {
@@ -478,7 +484,7 @@ def _coerce(where: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, list):
             value = [value] if isinstance(value, str) else value
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise UsageError(f"{where} must be a list of strings, got {value!r}")
+            raise UsageError(f"{where} must be a list of strings, got {quote(value)}")
         return list(value)
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         if value is None and type(None) in args:
@@ -490,7 +496,7 @@ def _coerce(where: str, value: Any, tp: Any) -> Any:
         return value.strip().lower()
     if _ACCEPTS[tp](value):
         return float(value) if tp is float else value
-    raise UsageError(f"{where} must be {_type_name(tp)}, got {value!r}")
+    raise UsageError(f"{where} must be {_type_name(tp)}, got {quote(value)}")
 
 
 def _apply(section: Any, name: str, values: dict[str, Any], source: str) -> None:
@@ -498,9 +504,9 @@ def _apply(section: Any, name: str, values: dict[str, Any], source: str) -> None
     hints = typing.get_type_hints(type(section))
     for key, value in values.items():
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1)
+            close = difflib.get_close_matches(str(key), list(known), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(known)}"
-            raise UsageError(f"unknown key '{name}.{key}' in {source}{hint}")
+            raise UsageError(f"unknown key {quote(f'{name}.{key}')} in {source}{hint}")
         setattr(section, key, _coerce(f"{name}.{key}", value, hints[key]))
 
 
@@ -524,7 +530,8 @@ def merge(config: Config, values: dict[str, Any], source: str) -> Config:
         raise UsageError(f"{source} must be a mapping of sections ({', '.join(SECTIONS)})")
     for name, section_values in values.items():
         if name not in SECTIONS:
-            raise UsageError(f"unknown key '{name}' at the top of {source}{_top_level_hint(str(name))}")
+            hint = _top_level_hint(str(name))
+            raise UsageError(f"unknown key {quote(str(name))} at the top of {source}{hint}")
         if section_values is None:
             continue
         if not isinstance(section_values, dict):
@@ -549,7 +556,9 @@ def resume_config(saved: Config, given: list[tuple[dict[str, Any], str]]) -> Con
                 old, new = getattr(getattr(saved, section), key), getattr(getattr(candidate, section), key)
                 if old != new and key not in CONFIG_CHANGES_ON_RESUME:
                     where = "" if source == "the command line" else f" in {source}"
-                    conflicts.append(f"{key_name(section, key)}{where} is {new!r}, the run's is {old!r}")
+                    conflicts.append(
+                        f"{key_name(section, key)}{where} is {quote(new)}, the run's is {quote(old)}"
+                    )
         config = candidate
     if config.train.fsdp and saved.train.optimizer == "muon" and not conflicts:
         raise UsageError(
@@ -571,16 +580,27 @@ def resume_config(saved: Config, given: list[tuple[dict[str, Any], str]]) -> Con
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    import yaml
+    """A YAML config file's data: a file (not a directory or device), UTF-8, bounded in
+    depth and alias expansion, no key given twice (gptcli/safe_yaml.py)."""
+    from gptcli import safe_yaml
+    from gptcli.outside import check_input, printable
 
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"config file {path} does not exist")
+    check_input(path, "config file")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise UsageError(
+            f"config file {printable(str(path), 300)} is {path.stat().st_size:,} bytes; a config is a "
+            f"few hundred (at most {MAX_CONFIG_BYTES:,})"
+        )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from e
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not valid YAML (not UTF-8 text at byte {e.start})") from None
+    data = safe_yaml.load(text, str(path))
     return data or {}
+
+
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
