@@ -36,6 +36,7 @@ from gptcli import __version__, files, lora
 from gptcli.config import Config, merge
 from gptcli.errors import UsageError
 from gptcli.model import GPT
+from gptcli.outside import read_json, try_read_json
 from gptcli.paths import RUNS_DIR
 from gptcli.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from gptcli.validate import check_types, read_weights
@@ -73,10 +74,8 @@ class RunLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                try:
-                    holder = json.loads(self.path.read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    holder = {}
+                holder = try_read_json(self.path)
+                holder = holder if isinstance(holder, dict) else {}
                 raise UsageError(
                     f"{self.path.parent} is being trained by process {holder.get('pid')} on "
                     f"{holder.get('host')} (since {holder.get('started')}); wait for it or stop it"
@@ -180,7 +179,7 @@ def copy_checkpoint(
     with files.new_dir(run_dir / dst) as tmp:
         for f in (MODEL_FILE, TOKENIZER_FILE, *((STATE_TENSORS, STATE_JSON) if train_state else ())):
             files.link_or_copy(source / f, tmp / f)
-        meta = json.loads((source / META_FILE).read_text(encoding="utf-8"))
+        meta = read_json(source / META_FILE, "the checkpoint is damaged")
         (tmp / META_FILE).write_text(json.dumps({**meta, **(meta_update or {})}, indent=2), encoding="utf-8")
     return run_dir / dst
 
@@ -249,9 +248,8 @@ def newest_run(runs_dir: Path = RUNS_DIR, tasks: tuple[str, ...] | None = None) 
 def run_task(run: Path) -> str | None:
     """What a run was trained for (lm, sft, classify, choice), or None if unreadable."""
     for name in (LAST, BEST):
-        try:
-            meta = json.loads((run / name / META_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        meta = try_read_json(run / name / META_FILE)
+        if meta is None:
             continue
         task = meta.get("task", "lm") if isinstance(meta, dict) else None
         return task if isinstance(task, str) else None
@@ -273,10 +271,7 @@ META_SCHEMA: dict[str, tuple[type, ...]] = {
 def read_meta(ckpt_dir: Path) -> dict[str, Any]:
     """checkpoint.json, checked: a gptcli checkpoint of a format this version reads, whose
     fields have the types gptcli reads."""
-    try:
-        meta = json.loads((ckpt_dir / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{ckpt_dir / META_FILE} is unreadable ({e}); the checkpoint is damaged") from e
+    meta = read_json(ckpt_dir / META_FILE, "the checkpoint is damaged")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise UsageError(f"{ckpt_dir / META_FILE} is not a gptcli checkpoint file")
     source = str(ckpt_dir / META_FILE)
@@ -363,8 +358,8 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu")
 def load_train_state(ckpt_dir: Path, skip: str | None = None) -> dict[str, Any]:
     """The training state saved with a last/ checkpoint (for --resume); tensors whose
     name starts with skip (e.g. "optimizer.state.") are left out, as None."""
+    skeleton = read_json(ckpt_dir / STATE_JSON, "the run cannot be resumed")
     try:
-        skeleton = json.loads((ckpt_dir / STATE_JSON).read_text(encoding="utf-8"))
         tensors: dict[str, torch.Tensor | None] = {}
         with safe_open(ckpt_dir / STATE_TENSORS, framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)

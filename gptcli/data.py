@@ -24,8 +24,9 @@ import numpy as np
 
 from gptcli import files
 from gptcli.errors import UsageError
+from gptcli.outside import check_input, printable, try_read_json, what_is
 from gptcli.paths import cache_dir
-from gptcli.sources import READ_BYTES, Reader, iter_file_text, iter_jsonl
+from gptcli.sources import BOM, READ_BYTES, Reader, iter_file_text, iter_jsonl
 from gptcli.tokenizer import (
     TOKENIZER_FILE,
     CharTokenizer,
@@ -95,10 +96,7 @@ def is_tokenized_dir(path: Path) -> bool:
     meta = path / META_FILE
     if not meta.is_file():
         return False
-    try:
-        data = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
+    data = try_read_json(meta)
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
@@ -108,8 +106,7 @@ def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = Non
     files: list[Path] = []
     for raw in paths:
         p = Path(raw)
-        if not p.exists():
-            raise UsageError(f"{p}: no such file or directory")
+        check_input(p, "the corpus", directory=True)
         if p.is_file():
             files.append(p)
             continue
@@ -124,6 +121,12 @@ def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = Non
                 and (exclude is None or (r / d).resolve() != exclude.resolve())
             )
             found += [r / n for n in sorted(names) if not n.startswith(".")]
+        for f in found:  # a device never ends, a pipe may never start: files only
+            if (kind := what_is(f)) != "a file":
+                raise UsageError(
+                    f"{printable(str(f), 300)} in the corpus is {kind}, not a file of text; move it out of "
+                    f"{printable(str(p), 300)}"
+                )
         if not found:
             raise UsageError(f"{p}: directory holds no text files")
         files += found
@@ -224,10 +227,7 @@ def _existing_meta(out: Path) -> dict | None:
     meta = out / META_FILE
     if not meta.exists():
         return None
-    try:
-        d = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    d = try_read_json(meta)
     return d if isinstance(d, dict) and d.get("format") == FORMAT else None
 
 
@@ -465,7 +465,7 @@ def _encode(
     except BaseException as e:
         writer.abort()
         if files.is_full(e):  # the whole size is not known until the end: what it had come to
-            raise files.disk_full(out / "train.bin", writer.attempted, at_least=True) from None
+            raise files.disk_full(out / "train.bin", writer.attempted, at_least=True, cause=e) from None
         raise
     if progress is not None:
         progress(scan.bytes, scan.bytes)
@@ -508,7 +508,7 @@ def _publish(out: Path, writer: _ShardWriter, tok: Tokenizer, meta: dict) -> Non
         for tmp in (tok_tmp, meta_tmp):
             tmp.unlink(missing_ok=True)
         if files.is_full(e):
-            raise files.disk_full(out / META_FILE, None) from None
+            raise files.disk_full(out / META_FILE, None, cause=e) from None
         raise
     files.write_file(out / PUBLISHING, str(os.getpid()))
     (out / META_FILE).unlink(missing_ok=True)
@@ -633,11 +633,10 @@ def read_records(path: str | os.PathLike) -> list[Record]:
     import io
 
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file")
+    check_input(path, "the records file")
     records: list[Record] = []
     if path.suffix.lower() == ".csv":
-        text = "".join(iter_file_text(path))
+        text = "".join(iter_file_text(path)).removeprefix(BOM)
         reader = csv.reader(io.StringIO(text, newline=""), strict=True)
         lines = re.split(r"\r\n|\r|\n", text)  # the line ends csv counts (not str.splitlines' \u2028 ...)
         header: list[str] | None = None

@@ -6,8 +6,11 @@ and an exit code (2 for bad input, 1 for other failures).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import re
 import shlex
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -29,6 +32,46 @@ def need(module: str, extra: str, what: str) -> Any:
         return importlib.import_module(module)
     except ImportError:
         raise UsageError(f"{what} needs {module.split('.')[0]}: pip install 'gptcli[{extra}]'") from None
+
+
+@contextlib.contextmanager
+def doing(what: str) -> Iterator[None]:
+    """Name what gptcli is doing in the block ('reading corpus.txt.gz', 'saving runs/x/last'),
+    for the one line an error nobody foresaw ends in: an exception that leaves the block
+    carries it (the innermost block names it), GptcliErrors say what they need themselves."""
+    try:
+        yield
+    except GptcliError:
+        raise
+    except BaseException as e:
+        if getattr(e, "gptcli_doing", None) is None:
+            with contextlib.suppress(AttributeError, TypeError):
+                e.gptcli_doing = what  # type: ignore[attr-defined]
+        raise
+
+
+# "SafetensorError: ", "Error -3 ...": the class names and codes libraries put first
+_CLASS_PREFIX = re.compile(r"^(\w+\.)*[A-Z]\w*(Error|Exception|Panic\w*)\b:?\s*")
+
+
+def reason(e: BaseException) -> str:
+    """An exception's own words for a message: its first line, without the class names and
+    codes libraries put first (a missing key is named as such)."""
+    if isinstance(e, KeyError) and e.args:
+        return f"no {e.args[0]!r}"
+    text = str(e).strip()
+    words = _CLASS_PREFIX.sub("", text.splitlines()[0] if text else "")
+    return words[:300] or "no reason given"
+
+
+def unforeseen(e: BaseException, verb: str | None) -> str:
+    """The one line for an error gptcli has no message for: what it was doing (see doing)
+    and with which file, and the error's own words without a class name."""
+    what = getattr(e, "gptcli_doing", None) or (f"gptcli {verb}" if verb else "gptcli")
+    return (
+        f"{what} failed unexpectedly: {reason(e)} (this may be a bug: run again with --debug to see "
+        "where, and report it)"
+    )
 
 
 def command(*args: object) -> str:

@@ -34,8 +34,18 @@ from gptcli.errors import GptcliError, UsageError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
-_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-_FULL_TEXT = ("No space left", "StorageFull", "Disk quota exceeded")
+# what ran out, by errno, and in the words of libraries that wrap the error (safetensors)
+_FULL = {
+    errno.ENOSPC: "no space left on the device to write",
+    getattr(errno, "EDQUOT", errno.ENOSPC): "the disk quota is reached: no room to write",
+    errno.EFBIG: "the file size limit (ulimit -f) is too small to write",
+}
+_FULL_TEXT = {
+    "No space left": errno.ENOSPC,
+    "StorageFull": errno.ENOSPC,
+    "Disk quota exceeded": getattr(errno, "EDQUOT", errno.ENOSPC),
+    "File too large": errno.EFBIG,
+}
 STALE_AFTER = 24 * 3600  # a temporary file of another host is stale after a day
 
 
@@ -67,26 +77,35 @@ def _sizes(n: int | None) -> str:
     return f"{n} bytes"
 
 
-def disk_full(path: Path, needed: int | None, at_least: bool = False) -> DiskFull:
-    """The one-line error for a full disk: the path, what it needed (or at least needed,
-    when the whole size is not known), and what is free."""
+def disk_full(
+    path: Path, needed: int | None, at_least: bool = False, cause: BaseException | None = None
+) -> DiskFull:
+    """The one-line error for a full disk (or a reached quota or file size limit, as cause
+    says): the path, what it needed (or at least needed, when the whole size is not known),
+    and what is free."""
     try:
         free = shutil.disk_usage(path.parent if not path.is_dir() else path).free
         room = f", {_sizes(free)} free"
     except OSError:
         room = ""
     need = f"{'at least ' if at_least and needed else ''}{_sizes(needed)} needed"
-    return DiskFull(
-        f"no space left on the device to write {path} ({need}{room}); "
-        "free some space, or write somewhere else, and retry"
-    )
+    what = _FULL[_full_errno(cause) or errno.ENOSPC]
+    fix = "raise the limit" if what.startswith("the file size") else "free some space"
+    return DiskFull(f"{what} {path} ({need}{room}); {fix}, or write somewhere else, and retry")
+
+
+def _full_errno(e: BaseException | None) -> int | None:
+    if e is None:
+        return None
+    if isinstance(e, OSError):
+        return e.errno if e.errno in _FULL else None
+    return next((code for text, code in _FULL_TEXT.items() if text in str(e)), None)
 
 
 def is_full(e: BaseException) -> bool:
-    """A full disk, reported as an OSError or in the words of a library that wrapped one."""
-    if isinstance(e, OSError):
-        return e.errno in _FULL
-    return any(t in str(e) for t in _FULL_TEXT)
+    """A full disk, a reached quota or file size limit, reported as an OSError or in the
+    words of a library that wrapped one."""
+    return _full_errno(e) is not None
 
 
 def _refuse_existing(path: Path, flag: str) -> None:
@@ -143,7 +162,7 @@ def writing(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if is_full(e):
-            raise disk_full(path, size) from None
+            raise disk_full(path, size, cause=e) from None
         raise
 
 
@@ -180,7 +199,7 @@ def writing_path(path: str | os.PathLike, *, replace: bool = True, size: int | N
     private directory made for it (nobody else can have placed a link there), whose file
     then replaces path atomically."""
     path = Path(path)
-    with new_dir(path.parent / f".{path.name}", publish=False, size=size) as tmp_dir:
+    with new_dir(path.parent / f".{path.name}", publish=False, size=size, target=path) as tmp_dir:
         inner = tmp_dir / path.name
         yield inner
         if not is_regular_file(inner):
@@ -204,17 +223,19 @@ def save_tensors(
         fix_permissions(tmp)
 
 
-def append_line(path: str | os.PathLike, line: str) -> None:
-    """Append one line to path (created if missing), never through a link."""
+def append_line(path: str | os.PathLike, line: str | bytes) -> None:
+    """Append one line (text is UTF-8; bytes are kept as they are) to path (created if
+    missing), never through a link."""
     path = Path(path)
     fd = _open_no_link(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    blob = (line.rstrip("\n") + "\n").encode("utf-8")
+    blob = line if isinstance(line, bytes) else line.encode("utf-8")
+    blob = blob.rstrip(b"\n") + b"\n"
     try:
         with os.fdopen(fd, "ab") as f:
             f.write(blob)
     except OSError as e:
         if is_full(e):
-            raise disk_full(path, len(blob)) from None
+            raise disk_full(path, len(blob), cause=e) from None
         raise
 
 
@@ -265,9 +286,12 @@ def publish_dir(tmp: Path, final: Path) -> None:
 
 
 @contextlib.contextmanager
-def new_dir(final: Path, *, publish: bool = True, size: int | None = None) -> Iterator[Path]:
+def new_dir(
+    final: Path, *, publish: bool = True, size: int | None = None, target: Path | None = None
+) -> Iterator[Path]:
     """A fresh private directory beside final to fill; published as final (see
-    publish_dir) when the block ends without an error, removed otherwise."""
+    publish_dir) when the block ends without an error, removed otherwise. target: what a
+    full-disk error names (default final)."""
     tmp = final.with_name(f".{final.name.lstrip('.')}.{_tag()}.tmpdir")
     final.parent.mkdir(parents=True, exist_ok=True)
     os.mkdir(tmp, 0o777 & ~_umask())  # exclusive: fails on anything already there, links included
@@ -278,7 +302,7 @@ def new_dir(final: Path, *, publish: bool = True, size: int | None = None) -> It
     except BaseException as e:
         _remove(tmp)
         if is_full(e):
-            raise disk_full(final, size) from None
+            raise disk_full(target or final, size, cause=e) from None
         raise
     else:
         if not publish:

@@ -20,8 +20,9 @@ import torch
 
 from gptcli import files
 from gptcli.config import ModelConfig
-from gptcli.errors import UsageError
+from gptcli.errors import UsageError, reason
 from gptcli.model import GPT
+from gptcli.outside import read_json
 from gptcli.tokenizer import ENDOFTEXT, GPTCLI_TOKENIZER_FILE, _gpt2_data_dir
 from gptcli.validate import check_against, check_finite, check_types, header
 
@@ -131,7 +132,7 @@ def resolve_hub_name(name: str) -> Path:
     except Exception as e:  # network, auth, missing repo: all mean "not available here"
         raise UsageError(
             f"--ckpt {name}: not in the Hugging Face cache (looked in {looked}) and the download failed "
-            f"({type(e).__name__}); connect to the internet or pass a local GPT-2 directory"
+            f"({reason(e)}); connect to the internet or pass a local GPT-2 directory"
         ) from None
     return Path(path)
 
@@ -249,8 +250,7 @@ def _read_bin(file: Path) -> dict[str, torch.Tensor]:
             "loading it could run code. Use a model.safetensors file"
         ) from None
     except Exception as e:  # a foreign file: corrupt or truncated
-        what = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise UsageError(f"{file}: the weights cannot be read ({type(e).__name__}: {what})") from None
+        raise UsageError(f"{file}: the weights cannot be read ({reason(e)})") from None
     if not isinstance(raw, dict) or not all(isinstance(t, torch.Tensor) for t in raw.values()):
         raise UsageError(f"{file}: not a dictionary of tensors")
     return raw
@@ -258,10 +258,7 @@ def _read_bin(file: Path) -> dict[str, torch.Tensor]:
 
 def load_hf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[str, Any]]:
     """A GPT with the weights of a Hugging Face GPT-2 directory, and metadata about it."""
-    try:
-        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path / 'config.json'} is unreadable ({e})") from e
+    cfg = read_json(path / "config.json", "it is not a Hugging Face GPT-2 config")
     config = config_from_hf(cfg, str(path))
     state = read_hf_weights(path, config)
     model = GPT(config)

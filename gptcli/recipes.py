@@ -44,9 +44,11 @@ from gptcli.data import (
 )
 from gptcli.errors import UsageError, command
 from gptcli.model import GPT
+from gptcli.outside import printable, what_is
 from gptcli.paths import RUNS_DIR
 from gptcli.reports import Notes
-from gptcli.runtime import broadcast_from_main, seed_everything, shared_setup
+from gptcli.runstate import DAMAGED, METRICS_FILE, MetricsLog
+from gptcli.runtime import broadcast_from_main, dist_from_env, seed_everything, shared_setup
 from gptcli.sources import Reader
 from gptcli.tasks import LMTask, Task, supervised_task
 from gptcli.tokenizer import Tokenizer
@@ -124,9 +126,9 @@ def resume_pretraining(
             config.train.dist_timeout,
         )
         what, sources = " ".join(map(str, paths)), list(report.files)
-    elif not data_dir.exists():
+    elif what_is(data_dir) != "a directory":
         raise UsageError(
-            f"the run's data ({data_dir}) is gone; pass the corpus again: "
+            f"the run's data ({printable(str(data_dir), 300)}) is gone; pass the corpus again: "
             f"{command('pretrain', 'CORPUS', '--resume', '--out', run_dir)}"
         )
     else:
@@ -406,6 +408,13 @@ def load_for_resume(
     found = checkpoint_in(run, LAST)
     if found is None:
         raise UsageError(f"--resume: {run} has no last/ checkpoint to continue from")
+    if dist_from_env().is_main:  # one process repairs the log; the trainer's rank 0 writes it
+        damaged = MetricsLog(run / METRICS_FILE).set_aside_damaged()
+        if damaged:
+            notes.warning(
+                f"{run / METRICS_FILE}: {damaged} damaged line{'s' if damaged > 1 else ''} set aside in "
+                f"{METRICS_FILE}{DAMAGED}; the run continues with the readable ones"
+            )
     loaded = loading.load(found, base=base, merge=False)
     if not isinstance(loaded.meta.get("config"), dict):
         raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")

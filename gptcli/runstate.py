@@ -20,7 +20,7 @@ import torch
 from gptcli import files
 from gptcli.checkpoint import LAST, checkpoint_in, load_train_state, save_checkpoint
 from gptcli.config import Config, TrainConfig
-from gptcli.errors import UsageError
+from gptcli.errors import UsageError, reason
 from gptcli.model import GPT
 from gptcli.optim import Optimizers, lr_at
 from gptcli.parallel import Sharded, Whole
@@ -40,22 +40,57 @@ class MetricsLog:
     def append(self, record: dict[str, Any]) -> None:
         files.append_line(self.path, json.dumps(record))
 
+    def _lines(self) -> tuple[list[tuple[bytes, dict[str, Any] | None]], bool]:
+        """Each line with its record, or None where it is not one of ours (not UTF-8, not a
+        JSON object, no integer step); and whether the file ends inside a line."""
+        data = self.path.read_bytes() if self.path.exists() else b""
+        out = []
+        for raw in data.split(b"\n")[: -1 if data.endswith(b"\n") else None]:  # (\r is a byte of a line)
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError):
+                rec = None
+            ok = (
+                isinstance(rec, dict)
+                and isinstance(rec.get("step"), int)
+                and not isinstance(rec["step"], bool)
+            )
+            out.append((raw, rec if ok else None))
+        return out, bool(data) and not data.endswith(b"\n")
+
+    def set_aside_damaged(self) -> int:
+        """Move the lines that are not records (random bytes, a record overwritten in part)
+        to metrics.jsonl.damaged, after what it holds, and keep the rest in order; a last
+        line cut short by a crash is dropped (resume writes it again). Returns how many
+        lines were set aside. Nothing is deleted."""
+        lines, cut_short = self._lines()
+        if cut_short and lines and lines[-1][1] is None:
+            lines.pop()
+        bad = [raw for raw, rec in lines if rec is None]
+        for raw in bad:
+            files.append_line(self.path.with_name(self.path.name + DAMAGED), raw)
+        if bad or cut_short:
+            files.write_file(self.path, b"".join(raw + b"\n" for raw, rec in lines if rec is not None))
+        return len(bad)
+
     def truncate(self, step: int, keep_eval_at_step: bool) -> None:
-        """Forget records written after the checkpoint at `step` (resume replays them)."""
+        """Forget records written after the checkpoint at `step` (resume replays them), and
+        any line that is not a record."""
         if not self.path.exists():
             return
-        kept = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a crash
-            s = rec.get("step", 0) if isinstance(rec, dict) else None
-            if not isinstance(s, int) or isinstance(s, bool):
-                continue  # not a record of ours
-            if s < step or (s == step and (rec.get("kind") != "eval" or keep_eval_at_step)):
-                kept.append(line)
-        files.write_file(self.path, "".join(k + "\n" for k in kept))
+        kept = [
+            raw
+            for raw, rec in self._lines()[0]
+            if rec is not None
+            and (
+                rec["step"] < step
+                or (rec["step"] == step and (rec.get("kind") != "eval" or keep_eval_at_step))
+            )
+        ]
+        files.write_file(self.path, b"".join(raw + b"\n" for raw in kept))
+
+
+DAMAGED = ".damaged"  # metrics.jsonl.damaged: the lines a resume found damaged, kept aside
 
 
 @dataclass
@@ -157,7 +192,7 @@ def restore(run_dir: Path, parts: Parts, name: str = LAST) -> TrainState:
         return _load(saved, parts)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
         raise UsageError(
-            f"{ckpt}/train_state.json and its tensors do not fit this run ({type(e).__name__}: {e}); "
+            f"{ckpt}/train_state.json and its tensors do not fit this run ({reason(e)}); "
             "the training state is damaged, so the run cannot continue exactly"
         ) from None
 

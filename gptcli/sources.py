@@ -11,13 +11,15 @@ from __future__ import annotations
 import codecs
 import io
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from gptcli.errors import UsageError, need
+from gptcli.errors import UsageError, doing, need
+from gptcli.outside import printable
 
 READ_BYTES = 1 << 20  # bytes read per step while streaming a file
 PARQUET_ROWS = 1024  # rows read per batch from a Parquet file
@@ -67,13 +69,27 @@ def _decompressed(path: Path, raw: IO[bytes]) -> IO[bytes]:
 def _compression_error(path: Path, e: Exception) -> UsageError | None:
     """A one-line error for a damaged or mislabelled compressed file, else None."""
     import gzip
+    import zlib
 
     kind = {".gz": "gzip", ".zst": "zstd"}.get(path.suffix.lower())
     if kind is None:
         return None
-    zstd_error = getattr(sys.modules.get("zstandard"), "ZstdError", ())
-    if isinstance(e, (gzip.BadGzipFile, EOFError)) or (zstd_error and isinstance(e, zstd_error)):
+    if isinstance(e, (gzip.BadGzipFile, EOFError)):
         return UsageError(f"{path}: not a complete {kind} file ({e or 'it ends too early'}); check the file")
+    isal_error = getattr(sys.modules.get("isal.isal_zlib"), "error", ())
+    zstd_error = getattr(sys.modules.get("zstandard"), "ZstdError", ())
+    if (
+        isinstance(e, zlib.error)
+        or (isal_error and isinstance(e, isal_error))
+        or (zstd_error and isinstance(e, zstd_error))
+    ):
+        # zlib says "Error -3 while decompressing data: invalid distance too far back", ISA-L
+        # "Error -3 Invalid lookback distance found": keep what went wrong
+        why = re.sub(r"^(error )?-?\d* ?(while decompressing data: )?", "", str(e), flags=re.I) or "damaged"
+        return UsageError(
+            f"{path}: the {kind} data is damaged ({why.strip()}); the file is corrupt: download or "
+            "compress it again"
+        )
     return None
 
 
@@ -82,7 +98,7 @@ def iter_file_text(path: Path, on_bytes: OnBytes | None = None) -> Iterator[str]
     bytes that are not UTF-8 text; on_bytes hears the bytes read from disk."""
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     offset = 0  # bytes of text handed to the decoder so far
-    with open(path, "rb", buffering=0) as f:
+    with doing(f"reading {printable(str(path), 300)}"), open(path, "rb", buffering=0) as f:
         stream = _decompressed(path, _Counting(f, on_bytes))
         while True:
             try:
@@ -122,19 +138,50 @@ def iter_jsonl(path: Path, shape: str, on_bytes: OnBytes | None = None) -> Itera
     """(line number, object) for each non-blank line of a JSONL file (compressed or not);
     `shape` describes a valid line for the error message."""
     for lineno, line in enumerate(_iter_lines(iter_file_text(path, on_bytes)), 1):
+        if lineno == 1:
+            line = line.removeprefix(BOM)
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except ValueError as e:
             raise UsageError(
-                f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be {shape}"
+                f"{path}:{lineno}: not valid JSON ({getattr(e, 'msg', e)}); each line must be {shape}"
             ) from None
+        except RecursionError:
+            raise UsageError(f"{path}:{lineno}: JSON nested too deeply; each line must be {shape}") from None
         if not isinstance(obj, dict):
             raise UsageError(
                 f"{path}:{lineno}: {type(obj).__name__}, not an object; each line must be {shape}"
             )
+        bad = _surrogate(obj)
+        if bad is not None:
+            raise UsageError(
+                f"{path}:{lineno}: the text holds {bad}, which is not a character (a lone surrogate "
+                "escape); pass UTF-8 text"
+            )
         yield lineno, obj
+
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+BOM = "\ufeff"  # a byte-order mark, which Excel's "CSV UTF-8" and some editors put first
+
+
+def _surrogate(obj: Any) -> str | None:
+    """The first lone surrogate (JSON's "\\ud800", which no UTF-8 text holds) in the strings
+    of a parsed record, escaped for a message; None if there is none."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATES.search(item)
+            if found is not None:
+                return f"'\\u{ord(found.group()):04x}'"
+        elif isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+    return None
 
 
 def kind_of(path: Path) -> str:

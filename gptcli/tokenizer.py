@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gptcli.errors import UsageError
+from gptcli.outside import read_json
 
 if TYPE_CHECKING:
     import tiktoken
@@ -285,6 +286,26 @@ def _bpe_from_ranks(ranks: list[bytes], pattern: str) -> TiktokenTokenizer:
     return TiktokenTokenizer(enc, f"bpe:{n}", payload)
 
 
+# text of every kind a pattern must split into pieces that cover it: letters, digits,
+# punctuation, spaces, newlines, tabs, accents, CJK, emoji
+_PROBE = "The rabbit dug a hole.\n  It's 2024!\tÜber 日本語 🙂 x  \n\n"
+
+
+def _checked(tok: TiktokenTokenizer, source: str) -> TiktokenTokenizer:
+    """A BPE tokenizer read from a file, refused unless it encodes a probe text and decodes
+    it back exactly: a pattern that matches nothing (or only some of the text) would drop
+    text silently, and tiktoken's Rust core panics on some."""
+    try:
+        ids = tok.encode(_PROBE)
+    except BaseException as e:  # a Rust panic derives from BaseException
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
+        raise ValueError("its pattern cannot split text") from None
+    if tok.enc.decode_bytes(ids) != _PROBE.encode("utf-8"):
+        raise ValueError("its pattern leaves some text out of every token")
+    return tok
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> TiktokenTokenizer:
     """Train a byte-level BPE of vocab_size tokens (the last is <|endoftext|>) with rustbpe."""
     import rustbpe
@@ -338,11 +359,13 @@ def tokenizer_from_dict(d: dict, source: str = "tokenizer") -> Tokenizer:
         if kind == "bpe":
             ranks = [base64.b64decode(r, validate=True) for r in d["ranks"]]
             _check_ranks(ranks, d.get("vocab_size"), source)
-            if not isinstance(d["pattern"], str):
-                raise TypeError("the pattern is not a string")
-            return _bpe_from_ranks(ranks, d["pattern"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UsageError(f"{source} is corrupted ({type(e).__name__}: {e}); re-create it") from e
+            if not isinstance(d["pattern"], str) or not d["pattern"].strip():
+                raise ValueError("its pattern is not a regular expression")
+            return _checked(_bpe_from_ranks(ranks, d["pattern"]), source)
+    except KeyError as e:
+        raise UsageError(f"{source} is corrupted (it has no '{e.args[0]}'); re-create it") from None
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{source} is corrupted ({e}); re-create it") from None
     raise UsageError(f"{source} has unknown tokenizer kind {kind!r}")
 
 
@@ -365,10 +388,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         file = next((c for c in candidates if c.is_file()), candidates[0])
     if not file.is_file():
         raise UsageError(f"no tokenizer at {path} (expected {TOKENIZER_FILE})")
-    try:
-        d = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"{file} is not valid JSON ({e}); it must be a gptcli tokenizer file") from e
+    d = read_json(file, "it must be a gptcli tokenizer file")
     if not isinstance(d, dict):
         raise UsageError(f"{file} is not a gptcli tokenizer file")
     return tokenizer_from_dict(d, str(file))

@@ -29,7 +29,7 @@ from gptcli.cli.inspect_lens import inspect_lens
 from gptcli.cli.pretrain import pretrain
 from gptcli.cli.sample import sample
 from gptcli.cli.tokenize import tokenize
-from gptcli.errors import GptcliError
+from gptcli.errors import GptcliError, unforeseen
 
 _debug = os.environ.get("GPTCLI_DEBUG", "") not in ("", "0")
 
@@ -92,7 +92,8 @@ class _Boundary(TyperGroup):
             if e.errno != errno.EPIPE:
                 if _debug:
                     raise
-                render.error(f"{e.strerror or e}: {e.filename or ''}".rstrip(": "))
+                doing = f" ({e.gptcli_doing})" if getattr(e, "gptcli_doing", None) else ""
+                render.error(f"{e.strerror or e}: {e.filename or ''}".rstrip(": ") + doing)
             code = 1
         except BaseException as e:  # Exception, and a Rust library's panic, which derives from BaseException
             if _debug or (not isinstance(e, Exception) and type(e).__name__ != "PanicException"):
@@ -102,7 +103,7 @@ class _Boundary(TyperGroup):
                 render.error(oom)
                 code = 2
             else:
-                render.error(f"{type(e).__name__}: {e} (run with --debug for the traceback)")
+                render.error(unforeseen(e, _verb(args)))
                 code = 1
         else:
             code = rv if isinstance(rv, int) else 0
@@ -125,6 +126,12 @@ _MEMORY_KNOBS = {
 }
 
 
+def _verb(args: Any) -> str | None:
+    """The verb of a command line (pretrain, sample, ...), if it has one."""
+    argv = list(args) if args is not None else sys.argv[1:]
+    return next((a for a in argv if a in _MEMORY_KNOBS or a in ("tokenize", "export")), None)
+
+
 def _out_of_memory(e: BaseException, args: Any) -> str | None:
     """A one-line message for running out of memory (on a GPU or the CPU), else None."""
     torch = sys.modules.get("torch")
@@ -139,9 +146,7 @@ def _out_of_memory(e: BaseException, args: Any) -> str | None:
         or hasattr(e, "needed")
     ):
         return None
-    argv = list(args) if args is not None else sys.argv[1:]
-    verb = next((a for a in argv if a in _MEMORY_KNOBS), "")
-    knobs = _MEMORY_KNOBS.get(verb, "use a smaller model or batch")
+    knobs = _MEMORY_KNOBS.get(_verb(args) or "", "use a smaller model or batch")
     if hasattr(e, "needed"):  # found before allocating: say how much
         return f"{e}; {knobs}"
     where = "the GPU" if "CUDA" in text or "cuda" in text else "this machine"

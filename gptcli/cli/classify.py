@@ -11,6 +11,7 @@ import typer
 from gptcli.cli import render
 from gptcli.cli.common import Base, Ckpt, Device, Dtype, Json, load_model, text_arg
 from gptcli.errors import UsageError
+from gptcli.outside import check_input
 
 
 def classify(
@@ -50,6 +51,8 @@ def classify(
         raise UsageError("give a text to classify, or --file F.jsonl (one of the two)")
     if file is not None and (text_b is not None or choice):
         raise UsageError("--text-b and --choice go with a text argument; in --file they are record fields")
+    if file is not None:
+        check_input(file, "--file")  # before the model is loaded
     loaded = load_model(ckpt, device, dtype, decode=False, classifier=True, base=base)
     kind = loaded.meta.get("task")
     if kind not in ("classify", "choice"):

@@ -11,6 +11,7 @@ import typer
 from gptcli.cli import render
 from gptcli.cli.common import Base, Device, Dtype, Json, complete_runs, load_model
 from gptcli.errors import UsageError
+from gptcli.outside import check_input
 
 
 def eval_(
@@ -64,8 +65,7 @@ def eval_(
     if per_example and not json_out:
         raise UsageError("--per-example goes with --json")
     for f in files:
-        if not f.is_file():
-            raise UsageError(f"{f}: no such file")
+        check_input(f, "the file to score")
     rows, results, said = [], [], {}
     for spec in ckpt or [None]:
         loaded = load_model(spec, device, dtype, decode=False, base=base)

@@ -26,6 +26,7 @@ from gptcli.evals.lambada import evaluate_lambada
 from gptcli.evals.result import Result
 from gptcli.evals.scoring import Progress
 from gptcli.evals.text import evaluate_text
+from gptcli.outside import check_input
 from gptcli.tokenizer import Tokenizer
 
 # --task NAME -> how a language model is scored on it
@@ -83,8 +84,7 @@ def plan_files(paths: list[str], meta: dict) -> list[FileEval]:
     planned = []
     for p, name in zip(paths, names, strict=True):
         path = Path(p)
-        if not path.is_file():
-            raise UsageError(f"--eval-file {path}: no such file")
+        check_input(path, "--eval-file")
         task, how = plan(meta, path, None)
         planned.append(FileEval(name if names.count(name) == 1 else str(path), path, task, how))
     return planned
@@ -102,8 +102,7 @@ def evaluate(
     progress: Progress | None = None,
 ) -> Result:
     """Score the model on a file as plan() decided."""
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file")
+    check_input(path, "the file to score")
     if how == "head":
         return evaluate_head(model, tokenizer, meta, path, limit, progress)
     run = ZERO_SHOT[task]

@@ -18,6 +18,7 @@ from typing import Any
 from mlflow.entities import Metric, Param  # ImportError without the mlflow package
 from mlflow.tracking import MlflowClient
 
+from gptcli.errors import UsageError
 from gptcli.reports import EvalReport, Reporter, RunInfo, StepReport
 from gptcli.trackers import eval_scalars, step_scalars
 
@@ -35,11 +36,40 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+# a server that does not answer is said in seconds, not after minutes of silent retries
+# (MLflow's defaults: 7 retries with backoff, 120 s each); the user's own settings win
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+REACH_TIMEOUT = 5.0  # seconds to wait for a tracking server at start
+
+
+def check_reachable(uri: str, timeout: float = REACH_TIMEOUT) -> None:
+    """Refuse, at once, a tracking server (an http(s) URI) that cannot be reached. Any
+    answer will do: only a refused connection, a timeout or an unknown host fail."""
+    import urllib.error
+    import urllib.request
+
+    if not uri.lower().startswith(("http://", "https://")):
+        return
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        why = getattr(reason, "strerror", None) or str(reason) or "no answer"
+        raise UsageError(
+            f"--tracker mlflow: the MLflow server at {uri} cannot be reached ({why}); start it, or unset "
+            f"MLFLOW_TRACKING_URI to log into the run directory ({STORE})"
+        ) from None
+
+
 class MLflow(Reporter):
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.config = config
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.run_dir / STORE}"
+        check_reachable(uri)
         self.client = MlflowClient(tracking_uri=uri)
         self.run_id: str | None = None
         self.logged = {"train": 0, "eval": -1}  # the last step already in the store, per kind

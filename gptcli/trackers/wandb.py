@@ -24,6 +24,7 @@ from typing import Any
 import wandb  # ImportError without the wandb package
 
 from gptcli.files import write_file
+from gptcli.outside import try_read_json
 from gptcli.reports import EvalReport, Reporter, RunInfo, SampleReport, StepReport
 from gptcli.trackers import eval_scalars, step_scalars
 
@@ -36,7 +37,7 @@ def _load_state(path: Path) -> dict[str, Any] | None:
     """The W&B run id and last steps this tracker saved; None for anything else (the id
     names W&B's directories, so only W&B's own alphabet is taken)."""
     try:
-        saved = json.loads(path.read_text())
+        saved = try_read_json(path)
         state = {"id": str(saved["id"]), "logged": {k: int(saved["logged"][k]) for k in FRESH}}
     except (OSError, ValueError, KeyError, TypeError):
         return None
