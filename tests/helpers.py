@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -67,12 +68,18 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen:
     )  # fmt: skip
 
 
+# an exception's class name on screen tells a user nothing: every failure path is checked for one
+CLASS_NAME = re.compile(r"\b[A-Z]\w*(Error|Exception|Panic\w*)\b")
+
+
 def assert_usage_error(result: Result, *fragments: str, code: int = 2) -> str:
-    """The command failed with one line on stderr holding every fragment; returns it."""
+    """The command failed with one line on stderr holding every fragment, and no exception
+    class name; returns it."""
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert result.exit_code == code, result.output
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert "Traceback" not in result.output
+    assert not CLASS_NAME.search(result.output), result.output
     for f in fragments:
         assert f in lines[0], (f, lines[0])
     return lines[0]

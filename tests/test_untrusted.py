@@ -254,7 +254,7 @@ MALFORMED = [
     ("integer weight", "best/model.safetensors", _int_weight, "sample",
      "transformer.ln_f.weight is I64, not floating point"),
     ("moment of another shape", "last/train_state.safetensors", _wrong_moment, "resume",
-     "do not fit this run (ValueError: adamw exp_avg"),
+     "do not fit this run (adamw exp_avg"),
     ("tensor missing", "last/train_state.safetensors", _drop_tensor, "resume",
      "train_state.json names tensor"),
     ("state field of wrong type", "last/train_state.json", {"state.step": "12"}, "resume",
