@@ -22,6 +22,7 @@ from gptcli.errors import UsageError, command
 from gptcli.outside import quote
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes up to this
+FLOAT32_MAX = 3.4028234663852886e38
 OPTIMIZERS = ("adamw", "muon")  # gptcli/optim.py
 SCHEDULES = ("cosine", "wsd")
 
@@ -162,11 +163,11 @@ class TrainConfig:
     """The optimisation loop: batches, optimizers, LR schedule, evaluation, hardware."""
 
     batch_size: int = knob(
-        12, check=POSITIVE, flag="--batch-size", help="Sequences per micro-step (per process under torchrun)"
+        12, check=SIZE, flag="--batch-size", help="Sequences per micro-step (per process under torchrun)"
     )
     grad_accum: int | None = knob(
         None,
-        check=POSITIVE,
+        check=SIZE,
         flag="--grad-accum",
         help="Micro-steps per optimizer step, shared by the processes (default: one per process)",
     )
@@ -199,7 +200,10 @@ class TrainConfig:
         "for all (default: muon, or adamw under --fsdp)",
     )
     muon_lr: float = knob(
-        0.03, check=GREATER_THAN_ZERO, flag="--muon-lr", help="Muon's peak learning rate (--optimizer muon)"
+        0.03,
+        check=GREATER_THAN_ZERO,
+        flag="--muon-lr",
+        help="Muon's peak learning rate (--optimizer muon)",
     )
     muon_momentum: float = knob(
         0.95, check=FRACTION, flag="--muon-momentum", help="Muon's (Nesterov) momentum (--optimizer muon)"
@@ -292,6 +296,11 @@ class TrainConfig:
 
         check_fields(self, "train")
         check_names(self.trackers)
+        for key in ("lr", "min_lr", "muon_lr", "weight_decay", "grad_clip"):  # the optimizers hold float32
+            if getattr(self, key) > FLOAT32_MAX:
+                raise UsageError(
+                    f"{key_name('train', key)} must be at most {FLOAT32_MAX:.3g}, got {getattr(self, key):g}"
+                )
         if self.min_lr > self.lr:
             raise UsageError(
                 f"{key_name('train', 'min_lr')} = {self.min_lr} must not exceed "

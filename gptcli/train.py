@@ -225,6 +225,9 @@ class Trainer:
         if self.device.type != "cpu":
             needed += 4 * params  # the weights, still on the CPU
         check_fits(needed, self.device, f"training with --batch-size {self.cfg.batch_size}")
+        # a step draws all its examples at once: a (grad_accum, batch_size) index on the CPU
+        accum, batch = self.cfg.grad_accum or 1, self.cfg.batch_size
+        check_fits(8 * accum * batch, torch.device("cpu"), f"--grad-accum {accum} with --batch-size {batch}")
 
     def _run_info(self) -> RunInfo:
         cfg, model = self.cfg, self.model

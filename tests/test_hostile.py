@@ -518,3 +518,15 @@ def test_a_compiled_run_breaks_no_graph(ws, tmp_path, task):
     assert result.exit_code == 0, result.output
     assert counters["stats"]["unique_graphs"] >= 1  # it did compile
     assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--grad-accum", str(2**63)], "train.grad_accum (--grad-accum) must be in [1, 2147483647]"),
+        (["--grad-accum", str(2**31 - 1)], "out of memory on this machine: --grad-accum 2147483647 with --batch-size"),
+        (["--muon-lr", "1e308"], "train.muon_lr (--muon-lr) must be at most 3.4e+38, got 1e+308"),
+    ],
+)
+def test_numbers_a_run_cannot_hold_are_refused_before_it_starts(ws, tmp_path, flags, message):
+    assert_usage_error(run("pretrain", ws / "corpus.txt", "--out", tmp_path / "r", *TINY, *flags), message)
