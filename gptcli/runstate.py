@@ -23,6 +23,7 @@ from gptcli.config import Config, TrainConfig
 from gptcli.errors import UsageError, reason
 from gptcli.model import GPT
 from gptcli.optim import Optimizers, lr_at
+from gptcli.outside import quote
 from gptcli.parallel import Sharded, Whole
 from gptcli.runtime import Dist
 from gptcli.tokenizer import Tokenizer
@@ -256,6 +257,15 @@ def _check_optimizer_state(optim: Any, optimizer: torch.optim.Optimizer, name: s
         len(g["params"]) for g in optimizer.param_groups
     ]:
         raise ValueError(f"its {name} has other parameter groups than this model")
+    for saved, live in zip(groups, optimizer.state_dict()["param_groups"], strict=True):
+        if not isinstance(saved, dict) or saved.get("params") != live["params"]:
+            raise ValueError(f"its {name} has other parameter groups than this model")
+        for key in saved.keys() & live.keys() - {"params"}:
+            # a flag that changes the algorithm (amsgrad, nesterov, ...) is the run's; how it
+            # is computed (fused, foreach, capturable) may follow the machine
+            fixed = isinstance(live[key], bool) and key not in ("fused", "foreach", "capturable")
+            if not _same_kind(saved[key], live[key]) or (fixed and saved[key] != live[key]):
+                raise ValueError(f"its {name} setting {key} is {quote(saved[key])}, not a value {name} takes")
     for index, moments in (optim.get("state") or {}).items():
         i = int(index)
         if not 0 <= i < len(params) or not isinstance(moments, dict):
@@ -286,6 +296,23 @@ def _check_state_values(state: dict[str, Any]) -> None:
         raise ValueError(f"its schedule {schedule} is not [max_iters, max_time or null]")
     if decay is not None and not (len(decay) == 3 and all(_is_number(x) and math.isfinite(x) for x in decay)):
         raise ValueError(f"its decay_from {decay} is not three numbers")
+
+
+def _same_kind(value: Any, like: Any) -> bool:
+    """Whether a saved optimizer setting is the kind of value the live one is (a flag, a
+    whole number, a finite number within float32, a name, a list of such of the same
+    length), so that the optimizer can take it."""
+    if isinstance(like, bool) or like is None or isinstance(like, str):
+        return type(value) is type(like) or (like is None and value is None)
+    if isinstance(like, (list, tuple)):
+        return (
+            isinstance(value, (list, tuple)) and len(value) == len(like) and all(map(_same_kind, value, like))
+        )
+    if isinstance(like, int):
+        return _is_int(value) and 0 <= value < 2**31
+    if isinstance(like, float):
+        return _is_number(value) and math.isfinite(value) and abs(value) <= 3.4e38
+    return True  # (a tensor-valued setting: torch checks it)
 
 
 def _is_int(x: Any) -> bool:

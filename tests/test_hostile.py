@@ -524,9 +524,33 @@ def test_a_compiled_run_breaks_no_graph(ws, tmp_path, task):
     ("flags", "message"),
     [
         (["--grad-accum", str(2**63)], "train.grad_accum (--grad-accum) must be in [1, 2147483647]"),
-        (["--grad-accum", str(2**31 - 1)], "out of memory on this machine: --grad-accum 2147483647 with --batch-size"),
+        (
+            ["--grad-accum", str(2**31 - 1)],
+            "out of memory on this machine: --grad-accum 2147483647 with --batch-size",
+        ),
         (["--muon-lr", "1e308"], "train.muon_lr (--muon-lr) must be at most 3.4e+38, got 1e+308"),
     ],
 )
 def test_numbers_a_run_cannot_hold_are_refused_before_it_starts(ws, tmp_path, flags, message):
     assert_usage_error(run("pretrain", ws / "corpus.txt", "--out", tmp_path / "r", *TINY, *flags), message)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"amsgrad": True}, "its adamw setting amsgrad is True, not a value adamw takes"),
+        ({"eps": "\x1b[2J"}, "its adamw setting eps is '\\x1b[2J'"),
+        ({"betas": [0.9]}, "its adamw setting betas is a list of 1 item"),
+        ({"weight_decay": 1e308}, "its adamw setting weight_decay is 1e+308"),
+        ({"params": [0]}, "its adamw has other parameter groups than this model"),
+    ],
+)
+def test_optimizer_settings_in_a_training_state_are_checked_before_resuming(ws, tmp_path, change, message):
+    run_dir = tmp_path / "run"
+    shutil.copytree(ws / "run", run_dir)
+    state = json.loads((run_dir / "last" / "train_state.json").read_text())
+    state["optimizer"]["param_groups"][0].update(change)
+    (run_dir / "last" / "train_state.json").write_text(json.dumps(state))
+    result = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "150")
+    _no_raw_control(result.output)
+    assert_usage_error(result, "the training state is damaged", message)
