@@ -163,11 +163,11 @@ class TrainConfig:
     """The optimisation loop: batches, optimizers, LR schedule, evaluation, hardware."""
 
     batch_size: int = knob(
-        12, check=SIZE, flag="--batch-size", help="Sequences per micro-step (per process under torchrun)"
+        12, check=POSITIVE, flag="--batch-size", help="Sequences per micro-step (per process under torchrun)"
     )
     grad_accum: int | None = knob(
         None,
-        check=SIZE,
+        check=POSITIVE,
         flag="--grad-accum",
         help="Micro-steps per optimizer step, shared by the processes (default: one per process)",
     )
