@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gptcli.config import ModelConfig, flag_overrides  # noqa: E402
-from gptcli.generate import GREEDY, beam_search, generate  # noqa: E402
+from gptcli.infer.generate import GREEDY, beam_search, generate  # noqa: E402
 from gptcli.model import GPT  # noqa: E402
 
 GPT2_124M = ModelConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
@@ -162,9 +162,9 @@ def train_run(
 ) -> dict:
     """gptcli's Trainer on random tokens: median tokens/s and MFU after warm-up, peak memory."""
     from gptcli.config import load_config
+    from gptcli.data.tokenizer import CharTokenizer
     from gptcli.tasks import LMTask
-    from gptcli.tokenizer import CharTokenizer
-    from gptcli.train import Trainer
+    from gptcli.train.trainer import Trainer
 
     flags = flag_overrides(
         n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
@@ -302,7 +302,7 @@ def decoding(report: Report, device: str, dry_run: bool) -> None:
 def _decode_pair(transformers, hf_cfg, cfg: ModelConfig, dtype: torch.dtype, device: str, new: int) -> list:
     """One row: greedy tokens/s of gptcli and HF generate on the same weights, whether
     their tokens agree, and beam search (B=4) speed and best hypothesis."""
-    from gptcli.hf import hf_to_gptcli_state_dict
+    from gptcli.store.hf import hf_to_gptcli_state_dict
 
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(hf_cfg).eval()

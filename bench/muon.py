@@ -121,9 +121,9 @@ def gptcli_run(
     """One gptcli run of the shape (steps: a shorter budget, the schedule fitted to it;
     train_flags: other TrainConfig values, e.g. lr and muon_lr)."""
     from bench.val_loss import full_val_loss
-    from gptcli.checkpoint import load_checkpoint
-    from gptcli.data import load_split
-    from gptcli.recipes import pretrain_trainer
+    from gptcli.data.corpus import load_split
+    from gptcli.store.checkpoint import load_checkpoint
+    from gptcli.train.recipes import pretrain_trainer
 
     model = dict(n_layer=shape.n_layer, n_head=4, n_embd=shape.n_embd, block_size=shape.block, dropout=0.0)
     if shape.vocab:
@@ -146,7 +146,7 @@ def nanogpt_run(shape: Shape, tokens: Path, nanogpt: Path, work: Path, seed: int
     same train.bin/val.bin (gptcli's tokenize writes nanoGPT's layout: raw uint16 ids),
     seeded with seed (NANOGPT_SEEDED)."""
     from bench.val_loss import full_val_loss, nanogpt_model
-    from gptcli.data import load_data_tokenizer, load_split
+    from gptcli.data.corpus import load_data_tokenizer, load_split
 
     data = work / f"nanogpt-{shape.name}"
     if not data.is_dir():
@@ -197,7 +197,7 @@ def _spread(values: list[float], digits: int = 3) -> str:
 
 def compare_optimizers(args, Result) -> list:
     """The case's rows (Result: bench/run.py's row type)."""
-    from gptcli.data import tokenize_corpus
+    from gptcli.data.corpus import tokenize_corpus
 
     if not args.nanogpt or not args.corpus:
         note = ["skipped: needs --nanogpt DIR and --corpus tinyshakespeare.txt"]

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import gptcli.optim as optim  # noqa: E402
+import gptcli.train.optim as optim  # noqa: E402
 from bench.muon import CHAR, gptcli_run  # noqa: E402
 
 RUNS = {

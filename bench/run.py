@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gptcli.config import ModelConfig, load_config  # noqa: E402
-from gptcli.generate import GREEDY, beam_search, generate  # noqa: E402
-from gptcli.hf import hf_to_gptcli_state_dict  # noqa: E402
-from gptcli.kernels import use_fast_decode  # noqa: E402
+from gptcli.infer.generate import GREEDY, beam_search, generate  # noqa: E402
+from gptcli.infer.kernels import use_fast_decode  # noqa: E402
 from gptcli.model import GPT  # noqa: E402
 from gptcli.reports import Reporter  # noqa: E402
 from gptcli.runtime import cpu_name, keep_freed_memory, measured_peak_flops  # noqa: E402
+from gptcli.store.hf import hf_to_gptcli_state_dict  # noqa: E402
 
 
 @dataclass
@@ -137,9 +137,9 @@ def ours_trainer_run(
     clipping, fused AdamW), on random tokens. adapt(model): changes the model first (LoRA);
     rates: the _Rates to fill in."""
     from gptcli.config import flag_overrides
+    from gptcli.data.tokenizer import CharTokenizer
     from gptcli.tasks import LMTask
-    from gptcli.tokenizer import CharTokenizer
-    from gptcli.train import Trainer
+    from gptcli.train.trainer import Trainer
 
     warm = 3
     config = load_config(
@@ -331,8 +331,8 @@ def case_equal_time(args) -> list[Result]:
             )
         ]
     from bench.val_loss import full_val_loss, nanogpt_model
-    from gptcli.checkpoint import load_checkpoint
-    from gptcli.data import load_split, tokenize_corpus
+    from gptcli.data.corpus import load_split, tokenize_corpus
+    from gptcli.store.checkpoint import load_checkpoint
 
     work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
     data = args.nanogpt / "data" / "shakespeare_char"
@@ -586,8 +586,8 @@ def case_beam(args) -> list[Result]:
 
 
 def case_bpe(args) -> list[Result]:
-    from gptcli.data import tokenize_corpus
-    from gptcli.tokenizer import gpt2_tokenizer
+    from gptcli.data.corpus import tokenize_corpus
+    from gptcli.data.tokenizer import gpt2_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
     seed = (args.corpus.read_text(encoding="utf-8") if args.corpus else None) or _generated_text()
@@ -641,8 +641,8 @@ def case_formats(args) -> list[Result]:
     import pyarrow.parquet as pq
     import zstandard
 
-    from gptcli.data import tokenize_corpus
-    from gptcli.sources import Reader
+    from gptcli.data.corpus import tokenize_corpus
+    from gptcli.data.sources import Reader
 
     work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
     seed = (args.corpus.read_text(encoding="utf-8") if args.corpus else None) or _generated_text()
@@ -744,9 +744,9 @@ def hf_guide_perplexity(hf, ids: list[int], block: int) -> tuple[float, int]:
 def case_eval_text(args) -> list[Result]:
     """Tokens scored per second, GPT-2 124M, windows of 1024: gptcli eval's batched windows
     in the dtype it picks on this CPU, against HF's forward pass on the same windows."""
+    from gptcli.data.tokenizer import gpt2_tokenizer
     from gptcli.evals.text import encode_text, evaluate_text
     from gptcli.runtime import pick_inference_dtype
-    from gptcli.tokenizer import gpt2_tokenizer
 
     hf, ours32 = gpt2_pair()
     tok = gpt2_tokenizer()
@@ -812,8 +812,8 @@ def case_eval_choice(args) -> list[Result]:
     import json
     import random
 
+    from gptcli.data.tokenizer import gpt2_tokenizer
     from gptcli.evals.choice import evaluate_choice
-    from gptcli.tokenizer import gpt2_tokenizer
 
     hf, ours = gpt2_pair()
     tok = gpt2_tokenizer()
@@ -885,7 +885,7 @@ def _demo_finetunes(work: Path, steps: int) -> list[tuple[str, float, float]]:
     import json
 
     from gptcli.config import FinetuneSettings, flag_overrides
-    from gptcli.recipes import finetune_trainer, pretrain_trainer
+    from gptcli.train.recipes import finetune_trainer, pretrain_trainer
 
     demo = work / "demo"
     config = ROOT / "examples" / "configs" / "demo.yaml"

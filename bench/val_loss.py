@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptcli.checkpoint import LAST, load_checkpoint
 from gptcli.config import ModelConfig
-from gptcli.data import load_split
+from gptcli.data.corpus import load_split
 from gptcli.model import GPT
+from gptcli.store.checkpoint import LAST, load_checkpoint
 
 
 def full_val_loss(model: GPT, val: np.ndarray, batch: int = 256) -> float:

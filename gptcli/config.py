@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gptcli.errors import UsageError, command
-from gptcli.outside import quote
+from gptcli.errors import UsageError
+from gptcli.messages import command_line, quote
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes up to this
 FLOAT32_MAX = 3.4028234663852886e38
@@ -152,7 +152,7 @@ class DataConfig:
     text_column: str = knob("text", flag="--text-column")  # the text of a Parquet corpus
 
     def validate(self) -> None:
-        from gptcli.tokenizer import parse_spec
+        from gptcli.data.tokenizer import parse_spec
 
         check_fields(self, "data")
         parse_spec(self.tokenizer)
@@ -389,7 +389,7 @@ class FinetuneSettings:
         if self.task not in FINETUNE_TASKS:
             raise UsageError(f"--task {quote(self.task)}: use one of {', '.join(FINETUNE_TASKS)}")
         if not self.data:
-            again = command("finetune", "--ckpt", self.base, "DATA", "--task", self.task)
+            again = command_line("finetune", "--ckpt", self.base, "DATA", "--task", self.task)
             raise UsageError(f"give the data to finetune on: {again}")
         if self.task != "lm" and len(self.data) != 1:
             raise UsageError(f"--task {self.task} takes one data file (and --val-data for validation)")
@@ -592,7 +592,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML config file's data: a file (not a directory or device), UTF-8, bounded in
     depth and alias expansion, no key given twice (gptcli/safe_yaml.py)."""
     from gptcli import safe_yaml
-    from gptcli.outside import check_input, printable
+    from gptcli.data.inputs import check_input
+    from gptcli.messages import printable
 
     path = Path(path)
     check_input(path, "config file")

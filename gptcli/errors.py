@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
-import shlex
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,9 +71,3 @@ def unforeseen(e: BaseException, verb: str | None) -> str:
         f"{what} failed unexpectedly: {reason(e)} (this may be a bug: run again with --debug to see "
         "where, and report it)"
     )
-
-
-def command(*args: object) -> str:
-    """A gptcli command line for the user to paste (in a message or hint), each argument
-    shell-quoted: a path with a space stays one argument."""
-    return " ".join(["gptcli", *(shlex.quote(str(a)) for a in args)])

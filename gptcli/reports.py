@@ -32,7 +32,7 @@ class RunInfo:
     max_iters: int
     max_time: float | None
     compile: bool
-    optimizers: dict[str, dict] = field(default_factory=dict)  # gptcli.optim.describe
+    optimizers: dict[str, dict] = field(default_factory=dict)  # gptcli.train.optim.describe
     schedule: str = ""  # the LR schedule in words
 
 
@@ -84,7 +84,7 @@ class Summary:
 
 
 class Reporter:
-    """Hears what the training loop does (gptcli.train.Trainer.run); does nothing itself."""
+    """Hears what the training loop does (gptcli.train.trainer.Trainer.run); does nothing itself."""
 
     def on_start(self, info: RunInfo) -> None: ...
 
@@ -143,7 +143,7 @@ Progress = Callable[[int, int], None]  # (done, total)
 
 
 class Notes:
-    """Hears what setting up a run finds worth saying (gptcli.recipes); does nothing itself."""
+    """Hears what setting up a run finds worth saying (gptcli.train.recipes); does nothing itself."""
 
     def info(self, text: str) -> None:
         """Something the user should know (which run was picked, what data was read)."""

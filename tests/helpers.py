@@ -130,8 +130,8 @@ def dead_pid() -> int:
 def ours_from_hf(hf: Any) -> Any:
     """A gptcli GPT with the weights of a Hugging Face GPT2LMHeadModel."""
     from gptcli.config import ModelConfig
-    from gptcli.hf import hf_to_gptcli_state_dict
     from gptcli.model import GPT
+    from gptcli.store.hf import hf_to_gptcli_state_dict
 
     c = hf.config
     cfg = ModelConfig(

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from gptcli.attention import AttentionMaps, capture
 from gptcli.config import ModelConfig
+from gptcli.inspect.attention import AttentionMaps, capture
 from gptcli.model import GPT
 
 

@@ -137,7 +137,7 @@ def test_a_prompt_longer_than_the_context_is_cut_with_a_warning(ws, trained, mon
 def test_running_out_of_memory_names_the_knob(ws, trained, monkeypatch):
     import torch
 
-    from gptcli.train import Trainer
+    from gptcli.train.trainer import Trainer
 
     def oom(self, resume=False, reporter=None):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gptcli.config import ModelConfig
-from gptcli.generate import GREEDY, beam_search, generate
+from gptcli.infer.generate import GREEDY, beam_search, generate
 from gptcli.model import GPT
 from tests.helpers import ours_from_hf
 

@@ -37,7 +37,7 @@ def test_one_beam_equals_greedy_sampling(trained):
 
 
 def test_beam_stops_at_stop_strings_and_eos_tokens(trained):
-    from gptcli.tokenizer import load_tokenizer
+    from gptcli.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(trained / "best")
     data = json.loads(run("beam", "The", "--ckpt", trained, "-n", "12", "--stop", "use", "--json").stdout)

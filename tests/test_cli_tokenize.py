@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptcli.data import load_split, read_meta
-from gptcli.tokenizer import load_tokenizer
+from gptcli.data.corpus import load_split, read_meta
+from gptcli.data.tokenizer import load_tokenizer
 from tests.helpers import assert_usage_error, make_corpus, run
 
 
@@ -104,7 +104,7 @@ def test_a_long_last_line_before_an_empty_file_still_gets_a_val_split(tmp_path):
 def test_the_split_still_moves_to_a_line_boundary_in_a_later_chunk(tmp_path, monkeypatch):
     """Only the corpus's very last chunk is cut where the split falls; elsewhere the cut
     moves on to the next line boundary, even when it lies in the next chunk."""
-    from gptcli import data
+    from gptcli.data import corpus as data
 
     text = "".join(f"line{i:03d} with a few more words on it\n" for i in range(60))
     (tmp_path / "lines.txt").write_text(text)
@@ -277,7 +277,7 @@ def test_concurrent_tokenizations_of_the_same_cache_entry(tmp_path):
     """Two processes filling the same cache entry at once both succeed, with the same files."""
     corpus = make_corpus(tmp_path / "c.txt", n_sentences=20_000)
     code = (
-        "import sys; from gptcli.data import cached_corpus; "
+        "import sys; from gptcli.data.corpus import cached_corpus; "
         "d, r = cached_corpus([sys.argv[1]], 'char'); print(d, r.train_tokens)"
     )
     env = {

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gptcli import files
+from gptcli.store import files
 from tests.helpers import ROOT, TINY, assert_usage_error, checkpoint_meta, dead_pid, make_corpus, run
 
 SHORT = [*TINY, "--max-iters", "10", "--eval-interval", "5"]
@@ -228,7 +228,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_temp_files(tmp_path, monkeypatch)
 
 
 def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(trained, tmp_path, monkeypatch):
-    import gptcli.checkpoint as checkpoint
+    import gptcli.store.checkpoint as checkpoint
 
     run_dir = tmp_path / "R"
     shutil.copytree(trained, run_dir)
@@ -321,7 +321,7 @@ def _edit(path: Path, **changes) -> None:
 
 
 def test_a_bpe_tokenizer_missing_a_byte_is_refused(tmp_path):
-    from gptcli.tokenizer import train_bpe
+    from gptcli.data.tokenizer import train_bpe
 
     data = json.loads(train_bpe(["the rabbit dug a hole, the fox dug a den. " * 40], 270).dumps())
     data["ranks"], data["vocab_size"] = data["ranks"][1:], data["vocab_size"] - 1  # no token for byte 0x00

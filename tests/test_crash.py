@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcli.checkpoint import LAST, RunLock, load_checkpoint, resolve_checkpoint
 from gptcli.errors import UsageError
-from gptcli.files import publish_dir
+from gptcli.store.checkpoint import LAST, RunLock, load_checkpoint, resolve_checkpoint
+from gptcli.store.files import publish_dir
 from tests.helpers import gptcli, make_corpus, start
 
 TINY = [

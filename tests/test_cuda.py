@@ -58,7 +58,7 @@ def test_resume_on_cuda_continues_the_run(tmp_path, corpus):
 
 def test_kv_cache_decoding_matches_the_cpu(hf_gpt2):
     """Greedy decoding with the KV cache in fp32 gives the CPU's tokens on the GPU."""
-    from gptcli.generate import GREEDY, generate
+    from gptcli.infer.generate import GREEDY, generate
     from tests.helpers import ours_from_hf
 
     model = ours_from_hf(hf_gpt2(n_layer=2, vocab_size=97))

@@ -113,7 +113,7 @@ def test_muon_replicated_follows_one_process(runs, tmp_path):
     for a, b in zip(single, ddp, strict=True):
         key = "loss" if a["kind"] == "train" else "val_loss"
         assert a[key] == pytest.approx(b[key], abs=1e-3), a["step"]
-    from gptcli.checkpoint import load_train_state
+    from gptcli.store.checkpoint import load_train_state
 
     saved = load_train_state(tmp_path / "ddp" / "last")
     assert sorted(saved["muon"]["state"]) == ["0", "1", "2", "3"]  # the block's four matrices
@@ -162,7 +162,7 @@ def test_sharded_checkpoints_hold_whole_weights(runs):
     same layout, and AdamW state for the whole model."""
     from safetensors.torch import load_file
 
-    from gptcli.checkpoint import load_checkpoint, load_train_state
+    from gptcli.store.checkpoint import load_checkpoint, load_train_state
 
     single, sharded = (load_file(runs / name / "last" / "model.safetensors") for name in ("single", "fsdp"))
     assert sorted(single) == sorted(sharded)
@@ -344,7 +344,7 @@ COUNT_SYNCS = """
 import os
 import sys
 from gptcli.config import flag_overrides
-from gptcli.recipes import pretrain_trainer
+from gptcli.train.recipes import pretrain_trainer
 from gptcli.runtime import Dist
 
 calls = []

@@ -55,7 +55,7 @@ def hf(hf_dir):
 
 @pytest.fixture(scope="module")
 def enc():
-    from gptcli.tokenizer import gpt2_tokenizer
+    from gptcli.data.tokenizer import gpt2_tokenizer
 
     return gpt2_tokenizer()
 

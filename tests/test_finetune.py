@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcli.data import Record, read_records
+from gptcli.data.records import Record, read_records
+from gptcli.data.tokenizer import CharTokenizer
 from gptcli.errors import UsageError
 from gptcli.model import IGNORE_INDEX
 from gptcli.tasks import SFTTask, predict_records, sft_examples, sft_targets
-from gptcli.tokenizer import CharTokenizer
 from tests.helpers import assert_usage_error, run
 
 NOUNS = ["cat", "dog", "fox", "owl", "bee", "elk"]
@@ -122,7 +122,7 @@ def test_the_classifier_reloads_and_predicts_the_same(pretrained, order_data, tm
     """The model in memory at the end of training and `gptcli classify` on its saved
     checkpoint give the same probabilities."""
     from gptcli.config import FinetuneSettings, flag_overrides
-    from gptcli.recipes import finetune_trainer
+    from gptcli.train.recipes import finetune_trainer
 
     monkeypatch.chdir(tmp_path)
     settings = FinetuneSettings(task="classify", data=[str(order_data)], base=str(pretrained))

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from gptcli.completion import TextStream, complete, encode_prompt, top_k_of
 from gptcli.config import ModelConfig
-from gptcli.generate import GREEDY, Sampling, filter_logits, generate
+from gptcli.data.tokenizer import CharTokenizer, gpt2_tokenizer
+from gptcli.infer.completion import TextStream, complete, encode_prompt, top_k_of
+from gptcli.infer.generate import GREEDY, Sampling, filter_logits, generate
 from gptcli.model import GPT
-from gptcli.tokenizer import CharTokenizer, gpt2_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +209,7 @@ def test_compiled_static_cache_decoding_gives_the_eager_tokens(decoder_model):
     several rows, and the same beams; after warm-up, 200 more steps compile nothing new."""
     import torch._dynamo
 
-    from gptcli.generate import beam_search
+    from gptcli.infer.generate import beam_search
 
     prompt = [5, 17, 42, 3]
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gptcli.errors import UsageError
-from gptcli.hf import export_hf
-from gptcli.loading import load
+from gptcli.store.hf import export_hf
+from gptcli.store.loading import load
 from tests.helpers import assert_usage_error, run
 
 transformers = pytest.importorskip("transformers")

@@ -39,7 +39,7 @@ def runs(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("name", ["char", "bpe"])
 def test_auto_tokenizer_gives_gptcli_ids(runs, name):
-    from gptcli.loading import load
+    from gptcli.store.loading import load
 
     ours = load(runs / name).tokenizer
     theirs = transformers.AutoTokenizer.from_pretrained(runs / f"{name}-hf")
@@ -53,8 +53,8 @@ def test_auto_tokenizer_gives_gptcli_ids(runs, name):
 
 
 def test_the_export_of_gpt2_bpe_loads_in_auto_tokenizer(hf_gpt2, tmp_path):
-    from gptcli.hf import export_hf
-    from gptcli.loading import load
+    from gptcli.store.hf import export_hf
+    from gptcli.store.loading import load
 
     hf_gpt2(vocab_size=50257, n_embd=16, n_head=2).save_pretrained(tmp_path / "src")
     loaded = load(tmp_path / "src")
@@ -79,7 +79,7 @@ def test_the_pipeline_writes_what_gptcli_sample_writes(runs, name):
 
 def test_gptcli_tells_the_two_tokenizer_json_apart(runs, tmp_path):
     """An export dir holds Hugging Face's tokenizer.json and gptcli's own beside it."""
-    from gptcli.tokenizer import load_tokenizer
+    from gptcli.data.tokenizer import load_tokenizer
 
     assert load_tokenizer(runs / "bpe-hf").name.startswith("bpe")  # ours, from gptcli_tokenizer.json
     (tmp_path / "only").mkdir()

@@ -276,7 +276,7 @@ def test_generated_text_and_labels_from_a_model_are_escaped(tmp_path, monkeypatc
 
 
 def test_printable_escapes_what_a_terminal_acts_on_and_quote_is_bounded():
-    from gptcli.outside import printable, quote
+    from gptcli.messages import printable, quote
 
     assert printable("a\tb\nc") == "a\tb\nc"
     assert (
@@ -399,7 +399,7 @@ def test_a_tracking_server_that_is_down_fails_at_once_naming_it(ws, tmp_path, mo
 
 
 def test_an_unforeseen_failure_says_what_gptcli_was_doing_with_which_file(ws, monkeypatch):
-    from gptcli import sources
+    from gptcli.data import sources
 
     def fail(self, buffer):
         raise RuntimeError("the disk controller went away")
@@ -471,7 +471,7 @@ def test_a_device_pipe_or_directory_where_a_file_goes_is_named_for_what_it_is(
 
 
 def test_a_csv_saved_with_a_byte_order_mark_is_read(tmp_path):
-    from gptcli.data import read_records
+    from gptcli.data.records import read_records
 
     rows = "".join(f"the {w} ran,{w}\n" for w in ("fox", "owl") * 4)
     (tmp_path / "excel.csv").write_bytes(b"\xef\xbb\xbf" + f"text,label\n{rows}".encode())
@@ -523,7 +523,10 @@ def test_a_compiled_run_breaks_no_graph(ws, tmp_path, task):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--grad-accum", str(2**63)], "out of memory on this machine: --grad-accum 9223372036854775808 with"),
+        (
+            ["--grad-accum", str(2**63)],
+            "out of memory on this machine: --grad-accum 9223372036854775808 with",
+        ),
         (
             ["--grad-accum", str(2**31 - 1)],
             "out of memory on this machine: --grad-accum 2147483647 with --batch-size",

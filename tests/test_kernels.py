@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from gptcli import kernels
 from gptcli.config import ModelConfig
-from gptcli.generate import GREEDY, generate
+from gptcli.infer import kernels
+from gptcli.infer.generate import GREEDY, generate
 from gptcli.model import GPT, KVCache
 
 
@@ -94,7 +94,7 @@ def test_padded_batch_decoding_with_the_kernels_matches_the_stock_model():
 
 def test_the_cli_decodes_bf16_models_through_the_kernels(trained):
     from gptcli.cli.common import load_model
-    from gptcli.tokenizer import load_tokenizer
+    from gptcli.data.tokenizer import load_tokenizer
 
     def patched(model: GPT) -> bool:
         return getattr(model.lm_head.forward, "__func__", None) is kernels._linear_forward

@@ -39,8 +39,8 @@ def test_reports_and_the_cli_entry_import_no_torch():
 
 
 def test_checkpoint_and_hf_do_not_import_each_other():
-    assert "gptcli.hf" not in imported(PKG / "checkpoint.py")
-    assert "gptcli.checkpoint" not in imported(PKG / "hf.py")
+    assert "gptcli.store.hf" not in imported(PKG / "store" / "checkpoint.py")
+    assert "gptcli.store.checkpoint" not in imported(PKG / "store" / "hf.py")
 
 
 def test_only_public_modules_of_libraries_are_imported():

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from gptcli.lens import Lens, logit_lens
+from gptcli.inspect.lens import Lens, logit_lens
 from tests.helpers import assert_usage_error, chromium, ours_from_hf, rendered_dom, run
 
 

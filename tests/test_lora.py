@@ -12,9 +12,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gptcli import loading, lora
+from gptcli import lora
 from gptcli.config import ModelConfig
 from gptcli.model import GPT
+from gptcli.store import loading
 from tests.helpers import assert_usage_error, make_corpus, run
 
 FAST = ["--device", "cpu", "--dtype", "fp32", "--batch-size", "8", "--eval-iters", "2", "--warmup-iters", "2"]
@@ -199,8 +200,8 @@ def test_resume_continues_exactly(data, tmp_path, monkeypatch):
     """A crash after step 7: the run resumed from its step-5 checkpoint replays steps 6 to 10
     bit for bit, adapters and AdamW moments restored on top of the base."""
     from gptcli.config import FinetuneSettings, flag_overrides
-    from gptcli.recipes import finetune_trainer, resume_finetuning
     from gptcli.reports import Reporter
+    from gptcli.train.recipes import finetune_trainer, resume_finetuning
 
     class KeepLast(Reporter):
         def on_checkpoint(self, name: str, path: Path, step: int) -> None:
@@ -248,7 +249,7 @@ def test_compile_sees_one_graph():
 
 def test_bf16_training_holds_the_frozen_base_in_bf16(data, tmp_path):
     from gptcli.config import FinetuneSettings, flag_overrides
-    from gptcli.recipes import finetune_trainer
+    from gptcli.train.recipes import finetune_trainer
 
     settings = FinetuneSettings(
         task="lm", data=[str(data / "more.txt")], base=str(data / "base"), lora_rank=2

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from gptcli.config import ModelConfig
-from gptcli.hf import gptcli_to_hf_state_dict
 from gptcli.model import GPT, IGNORE_INDEX, KVCache, Probe
+from gptcli.store.hf import gptcli_to_hf_state_dict
 from tests.helpers import ours_from_hf
 
 ATOL = 1e-5
@@ -275,7 +275,7 @@ def test_every_tasks_training_step_is_one_graph(kind):
     from gptcli.config import ModelConfig
     from gptcli.model import GPT
     from gptcli.tasks import Example, LMTask, SFTTask, SupervisedTask
-    from gptcli.train import _TaskLoss
+    from gptcli.train.trainer import _TaskLoss
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)

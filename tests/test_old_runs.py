@@ -79,7 +79,7 @@ def test_a_muon_run_saved_before_its_later_keys_resumes_as_it_trained(tmp_path):
     4 and none), and its config says so: its weights equal a straight run's with those
     settings (torch's saved optimizer state carries the count as well)."""
     from gptcli.config import flag_overrides
-    from gptcli.recipes import pretrain_trainer, resume_pretraining
+    from gptcli.train.recipes import pretrain_trainer, resume_pretraining
 
     corpus = make_corpus(tmp_path / "c.txt", n_sentences=200)
     flags = flag_overrides(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=8, max_iters=12,

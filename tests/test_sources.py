@@ -129,7 +129,7 @@ def test_a_missing_extra_is_named(tmp_path, docs, monkeypatch):
 def test_gzip_reads_alike_with_and_without_the_gzip_extra(tmp_path, monkeypatch, isal):
     """The gzip extra (ISA-L) only makes .gz faster: the same text from several gzip
     members, and the same one-line errors for a cut file and a file that is not gzip."""
-    from gptcli.sources import iter_file_text
+    from gptcli.data.sources import iter_file_text
 
     if isal:
         pytest.importorskip("isal")

@@ -10,9 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptcli.data import iter_chunks
-from gptcli.errors import UsageError
-from gptcli.tokenizer import (
+from gptcli.data.corpus import iter_chunks
+from gptcli.data.tokenizer import (
     CharTokenizer,
     _gpt2_data_dir,
     build_tokenizer,
@@ -21,6 +20,7 @@ from gptcli.tokenizer import (
     parse_spec,
     train_bpe,
 )
+from gptcli.errors import UsageError
 from tests.helpers import make_corpus
 
 SAMPLES = [

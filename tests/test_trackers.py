@@ -102,9 +102,9 @@ def test_mlflow_holds_metrics_and_config_and_a_resume_adds_each_step_once(tmp_pa
     from mlflow.tracking import MlflowClient
 
     from gptcli.config import flag_overrides
-    from gptcli.recipes import pretrain_trainer, resume_pretraining
     from gptcli.reports import Reporter, Reporters
     from gptcli.trackers.mlflow import MLflow
+    from gptcli.train.recipes import pretrain_trainer, resume_pretraining
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

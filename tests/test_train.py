@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcli.checkpoint import load_checkpoint, load_train_state
 from gptcli.config import Config, TrainConfig, flag_overrides, load_config
-from gptcli.data import load_data_tokenizer, load_split, tokenize_corpus
+from gptcli.data.corpus import load_data_tokenizer, load_split, tokenize_corpus
 from gptcli.model import GPT
-from gptcli.optim import Muon, block_matrices, describe_schedule, lr_at, make_optimizers, rates_at
 from gptcli.reports import Reporter
 from gptcli.runtime import seed_everything
+from gptcli.store.checkpoint import load_checkpoint, load_train_state
 from gptcli.tasks import LMTask
-from gptcli.train import Trainer
+from gptcli.train.optim import Muon, block_matrices, describe_schedule, lr_at, make_optimizers, rates_at
+from gptcli.train.trainer import Trainer
 from tests.helpers import TINY, StopAt, assert_usage_error, digest, make_corpus, run
 
 
@@ -239,10 +239,10 @@ def test_max_time_stops_the_run(data_dir, tmp_path):
 def test_cpu_training_keeps_freed_memory(data_dir, tmp_path, monkeypatch):
     """The allocator setting that spares every CPU step its page faults is applied (what it
     does is checked in test_runtime)."""
-    import gptcli.train
+    import gptcli.train.trainer
 
     calls = []
-    monkeypatch.setattr(gptcli.train, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(gptcli.train.trainer, "keep_freed_memory", lambda: calls.append(1) or True)
     build_trainer(data_dir, tmp_path / "run", tiny_config(max_iters=2, eval_interval=2)).run()
     assert calls == [1]
 
@@ -479,7 +479,7 @@ def test_a_wsd_run_fits_its_decay_to_max_time(tmp_path, monkeypatch):
     time begins (stable/ kept there) and is a straight line to the end of the time; a
     larger --max-time on resume continues from stable/ and decays at the new end. A clock
     that moves one second per step (and not while evaluating) makes the times exact."""
-    import gptcli.train as train_module
+    import gptcli.train.trainer as train_module
     from gptcli.reports import StepReport
 
     clock = [1000.0]
@@ -523,7 +523,7 @@ def test_a_wsd_run_fits_its_decay_to_max_time(tmp_path, monkeypatch):
 def test_refit_of_a_wsd_schedule():
     """A budget change in the constant phase moves the decay's start; in the decay, a
     shorter budget decays on from the current rate."""
-    from gptcli.runstate import TrainState, refit_schedule
+    from gptcli.train.state import TrainState, refit_schedule
 
     cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100, schedule="wsd")
     constant = TrainState(step=50, schedule=[80, None])

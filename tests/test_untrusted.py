@@ -143,10 +143,10 @@ HOSTILE = [
 @pytest.fixture(scope="module")
 def gpt2_run(tmp_path_factory) -> Path:
     """A tiny model on GPT-2's byte-level BPE: any text is a prompt it can read."""
-    from gptcli.checkpoint import save_checkpoint
     from gptcli.config import ModelConfig
+    from gptcli.data.tokenizer import gpt2_tokenizer
     from gptcli.model import GPT
-    from gptcli.tokenizer import gpt2_tokenizer
+    from gptcli.store.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     run_dir = tmp_path_factory.mktemp("gpt2") / "run"

@@ -73,7 +73,7 @@ def beam(
     gptcli beam "The rabbit" --beams 4
     gptcli beam "The fox dug a" --beams 8 --n-best 3 --eos . --length-penalty 0.6
     """
-    from gptcli.completion import beam_complete, encode_prompt
+    from gptcli.infer.completion import beam_complete, encode_prompt
 
     BeamConfig(beams, max_new_tokens, length_penalty, n_best, no_repeat_ngram).validate()
     n_best = beams if n_best is None else n_best

@@ -10,8 +10,8 @@ import typer
 
 from gptcli.cli import render
 from gptcli.cli.common import Base, Ckpt, Device, Dtype, Json, load_model, text_arg
+from gptcli.data.inputs import check_input
 from gptcli.errors import UsageError
-from gptcli.outside import check_input
 
 
 def classify(
@@ -44,7 +44,7 @@ def classify(
     gptcli classify --ckpt runs/reasons "The owl hunted because" --choice " it ate." --choice " it slept."
     gptcli classify --ckpt runs/needs --file test.jsonl --json
     """
-    from gptcli.data import Record, read_records
+    from gptcli.data.records import Record, read_records
     from gptcli.tasks import accuracy, predict_records
 
     if (text is None) == (file is None):

@@ -13,8 +13,8 @@ from gptcli.cli import render
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
-    from gptcli.checkpoint import Loaded
-    from gptcli.completion import Prompt
+    from gptcli.infer.completion import Prompt
+    from gptcli.store.checkpoint import Loaded
 
 
 def complete_runs(incomplete: str) -> list[str]:
@@ -76,7 +76,7 @@ def save_document(
 ) -> None:
     """--save FILE by its extension: the JSON document itself, html(path, document, replace)
     or png(path, replace), False when matplotlib is missing."""
-    from gptcli import files
+    from gptcli.store import files
 
     suffix = path.suffix.lower()
     if suffix == ".json":
@@ -93,7 +93,7 @@ def check_save(save: Path | None, force: bool) -> None:
         return
     if save.suffix.lower() not in SAVE_FORMATS:
         raise UsageError(f"--save {save}: use a .json, .png or .html file name")
-    from gptcli import files
+    from gptcli.store import files
 
     files.check_writable(save, replace=force)
 
@@ -139,10 +139,10 @@ def load_model(
     dtype for inference; say where it runs and why. decode: the verb generates token by
     token, so bf16 CPU models take the compiled decoding kernels (gptcli/kernels.py). A LoRA
     run comes merged into its base (base: where that is now, if it moved)."""
-    from gptcli import loading
-    from gptcli.checkpoint import TEXT_TASKS, newest_run
-    from gptcli.kernels import use_fast_decode
+    from gptcli.infer.kernels import use_fast_decode
     from gptcli.runtime import pick_device, pick_inference_dtype
+    from gptcli.store import loading
+    from gptcli.store.checkpoint import TEXT_TASKS, newest_run
 
     if ckpt is None:
         tasks = ("classify", "choice") if classifier else TEXT_TASKS

@@ -10,8 +10,8 @@ import typer
 
 from gptcli.cli import render
 from gptcli.cli.common import Base, Device, Dtype, Json, complete_runs, load_model
+from gptcli.data.inputs import check_input
 from gptcli.errors import UsageError
-from gptcli.outside import check_input
 
 
 def eval_(

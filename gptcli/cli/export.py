@@ -37,12 +37,12 @@ def export(
     gptcli export runs/demo --to hf exported/      then GPT2LMHeadModel.from_pretrained("exported")
     gptcli export runs/lora adapters/ --adapters-only    then PeftModel.from_pretrained(base, "adapters")
     """
-    from gptcli import loading
-    from gptcli.hf import export_hf
+    from gptcli.store import loading
+    from gptcli.store.hf import export_hf
 
     if to != "hf":
         raise UsageError(f"--to {to!r}: the only export format is hf (Hugging Face GPT-2)")
-    from gptcli.checkpoint import holds_checkpoints
+    from gptcli.store.checkpoint import holds_checkpoints
 
     if holds_checkpoints(out):
         raise UsageError(f"{out} is a gptcli run or checkpoint; export into a directory of its own")
@@ -65,8 +65,9 @@ def export(
 
 
 def _export_adapters(ckpt: str, out: Path, base: Path | None, json_out: bool) -> None:
-    from gptcli import loading, lora
-    from gptcli.hf import export_peft
+    from gptcli import lora
+    from gptcli.store import loading
+    from gptcli.store.hf import export_peft
 
     loaded = loading.load(ckpt, base=base, merge=False)
     settings = lora.LoRASettings.of(loaded.meta)

@@ -134,7 +134,7 @@ def finetune(
     gptcli finetune --ckpt gpt2-medium qa.jsonl --task sft --lora-rank 8  adapters only, base frozen
     """
     from gptcli.config import FinetuneSettings, flag_overrides
-    from gptcli.recipes import finetune_trainer, resume_finetuning
+    from gptcli.train.recipes import finetune_trainer, resume_finetuning
 
     flags = flag_overrides(dropout=dropout, block_size=block_size, **(train_flags or {}))
     notes = render.Notes()

@@ -64,8 +64,8 @@ def inspect_attn(
     gptcli inspect-attn "The rabbit dug a" --layer 3 --head 1    one head, large, with weights
     gptcli inspect-attn "The rabbit dug a" --save attn.html      open it in a browser
     """
-    from gptcli.attention import capture
-    from gptcli.completion import encode_prompt
+    from gptcli.infer.completion import encode_prompt
+    from gptcli.inspect.attention import capture
 
     if top_k < 1:
         raise UsageError(f"--top-k must be >= 1, got {top_k}")

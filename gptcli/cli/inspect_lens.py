@@ -41,7 +41,7 @@ def _positions(value: str, n: int) -> list[int]:
 
 def _track_id(tok, text: str) -> int:
     """The one token --track names."""
-    from gptcli.tokenizer import CharTokenizer
+    from gptcli.data.tokenizer import CharTokenizer
 
     if isinstance(tok, CharTokenizer) and len(text) == 1 and text not in tok.stoi:
         raise UsageError(f"--track {text!r}: not a character this model knows")
@@ -76,8 +76,8 @@ def inspect_lens(
     gptcli inspect-lens "The rabbit dug a" --track " hole"       when does " hole" win?
     gptcli inspect-lens "The rabbit dug a" --save lens.html      hover the cells in a browser
     """
-    from gptcli.completion import encode_prompt
-    from gptcli.lens import logit_lens
+    from gptcli.infer.completion import encode_prompt
+    from gptcli.inspect.lens import logit_lens
 
     if top_k < 1:
         raise UsageError(f"--top-k must be >= 1, got {top_k}")

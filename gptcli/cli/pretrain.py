@@ -78,7 +78,7 @@ def pretrain(
     gptcli pretrain --resume --out runs/books-20260101-120000
     """
     from gptcli.config import flag_overrides
-    from gptcli.recipes import pretrain_trainer, resume_pretraining
+    from gptcli.train.recipes import pretrain_trainer, resume_pretraining
 
     flags = flag_overrides(
         tokenizer=tokenizer, text_column=text_column, n_layer=n_layer, n_head=n_head, n_embd=n_embd,

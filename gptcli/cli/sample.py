@@ -29,8 +29,8 @@ from gptcli.config import SampleConfig
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
-    from gptcli.completion import Sampled, TopK
-    from gptcli.tokenizer import Tokenizer
+    from gptcli.data.tokenizer import Tokenizer
+    from gptcli.infer.completion import Sampled, TopK
 
 
 def check_prompt(prompt: str | None, prompt_file: Path | None) -> None:
@@ -127,8 +127,8 @@ def sample(
     gptcli sample --prompt "The rabbit dug a" --show-probs 5 -n 3
     gptcli sample --ckpt runs/shakes --temp 0.8 --top-k 200 --num-samples 3
     """
-    from gptcli.completion import complete, encode_prompt
-    from gptcli.generate import Sampling
+    from gptcli.infer.completion import complete, encode_prompt
+    from gptcli.infer.generate import Sampling
 
     SampleConfig(temp, top_k, top_p, max_new_tokens, num_samples, show_probs, seed).validate()
     sampling = Sampling(temp, top_k, top_p)

@@ -9,17 +9,18 @@ import typer
 
 from gptcli.cli import render
 from gptcli.cli.common import is_path, text_arg
-from gptcli.errors import UsageError, command
+from gptcli.errors import UsageError
+from gptcli.messages import command_line
 
 if TYPE_CHECKING:
-    from gptcli.tokenizer import Tokenizer
+    from gptcli.data.tokenizer import Tokenizer
 
 
 def resolve_tokenizer(arg: str, text: str | None = None) -> Tokenizer:
     """--tokenizer as a spec (char, gpt2, bpe:N) or a path to a tokenizer.json, run or data dir.
 
     A char tokenizer without a file takes its vocabulary from `text`."""
-    from gptcli.tokenizer import CharTokenizer, build_tokenizer, load_tokenizer, parse_spec
+    from gptcli.data.tokenizer import CharTokenizer, build_tokenizer, load_tokenizer, parse_spec
 
     if is_path(arg):
         return load_tokenizer(arg)
@@ -29,7 +30,7 @@ def resolve_tokenizer(arg: str, text: str | None = None) -> Tokenizer:
     if kind == "bpe":
         raise UsageError(
             f"{arg} is trained on a corpus: run "
-            f"`{command('tokenize', 'CORPUS', '--out', 'DIR', '--tokenizer', arg)}`, "
+            f"`{command_line('tokenize', 'CORPUS', '--out', 'DIR', '--tokenizer', arg)}`, "
             "then pass --tokenizer DIR"
         )
     return build_tokenizer(arg)
@@ -106,8 +107,8 @@ def _encode_corpus(
     json_out: bool,
     column: str,
 ) -> None:
-    from gptcli.data import collect_files, tokenize_corpus
-    from gptcli.sources import Reader
+    from gptcli.data.corpus import collect_files, tokenize_corpus
+    from gptcli.data.sources import Reader
 
     tok: str | Tokenizer = tokenizer
     if is_path(tokenizer):

@@ -14,10 +14,10 @@ import typer
 
 from gptcli.cli import figures, render
 from gptcli.config import TrainConfig
-from gptcli.errors import command
+from gptcli.messages import command_line
 
 if TYPE_CHECKING:
-    from gptcli.train import Trainer
+    from gptcli.train.trainer import Trainer
 
 MODEL, TRAIN, HARDWARE, RUN = "Model", "Training", "Hardware", "Run"
 
@@ -121,11 +121,11 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = Fals
     if summary.stop_reason in ("interrupted", "terminated"):
         render.warning(
             f"stopped at step {summary.steps}; the last checkpoint is saved. "
-            f"Continue with: {command(verb, '--resume', '--out', trainer.run_dir)}"
+            f"Continue with: {command_line(verb, '--resume', '--out', trainer.run_dir)}"
         )
         raise typer.Exit(130)
     next_verb = "classify" if trainer.meta.get("task") in ("classify", "choice") else "sample"
-    render.info(f"next: {command(next_verb, '--ckpt', trainer.run_dir)}")
+    render.info(f"next: {command_line(next_verb, '--ckpt', trainer.run_dir)}")
 
 
 def summary_json(summary: Any, loss_png: Path | None) -> dict[str, Any]:

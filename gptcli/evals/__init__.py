@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from gptcli.data import read_records
+from gptcli.data.inputs import check_input
+from gptcli.data.records import read_records
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.evals.choice import evaluate_choice
 from gptcli.evals.heads import evaluate_head
@@ -26,8 +28,6 @@ from gptcli.evals.lambada import evaluate_lambada
 from gptcli.evals.result import Result
 from gptcli.evals.scoring import Progress
 from gptcli.evals.text import evaluate_text
-from gptcli.outside import check_input
-from gptcli.tokenizer import Tokenizer
 
 # --task NAME -> how a language model is scored on it
 ZERO_SHOT: dict[str, Callable[..., Result]] = {

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from gptcli.data import Record
+from gptcli.data.records import Record
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.evals.examples import Pair, cut_warning, field, pair, records
 from gptcli.evals.result import Result
 from gptcli.evals.scoring import Progress, Scores, score, score_shared
-from gptcli.tokenizer import Tokenizer
 
 
 def delimiter(context: str, choice: str) -> str:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptcli.data import Record, read_records
+from gptcli.data.records import Record, read_records
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
-from gptcli.tokenizer import Tokenizer
 
 
 @dataclass

@@ -8,14 +8,14 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gptcli.data import Record
+from gptcli.data.records import Record
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.evals.examples import records
 from gptcli.evals.result import Result
 from gptcli.evals.scoring import Progress
 from gptcli.tasks import accuracy, predict_records
 from gptcli.tasks.supervised import macro_f1
-from gptcli.tokenizer import Tokenizer
 
 _NAMES = {"ctx": "context", "endings": "choices"}  # HellaSwag's field names
 

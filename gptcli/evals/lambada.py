@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch.nn as nn
 
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.evals.examples import Pair, cut_warning, field, pair, records
 from gptcli.evals.result import Result
 from gptcli.evals.scoring import Progress, score
-from gptcli.tokenizer import Tokenizer
 
 
 def evaluate_lambada(

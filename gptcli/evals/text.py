@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch.nn as nn
 
+from gptcli.data.sources import iter_documents
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.evals.result import Result
 from gptcli.evals.scoring import Progress, score
-from gptcli.sources import iter_documents
-from gptcli.tokenizer import Tokenizer
 
 
 @dataclass

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gptcli.data import read_records
+from gptcli.data.records import read_records
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.tasks import choice, classify, sft
 from gptcli.tasks.base import Batch, NextTokenTask, Source, Task, to_device
@@ -23,7 +24,6 @@ from gptcli.tasks.predict import Prediction, accuracy, predict_records
 from gptcli.tasks.sft import SFTTask, sft_examples, sft_targets
 from gptcli.tasks.split import holdout, stratified_holdout
 from gptcli.tasks.supervised import Example, SupervisedTask
-from gptcli.tokenizer import Tokenizer
 
 # --task NAME (besides lm, which trains on text as pretraining does) -> its builder
 FINETUNE: dict[str, Callable[[Source], tuple[Task, int, dict]]] = {

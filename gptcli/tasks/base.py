@@ -12,11 +12,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from gptcli.data import Record
+from gptcli.data.records import Record
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.model import IGNORE_INDEX
 from gptcli.tasks.split import split_records
-from gptcli.tokenizer import Tokenizer
 
 Batch = dict[str, torch.Tensor]
 

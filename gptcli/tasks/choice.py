@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from gptcli.data import Record
+from gptcli.data.records import Record
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.tasks.base import Source, encode_parts, record_text
 from gptcli.tasks.supervised import Example, SupervisedTask
-from gptcli.tokenizer import Tokenizer
 
 
 def choice_examples(

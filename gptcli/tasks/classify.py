@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from gptcli.data import Record
+from gptcli.data.records import Record
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.tasks.base import Source, encode_parts, record_text
 from gptcli.tasks.split import stratified_holdout
 from gptcli.tasks.supervised import Example, SupervisedTask
-from gptcli.tokenizer import Tokenizer
 
 
 def label_set(records: list[Record]) -> list:

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from gptcli.data import Record
+from gptcli.data.records import Record
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.tasks.choice import choice_label, choice_sequences, record_choices
 from gptcli.tasks.classify import classify_sequences, label_index, record_label
 from gptcli.tasks.supervised import Example, SupervisedTask
-from gptcli.tokenizer import Tokenizer
 
 
 @dataclass

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import torch
 
-from gptcli.data import Record
+from gptcli.data.records import Record
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.model import IGNORE_INDEX
 from gptcli.tasks.base import Batch, NextTokenTask, Source, end_ids, pad_batch, record_text, to_device
-from gptcli.tokenizer import Tokenizer
 
 
 class SFTTask(NextTokenTask):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from gptcli.data import Record
+from gptcli.data.records import Record
 from gptcli.errors import UsageError
 
 

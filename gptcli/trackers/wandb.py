@@ -23,9 +23,9 @@ from typing import Any
 
 import wandb  # ImportError without the wandb package
 
-from gptcli.files import write_file
-from gptcli.outside import try_read_json
+from gptcli.data.inputs import try_read_json
 from gptcli.reports import EvalReport, Reporter, RunInfo, SampleReport, StepReport
+from gptcli.store.files import write_file
 from gptcli.trackers import eval_scalars, step_scalars
 
 DIR = "wandb"

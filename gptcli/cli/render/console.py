@@ -31,7 +31,7 @@ from rich.progress import (
 from rich.text import Text
 
 from gptcli import reports
-from gptcli.outside import printable
+from gptcli.messages import printable
 
 
 class Stream(io.TextIOBase):
@@ -163,7 +163,7 @@ def note(message: str) -> None:
 
 
 class Notes(reports.Notes):
-    """What setting up a run says (gptcli.recipes), on stderr: info and warnings always,
+    """What setting up a run says (gptcli.train.recipes), on stderr: info and warnings always,
     notes and progress bars at a terminal only."""
 
     def info(self, text: str) -> None:

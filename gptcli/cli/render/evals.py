@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gptcli.cli.render.console import fmt, out
-from gptcli.outside import printable
+from gptcli.messages import printable
 
 # the columns of each task's table: (metric key, header, format)
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {

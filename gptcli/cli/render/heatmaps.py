@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gptcli.cli.render.console import out
-from gptcli.outside import printable
+from gptcli.messages import printable
 
 # viridis, from 0 (dark) to 1 (bright)
 _SCALE = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gptcli.cli.render.console import out, text
-from gptcli.outside import printable
+from gptcli.messages import printable
 
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
 

@@ -15,7 +15,7 @@ from rich.text import Text
 from gptcli import reports
 from gptcli.cli.render.console import duration, fmt, out, text
 from gptcli.cli.render.evals import headline
-from gptcli.outside import printable
+from gptcli.messages import printable
 
 METRIC_NAMES = {"bpb": "bits per byte", "f1": "macro-F1"}  # how the views name task metrics
 
@@ -117,7 +117,7 @@ def optimizer_line(info: Any, sep: str) -> str:
 
 def batch_line(info: Any) -> str:
     """How the optimizer step's batch is formed: "global batch = 12 x 2 = 6,144 tokens
-    (2 processes x 1 micro-step each)" (a gptcli.train.RunInfo)."""
+    (2 processes x 1 micro-step each)" (a gptcli.train.trainer.RunInfo)."""
     sequences = info.batch_size * info.grad_accum
     size = f"{info.tokens_per_step:,} tokens" if info.tokens_per_step else f"{sequences:,} examples"
     line = f"global batch = {info.batch_size} x {info.grad_accum} = {size}"
@@ -310,7 +310,7 @@ def train_reporter(title: str) -> TrainView | TrainLog:
 
 
 def train_summary(summary: Any, loss_png: str | None) -> None:
-    """The table printed when training ends (a gptcli.train.Summary)."""
+    """The table printed when training ends (a gptcli.train.trainer.Summary)."""
     stopped = summary.stop_reason in ("interrupted", "terminated")
     table = Table(
         title="training stopped" if stopped else "training finished",

@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from gptcli import files
 from gptcli.config import ModelConfig
+from gptcli.data.inputs import read_json
+from gptcli.data.tokenizer import ENDOFTEXT, GPTCLI_TOKENIZER_FILE, _gpt2_data_dir
 from gptcli.errors import UsageError, reason
 from gptcli.model import GPT
-from gptcli.outside import read_json
-from gptcli.tokenizer import ENDOFTEXT, GPTCLI_TOKENIZER_FILE, _gpt2_data_dir
-from gptcli.validate import check_against, check_finite, check_types, header
+from gptcli.store import files
+from gptcli.store.validate import check_against, check_finite, check_types, header
 
 # hub names and the repositories that hold them (the short names are the old aliases)
 HUB_MODELS = {
@@ -288,7 +288,7 @@ def export_peft(model: GPT, settings: Any, base_name: str, out: Path) -> list[st
 
 
 def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
-    from gptcli.hf_tokenizer import hf_tokenizer_files
+    from gptcli.store.hf_tokenizer import hf_tokenizer_files
 
     """Write out/ so that transformers.GPT2LMHeadModel.from_pretrained(out) gives the same
     logits. Returns the files written."""

@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 
-from gptcli.checkpoint import model_state
 from gptcli.model import GPT
+from gptcli.store.checkpoint import model_state
 
 T = TypeVar("T")
 

@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
-from gptcli import hf
-from gptcli.checkpoint import (
+from gptcli.data.tokenizer import TOKENIZER_FILE, gpt2_tokenizer, load_tokenizer
+from gptcli.errors import UsageError
+from gptcli.store import hf
+from gptcli.store.checkpoint import (
     META_FILE,
     MODEL_FILE,
     Loaded,
@@ -27,9 +29,7 @@ from gptcli.checkpoint import (
     read_meta,
     resolve_checkpoint,
 )
-from gptcli.errors import UsageError
-from gptcli.tokenizer import TOKENIZER_FILE, gpt2_tokenizer, load_tokenizer
-from gptcli.validate import check_tensors, read_tensors
+from gptcli.store.validate import check_tensors, read_tensors
 
 
 def load(

@@ -22,19 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gptcli import files
+from gptcli.store import files
 from gptcli.errors import UsageError
-from gptcli.outside import check_input, printable, try_read_json, what_is
+from gptcli.data.inputs import check_input, try_read_json, what_is
+from gptcli.messages import printable
 from gptcli.paths import cache_dir
-from gptcli.sources import BOM, READ_BYTES, Reader, iter_file_text, iter_jsonl
-from gptcli.tokenizer import (
-    TOKENIZER_FILE,
-    CharTokenizer,
-    Tokenizer,
-    build_tokenizer,
-    load_tokenizer,
-    parse_spec,
-)
+from gptcli.data.sources import BOM, READ_BYTES, Reader, iter_file_text, iter_jsonl
+from gptcli.data.tokenizer import TOKENIZER_FILE, CharTokenizer, Tokenizer, build_tokenizer, load_tokenizer, parse_spec
 
 META_FILE = "meta.json"
 PUBLISHING = ".publishing"  # present while a tokenize moves its files into place
@@ -242,7 +236,7 @@ def read_meta(path: Path) -> TokenizeReport:
     d = _existing_meta(path)
     if d is None:
         raise UsageError(f"{path} is not a directory made by `gptcli tokenize` (no valid {META_FILE})")
-    from gptcli.validate import check_types
+    from gptcli.store.validate import check_types
 
     check_types(d, {"version": (int,)}, str(path / META_FILE))  # first: a newer format may differ
     if d.get("version", 0) > VERSION:
@@ -599,82 +593,3 @@ def load_split(path: str | os.PathLike, split: str) -> np.ndarray:
 
 def load_data_tokenizer(path: str | os.PathLike) -> Tokenizer:
     return load_tokenizer(Path(path) / TOKENIZER_FILE)
-
-
-# --- labelled records for finetuning -------------------------------------------------------
-
-
-@dataclass
-class Record:
-    """One row of a finetuning file, with where it came from (for error messages)."""
-
-    fields: dict
-    source: str  # "file:line"
-
-
-def _csv_error(path: Path, lines: list[str], start: int, end: int, what: str) -> UsageError:
-    """A CSV error at the line that caused it: where a quote opened and was not closed at
-    the end of its line, if the row ran on past it; else where the row starts."""
-    quoted = False
-    for lineno in range(start, min(end, len(lines)) + 1):
-        opened_here = False
-        for ch in lines[lineno - 1]:
-            if ch == '"':
-                quoted = not quoted
-                opened_here = quoted
-        if quoted and (opened_here or lineno == start):
-            return UsageError(f'{path}:{lineno}: a quote (") opened on this line is not closed ({what})')
-    return UsageError(f"{path}:{start}: {what}")
-
-
-def read_records(path: str | os.PathLike) -> list[Record]:
-    """Rows of a JSONL file (one JSON object per line) or a CSV file with a header row."""
-    import csv
-    import io
-
-    path = Path(path)
-    check_input(path, "the records file")
-    records: list[Record] = []
-    if path.suffix.lower() == ".csv":
-        text = "".join(iter_file_text(path)).removeprefix(BOM)
-        reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-        lines = re.split(r"\r\n|\r|\n", text)  # the line ends csv counts (not str.splitlines' \u2028 ...)
-        header: list[str] | None = None
-        while True:
-            start = reader.line_num + 1  # quoted cells may span lines: a row starts here
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as e:
-                raise _csv_error(path, lines, start, reader.line_num, str(e)) from None
-            if header is None:
-                header = [h.strip() for h in row]
-                continue
-            if not any(cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                what = f"{len(row)} columns, but the header has {len(header)}"
-                raise _csv_error(path, lines, start, reader.line_num, what)
-            records.append(Record(dict(zip(header, row, strict=True)), f"{path}:{start}"))
-        if header is None:
-            raise UsageError(f"{path}: empty file; it needs a header row and at least one record")
-    else:
-        for lineno, obj in iter_jsonl(path, "one JSON object"):
-            records.append(Record(obj, f"{path}:{lineno}"))
-    if not records:
-        raise UsageError(f"{path}: no records in the file")
-    return records
-
-
-def content_sha256(paths: Sequence[str | os.PathLike | None]) -> str:
-    """One hash of the bytes of these files, in order (None: no file), to recognise data."""
-    digest = hashlib.sha256()
-    for p in paths:
-        digest.update(b"\0file\0")
-        if p is None:
-            continue
-        with open(p, "rb") as f:
-            while block := f.read(READ_BYTES):
-                digest.update(block)
-    return digest.hexdigest()

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gptcli.data.tokenizer import ENDOFTEXT, CharTokenizer, TiktokenTokenizer, Tokenizer
 from gptcli.errors import UsageError, need
-from gptcli.tokenizer import ENDOFTEXT, CharTokenizer, TiktokenTokenizer, Tokenizer
 
 
 def _bytes_to_unicode() -> dict[int, str]:

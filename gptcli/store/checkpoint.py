@@ -1,4 +1,4 @@
-"""Checkpoints: run directories on disk (and, through gptcli.hf, Hugging Face GPT-2 models).
+"""Checkpoints: run directories on disk (and, through gptcli.store.hf, Hugging Face GPT-2 models).
 
 A run directory holds `config.yaml`, `metrics.jsonl`, and two checkpoints: `best/` (lowest
 validation loss) and `last/` (most recent, with the training state for exact resume); a
@@ -32,14 +32,15 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from gptcli import __version__, files, lora
+from gptcli import __version__, lora
 from gptcli.config import Config, merge
+from gptcli.data.inputs import read_json, try_read_json
+from gptcli.data.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from gptcli.errors import UsageError
 from gptcli.model import GPT
-from gptcli.outside import read_json, try_read_json
 from gptcli.paths import RUNS_DIR
-from gptcli.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
-from gptcli.validate import check_types, read_weights
+from gptcli.store import files
+from gptcli.store.validate import check_types, read_weights
 
 FORMAT = "gptcli-checkpoint"
 VERSION = 1
@@ -329,11 +330,13 @@ def model_config(ckpt: Path, meta: dict[str, Any]) -> Any:
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:
     """Load a model (eval mode, on device) with its tokenizer and metadata from a gptcli run
-    dir or checkpoint dir (gptcli.loading also takes Hugging Face directories and names)."""
+    dir or checkpoint dir (gptcli.store.loading also takes Hugging Face directories and names)."""
     ckpt = resolve_checkpoint(Path(path))
     meta = read_meta(ckpt)
     if meta.get("lora_rank"):
-        raise UsageError(f"{ckpt} holds LoRA adapters, not a whole model: load it with gptcli.loading.load")
+        raise UsageError(
+            f"{ckpt} holds LoRA adapters, not a whole model: load it with gptcli.store.loading.load"
+        )
     config = model_config(ckpt, meta)
     if meta.get("task") == "classify" and len(meta.get("labels", [])) != config.n_classes:
         raise UsageError(

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
-from gptcli.generate import SAMPLE, Sampling, beam_search, generate
+from gptcli.infer.generate import SAMPLE, Sampling, beam_search, generate
 from gptcli.model import GPT
-from gptcli.tokenizer import Tokenizer
 
 
 @dataclass

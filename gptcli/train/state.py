@@ -17,17 +17,17 @@ from typing import Any
 
 import torch
 
-from gptcli import files
-from gptcli.checkpoint import LAST, checkpoint_in, load_train_state, save_checkpoint
 from gptcli.config import Config, TrainConfig
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError, reason
+from gptcli.messages import quote
 from gptcli.model import GPT
-from gptcli.optim import Optimizers, lr_at
-from gptcli.outside import quote
-from gptcli.parallel import Sharded, Whole
 from gptcli.runtime import Dist
-from gptcli.tokenizer import Tokenizer
-from gptcli.validate import check_types
+from gptcli.store import files
+from gptcli.store.checkpoint import LAST, checkpoint_in, load_train_state, save_checkpoint
+from gptcli.store.validate import check_types
+from gptcli.train.optim import Optimizers, lr_at
+from gptcli.train.parallel import Sharded, Whole
 
 METRICS_FILE = "metrics.jsonl"
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gptcli.errors import UsageError
-from gptcli.outside import read_json
+from gptcli.data.inputs import read_json
 
 if TYPE_CHECKING:
     import tiktoken
@@ -99,7 +99,7 @@ class Tokenizer(ABC):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the tokenizer as JSON to `path` (a directory gets tokenizer.json)."""
-        from gptcli.files import write_file
+        from gptcli.store.files import write_file
 
         path = Path(path)
         if path.is_dir():

@@ -1,7 +1,7 @@
 """Starting and continuing training runs: what `gptcli pretrain` and `gptcli finetune` do
 before the loop, callable from Python without the CLI.
 
-    from gptcli.recipes import pretrain_trainer
+    from gptcli.train.recipes import pretrain_trainer
     trainer = pretrain_trainer(["corpus.txt"], flags={"model": {"n_layer": 2}}, out="runs/x")
     summary = trainer.run()
 
@@ -19,8 +19,7 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
-from gptcli import loading, lora
-from gptcli.checkpoint import LAST, STABLE, Loaded, checkpoint_in, newest_run
+from gptcli import lora
 from gptcli.config import (
     FINETUNE_DEFAULTS,
     SAVED_BEFORE,
@@ -32,27 +31,30 @@ from gptcli.config import (
     read_yaml,
     resume_config,
 )
-from gptcli.data import (
+from gptcli.data.corpus import (
     TokenizeReport,
     cached_corpus,
     collect_files,
-    content_sha256,
     is_tokenized_dir,
     load_data_tokenizer,
     load_split,
     read_meta,
 )
-from gptcli.errors import UsageError, command
+from gptcli.data.inputs import what_is
+from gptcli.data.records import content_sha256
+from gptcli.data.sources import Reader
+from gptcli.data.tokenizer import Tokenizer
+from gptcli.errors import UsageError
+from gptcli.messages import command_line, printable
 from gptcli.model import GPT
-from gptcli.outside import printable, what_is
 from gptcli.paths import RUNS_DIR
 from gptcli.reports import Notes
-from gptcli.runstate import DAMAGED, METRICS_FILE, MetricsLog
 from gptcli.runtime import broadcast_from_main, dist_from_env, seed_everything, shared_setup
-from gptcli.sources import Reader
+from gptcli.store import loading
+from gptcli.store.checkpoint import LAST, STABLE, Loaded, checkpoint_in, newest_run
 from gptcli.tasks import LMTask, Task, supervised_task
-from gptcli.tokenizer import Tokenizer
-from gptcli.train import Trainer
+from gptcli.train.state import DAMAGED, METRICS_FILE, MetricsLog
+from gptcli.train.trainer import Trainer
 
 Flags = dict[str, dict[str, Any]]  # {section: {key: value}}, as config.flag_overrides makes
 
@@ -129,7 +131,7 @@ def resume_pretraining(
     elif what_is(data_dir) != "a directory":
         raise UsageError(
             f"the run's data ({printable(str(data_dir), 300)}) is gone; pass the corpus again: "
-            f"{command('pretrain', 'CORPUS', '--resume', '--out', run_dir)}"
+            f"{command_line('pretrain', 'CORPUS', '--resume', '--out', run_dir)}"
         )
     else:
         report, what = read_meta(data_dir), f"the tokens in {data_dir}"
@@ -371,7 +373,7 @@ def prepare_text(
             raise UsageError(
                 f"{corpus[0]} is tokenized with {report.tokenizer}, not {wanted}; drop --tokenizer, "
                 "or tokenize the text again with: "
-                f"{command('tokenize', 'TEXT', '--out', 'DIR', '-t', wanted)}"
+                f"{command_line('tokenize', 'TEXT', '--out', 'DIR', '-t', wanted)}"
             )
         return corpus[0], report
     total = sum(f.stat().st_size for f in collect_files(corpus))

@@ -18,14 +18,10 @@ or a directory where a file goes is refused, saying what the path is.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import reprlib
-import stat
+import shlex
 from typing import Any
-
-from gptcli.errors import UsageError
 
 # C0 but newline and tab, DEL, C1; bidi embeddings, overrides and isolates; lone surrogates
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
@@ -80,69 +76,7 @@ def quote(value: Any, limit: int = 60) -> str:
     return f"{kind[0]} of {n:,} {kind[1]}{'' if n == 1 else 's'} ({preview})"
 
 
-def what_is(path: os.PathLike | str) -> str:
-    """What is at path, in words: 'a file', 'a directory', 'a character device' (such as
-    /dev/zero, which never ends), 'a named pipe', 'a socket', 'a block device', 'a link to
-    nothing' or 'nothing'. Links are followed."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "a link to nothing" if os.path.islink(path) else "nothing"
-    except (OSError, ValueError):
-        return "nothing"
-    for test, name in _MODES:
-        if test(mode):
-            return name
-    return "not a file"
-
-
-_MODES = (
-    (stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
-)  # fmt: skip
-
-
-def check_input(path: os.PathLike | str, what: str, directory: bool = False) -> None:
-    """Refuse, before reading, an input that is not a file (or, with directory, a
-    directory): a device never ends and a pipe cannot be read twice. what names the input
-    in the message (e.g. '--file', 'the corpus')."""
-    found = what_is(path)
-    if found == "a file" or (directory and found == "a directory"):
-        return
-    wanted = "a file or a directory of files" if directory else "a file"
-    shown = printable(str(path), 300)
-    if found == "nothing":
-        raise UsageError(f"{what} {shown}: no such file{' or directory' if directory else ''}")
-    raise UsageError(f"{what} {shown} is {found}, not {wanted}; give {wanted}")
-
-
-def read_json(path: os.PathLike | str, then: str) -> Any:
-    """The JSON document in a file from outside. Whatever is wrong with it (missing, not a
-    file, not UTF-8, not JSON, nested deeper than Python can follow) is one line:
-    '{path} is unreadable (why); {then}', then saying what that means or what to do."""
-    shown = printable(str(path), 300)
-    found = what_is(path)
-    if found not in ("a file", "nothing"):
-        raise UsageError(f"{shown} is {found}, not a file; {then}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        why = e.strerror or "cannot be read"
-    except UnicodeDecodeError as e:
-        why = f"not valid JSON: not UTF-8 text at byte {e.start}"
-    except ValueError as e:  # json.JSONDecodeError
-        why = f"not valid JSON: {getattr(e, 'msg', e)}" + (
-            f" at line {e.lineno}" if hasattr(e, "lineno") else ""
-        )
-    except RecursionError:
-        why = "nested too deeply to be a gptcli file"
-    raise UsageError(f"{shown} is unreadable ({why}); {then}")
-
-
-def try_read_json(path: os.PathLike | str) -> Any:
-    """The JSON document in a file, or None if there is none to read (see read_json)."""
-    try:
-        return read_json(path, "")
-    except UsageError:
-        return None
+def command_line(*args: object) -> str:
+    """A gptcli command line for the user to paste (in a message or hint), each argument
+    shell-quoted: a path with a space stays one argument."""
+    return " ".join(["gptcli", *(shlex.quote(str(a)) for a in args)])

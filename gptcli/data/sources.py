@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gptcli.errors import UsageError, doing, need
-from gptcli.outside import printable
+from gptcli.messages import printable
 
 READ_BYTES = 1 << 20  # bytes read per step while streaming a file
 PARQUET_ROWS = 1024  # rows read per batch from a Parquet file

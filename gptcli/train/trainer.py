@@ -26,17 +26,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gptcli import files, lora
-from gptcli.checkpoint import BEST, LAST, STABLE, RunLock, checkpoint_in, copy_checkpoint, read_meta
+from gptcli import lora
 from gptcli.config import Config
+from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import GptcliError, UsageError
 from gptcli.evals import evaluate as evaluate_file
 from gptcli.evals import plan_files
 from gptcli.model import GPT
-from gptcli.optim import decay_due, decay_time, describe, describe_schedule, make_optimizers, rates_at, set_lr
-from gptcli.parallel import Sharded, Whole
 from gptcli.reports import EvalReport, Reporter, RunInfo, SampleReport, StepReport, Summary
-from gptcli.runstate import METRICS_FILE, MetricsLog, Parts, TrainState, refit_schedule, restore, save_last
 from gptcli.runtime import (
     Precision,
     check_fits,
@@ -49,8 +46,20 @@ from gptcli.runtime import (
     record_achieved,
     training_bytes,
 )
+from gptcli.store import files
+from gptcli.store.checkpoint import BEST, LAST, STABLE, RunLock, checkpoint_in, copy_checkpoint, read_meta
 from gptcli.tasks import Batch, Task
-from gptcli.tokenizer import Tokenizer
+from gptcli.train.optim import (
+    decay_due,
+    decay_time,
+    describe,
+    describe_schedule,
+    make_optimizers,
+    rates_at,
+    set_lr,
+)
+from gptcli.train.parallel import Sharded, Whole
+from gptcli.train.state import METRICS_FILE, MetricsLog, Parts, TrainState, refit_schedule, restore, save_last
 
 CONFIG_FILE = "config.yaml"
 RUN_FILES = (LAST, BEST, STABLE, CONFIG_FILE, METRICS_FILE, "loss.png")  # what a run writes in its directory
@@ -158,7 +167,7 @@ class Trainer:
         self.eval_files = plan_files(self.cfg.eval_files, self.meta)  # checked before any training
         self.cfg.eval_files = [str(f.path.resolve()) for f in self.eval_files]  # found again from anywhere
         if self.cfg.sample_every:  # a prompt the tokenizer cannot encode fails now, not mid-run
-            from gptcli.completion import encode_prompt
+            from gptcli.infer.completion import encode_prompt
 
             encode_prompt(tokenizer, self.cfg.sample_prompt or None, model.config.block_size)
 
@@ -322,7 +331,7 @@ class Trainer:
         own seeded by the step: training's random streams are left alone, so losses and
         weights stay the same with and without samples, and a resumed run draws the same
         ones. Every process draws it (sharded models take the forward passes together)."""
-        from gptcli.completion import complete, encode_prompt
+        from gptcli.infer.completion import complete, encode_prompt
 
         prompt = encode_prompt(self.tokenizer, self.cfg.sample_prompt or None, self.model.config.block_size)
 
