@@ -1,8 +1,7 @@
-"""What came from outside (file names, paths, labels, record fields, config values,
-generated tokens): shown safely on a terminal, named boundedly in messages, and checked to
-be a file before it is read.
+"""The words of gptcli's messages: what came from outside (file names, paths, labels, record
+fields, config values, generated tokens) shown safely and named boundedly, and gptcli
+command lines for a user to paste.
 
-Two functions for everywhere such a value is shown:
 - `printable(text)` escapes what a terminal would act on instead of showing: C0 and C1
   control characters (ESC starts the sequences that retitle or clear a terminal), DEL,
   the bidirectional overrides that make text read in another order than it is, and lone
@@ -11,9 +10,7 @@ Two functions for everywhere such a value is shown:
   says how much was cut. The render layer passes everything it prints through it.
 - `quote(value)` is how a message names a value: bounded whatever the value is (a YAML
   alias bomb, a 1 MB string, a list nested a thousand deep), with its type and size.
-
-And `check_input` for every data file a verb reads: a device (/dev/zero never ends), a pipe
-or a directory where a file goes is refused, saying what the path is.
+- `command_line(*args)`: `gptcli ARGS...`, each argument shell-quoted.
 """
 
 from __future__ import annotations

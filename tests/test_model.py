@@ -275,7 +275,7 @@ def test_every_tasks_training_step_is_one_graph(kind):
     from gptcli.config import ModelConfig
     from gptcli.model import GPT
     from gptcli.tasks import Example, LMTask, SFTTask, SupervisedTask
-    from gptcli.train.trainer import _TaskLoss
+    from gptcli.train.setup import TaskLoss
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -297,7 +297,7 @@ def test_every_tasks_training_step_is_one_graph(kind):
         examples = [Example(seqs(1 if kind == "classify" else 2 + i % 3), i % 2) for i in range(8)]
         task = SupervisedTask(kind, {"train": examples, "val": examples}, 0.5, 16)
     batch = task.batch("train", torch.arange(4), torch.device("cpu"))
-    explained = torch._dynamo.explain(_TaskLoss(model.train(), task))(batch)
+    explained = torch._dynamo.explain(TaskLoss(model.train(), task))(batch)
     assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
     assert explained.graph_count == 1
 

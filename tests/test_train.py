@@ -239,10 +239,10 @@ def test_max_time_stops_the_run(data_dir, tmp_path):
 def test_cpu_training_keeps_freed_memory(data_dir, tmp_path, monkeypatch):
     """The allocator setting that spares every CPU step its page faults is applied (what it
     does is checked in test_runtime)."""
-    import gptcli.train.trainer
+    import gptcli.train.setup
 
     calls = []
-    monkeypatch.setattr(gptcli.train.trainer, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(gptcli.train.setup, "keep_freed_memory", lambda: calls.append(1) or True)
     build_trainer(data_dir, tmp_path / "run", tiny_config(max_iters=2, eval_interval=2)).run()
     assert calls == [1]
 

@@ -252,6 +252,21 @@ def _banned_by_ngrams(seq: Sequence[int], n: int) -> list[int]:
     return [seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i : i + n - 1]) == prefix]
 
 
+def _beam_logprobs(
+    logits: torch.Tensor, prompt: Sequence[int], seqs: list[list[int]], vocab_size: int | None, ngram: int
+) -> torch.Tensor:
+    """Each row's next-token log-probabilities, ids that are not tokens and n-grams that
+    would repeat ruled out (-inf)."""
+    logp = F.log_softmax(logits.float(), dim=-1)  # (beams, V)
+    if vocab_size is not None and vocab_size < logp.size(-1):
+        logp[:, vocab_size:] = float("-inf")
+    for row, seq in enumerate(seqs):
+        banned = _banned_by_ngrams(list(prompt) + seq, ngram)
+        if banned:
+            logp[row, banned] = float("-inf")
+    return logp
+
+
 @torch.no_grad()
 def beam_search(
     model: GPT,
@@ -289,8 +304,8 @@ def beam_search(
             f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceed block_size {block}"
         )
     ends = set(end_ids)
-    room = len(prompt) + max_new_tokens
-    cache = KVCache(model.config, 1, room, device, _cache_dtype(model), static=compile)
+    positions = len(prompt) + max_new_tokens
+    cache = KVCache(model.config, 1, positions, device, _cache_dtype(model), static=compile)
     logits = model.next_logits(torch.tensor([list(prompt)], device=device), kv_cache=cache)
     cache.expand(beams)
     logits = logits.expand(beams, -1)
@@ -299,13 +314,7 @@ def beam_search(
     scores[0] = 0.0  # at first, every row holds the same (empty) hypothesis: expand only one
     finished: list[Hypothesis] = []
     for step in range(max_new_tokens):
-        logp = F.log_softmax(logits.float(), dim=-1)  # (beams, V)
-        if vocab_size is not None and vocab_size < logp.size(-1):
-            logp[:, vocab_size:] = float("-inf")
-        for row, seq in enumerate(seqs):
-            banned = _banned_by_ngrams(list(prompt) + seq, no_repeat_ngram)
-            if banned:
-                logp[row, banned] = float("-inf")
+        logp = _beam_logprobs(logits, prompt, seqs, vocab_size, no_repeat_ngram)  # (beams, V)
         V = logp.size(-1)
         total = scores[:, None] + logp  # (beams, V)
         top_scores, top_index = torch.topk(total.view(-1), min(2 * beams, total.numel()))

@@ -184,3 +184,20 @@ def _gather() -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def leave_job(finished: bool) -> None:
+    """Leave the torchrun job's process group, every process together when the run finished
+    (a process leaving early aborted at exit). Call it once what holds the group and its
+    last collectives' buffers (DDP's reducer, the optimizers, a sharded model) is released:
+    it collects them now, not in the interpreter's finalization on the way out."""
+    import gc
+
+    import torch.distributed as td
+
+    if not td.is_initialized():
+        return
+    if finished:
+        td.barrier()
+    gc.collect()
+    td.destroy_process_group()

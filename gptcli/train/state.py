@@ -22,9 +22,18 @@ from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError, reason
 from gptcli.messages import quote
 from gptcli.model import GPT
+from gptcli.reports import StepReport
 from gptcli.runtime import Dist
 from gptcli.store import files
-from gptcli.store.checkpoint import LAST, checkpoint_in, load_train_state, save_checkpoint
+from gptcli.store.checkpoint import (
+    BEST,
+    LAST,
+    STABLE,
+    checkpoint_in,
+    load_train_state,
+    read_meta,
+    save_checkpoint,
+)
 from gptcli.store.validate import check_types
 from gptcli.train.optim import Optimizers, lr_at
 from gptcli.train.parallel import Sharded, Whole
@@ -40,6 +49,25 @@ class MetricsLog:
 
     def append(self, record: dict[str, Any]) -> None:
         files.append_line(self.path, json.dumps(record))
+
+    def log_step(self, report: StepReport, tokens: int) -> None:
+        """A log step's record (a StepReport with its loss, tokens/s and MFU filled in)."""
+        self.append({
+            "kind": "train", "step": report.step, "loss": report.loss, "lr": report.lr,
+            **({} if report.muon_lr is None else {"muon_lr": report.muon_lr}),
+            "grad_norm": report.grad_norm, "tokens": tokens,
+            "tokens_per_s": round(report.tokens_per_s or 0.0, 1),
+            "mfu": None if report.mfu is None else round(report.mfu, 4), "elapsed": round(report.elapsed, 3),
+        })  # fmt: skip
+
+    def log_eval(self, step: int, elapsed: float, metrics: dict[str, dict[str, float]], scored: dict) -> None:
+        """An evaluation's record: val_loss, train_loss, ... and each --eval-file's figures."""
+        flat = {f"{split}_{k}": v for split, m in metrics.items() for k, v in m.items()}
+        record = {"kind": "eval", "step": step, "elapsed": round(elapsed, 3), **flat}
+        self.append(record | ({"files": scored} if scored else {}))
+
+    def log_sample(self, step: int, prompt: str, text: str) -> None:
+        self.append({"kind": "sample", "step": step, "prompt": prompt, "text": text})
 
     def _lines(self) -> tuple[list[tuple[bytes, dict[str, Any] | None]], bool]:
         """Each line with its record, or None where it is not one of ours (not UTF-8, not a
@@ -182,20 +210,28 @@ def save_last(
 
 def restore(run_dir: Path, parts: Parts, name: str = LAST) -> TrainState:
     """Put the state saved in run_dir's last/ checkpoint (or stable/) back into parts, and
-    return where training was. Anything in it that does not fit this run is a one-line
-    error."""
+    return where training was; metrics.jsonl is cut back to it. Anything in it that does
+    not fit this run is a one-line error."""
     skip = None if parts.dist.is_main else parts.placement.skip_on_load
     ckpt = checkpoint_in(run_dir, name) or run_dir / name
     saved = load_train_state(ckpt, skip)
     try:
         if parts.dist.is_main:
             check_train_state(saved, parts.optimizers, f"{ckpt}/train_state.json")
-        return _load(saved, parts)
+        state = _load(saved, parts)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
         raise UsageError(
             f"{ckpt}/train_state.json and its tensors do not fit this run ({reason(e)}); "
             "the training state is damaged, so the run cannot continue exactly"
         ) from None
+    if name == STABLE:  # best/ may hold a better model, from the decay since
+        best = checkpoint_in(run_dir, BEST)
+        kept = read_meta(best).get("best_val_loss") if best is not None else None
+        if kept is not None and (state.best_val_loss is None or kept < state.best_val_loss):
+            state.best_val_loss = kept
+    if parts.dist.is_main:
+        MetricsLog(run_dir / METRICS_FILE).truncate(state.step, state.last_eval_step == state.step)
+    return state
 
 
 def _load(saved: dict[str, Any], parts: Parts) -> TrainState:
