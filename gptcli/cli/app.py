@@ -21,14 +21,16 @@ from gptcli import __version__
 from gptcli.cli import render
 from gptcli.cli.beam import beam
 from gptcli.cli.classify import classify
+from gptcli.cli.declare import Overrides, command
 from gptcli.cli.eval import eval_
 from gptcli.cli.export import export
-from gptcli.cli.finetune import finetune
+from gptcli.cli.finetune import FINETUNE_OVERRIDES, finetune
 from gptcli.cli.inspect_attn import inspect_attn
 from gptcli.cli.inspect_lens import inspect_lens
-from gptcli.cli.pretrain import pretrain
+from gptcli.cli.pretrain import PRETRAIN_OVERRIDES, pretrain
 from gptcli.cli.sample import sample
 from gptcli.cli.tokenize import tokenize
+from gptcli.config import verbs
 from gptcli.errors import GptcliError, unforeseen
 
 _debug = os.environ.get("GPTCLI_DEBUG", "") not in ("", "0")
@@ -185,16 +187,22 @@ def root(
     _debug = _debug or debug
 
 
-app.command("tokenize")(tokenize)
-app.command("pretrain")(pretrain)
-app.command("finetune")(finetune)
-app.command("sample")(sample)
-app.command("beam")(beam)
-app.command("inspect-attn")(inspect_attn)
-app.command("inspect-lens")(inspect_lens)
-app.command("classify")(classify)
-app.command("eval")(eval_)
-app.command("export")(export)
+# the verbs: name -> (what it takes, its one function, the run config's flags it overrides);
+# a new verb is its settings in config/verbs.py, its module here, and one line
+VERBS: dict[str, tuple[type, Any, tuple[Overrides, ...]]] = {
+    "tokenize": (verbs.TokenizeSettings, tokenize, ()),
+    "pretrain": (verbs.PretrainSettings, pretrain, PRETRAIN_OVERRIDES),
+    "finetune": (verbs.FinetuneSettingsFlags, finetune, FINETUNE_OVERRIDES),
+    "sample": (verbs.SampleSettings, sample, ()),
+    "beam": (verbs.BeamSettings, beam, ()),
+    "inspect-attn": (verbs.InspectAttnSettings, inspect_attn, ()),
+    "inspect-lens": (verbs.InspectLensSettings, inspect_lens, ()),
+    "classify": (verbs.ClassifySettings, classify, ()),
+    "eval": (verbs.EvalSettings, eval_, ()),
+    "export": (verbs.ExportSettings, export, ()),
+}
+for _name, (_settings, _run, _overrides) in VERBS.items():
+    app.command(_name)(command(_settings, _run, _overrides))
 
 
 def main() -> None:

@@ -4,39 +4,17 @@ classify (or choice)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
-
-import typer
+from typing import Any
 
 from gptcli.cli import render
-from gptcli.cli.common import Base, Ckpt, Device, Dtype, Json, load_model, text_arg
+from gptcli.cli.common import load_model, text_arg
+from gptcli.config.verbs import ClassifySettings
 from gptcli.data.inputs import check_input
+from gptcli.data.records import Record, read_records
 from gptcli.errors import UsageError
 
 
-def classify(
-    text: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="Text to classify (the first of a pair with --text-b), or the context of --choice.",
-            show_default=False,
-        ),
-    ] = None,
-    ckpt: Ckpt = None,
-    base: Base = None,
-    text_b: Annotated[str | None, typer.Option("--text-b", help="The second text of a pair.")] = None,
-    choice: Annotated[
-        list[str] | None,
-        typer.Option("--choice", help="A choice for a multiple-choice model (give two or more)."),
-    ] = None,
-    file: Annotated[
-        Path | None,
-        typer.Option("--file", "-f", help="Score every record of a JSONL/CSV file; accuracy if labelled."),
-    ] = None,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    json_out: Json = False,
-) -> None:
+def classify(s: ClassifySettings) -> None:
     """Classify text with a finetuned classifier, or pick among choices.
 
     gptcli classify --ckpt runs/needs "The mole dug a tunnel."
@@ -44,73 +22,67 @@ def classify(
     gptcli classify --ckpt runs/reasons "The owl hunted because" --choice " it ate." --choice " it slept."
     gptcli classify --ckpt runs/needs --file test.jsonl --json
     """
-    from gptcli.data.records import Record, read_records
     from gptcli.tasks import accuracy, predict_records
 
-    if (text is None) == (file is None):
-        raise UsageError("give a text to classify, or --file F.jsonl (one of the two)")
-    if file is not None and (text_b is not None or choice):
-        raise UsageError("--text-b and --choice go with a text argument; in --file they are record fields")
-    if file is not None:
-        check_input(file, "--file")  # before the model is loaded
-    loaded = load_model(ckpt, device, dtype, decode=False, classifier=True, base=base)
+    if s.file is not None:
+        check_input(s.file, "--file")  # before the model is loaded
+    loaded = load_model(s.ckpt, s.device, s.dtype, decode=False, classifier=True, base=s.base)
     kind = loaded.meta.get("task")
     if kind not in ("classify", "choice"):
         raise UsageError(
             f"{loaded.path} is not a classifier (its task is {kind or 'lm'}); "
             "make one with gptcli finetune --task classify (or choice)"
         )
-    if file is not None:
-        records = read_records(file)
-    elif kind == "choice":
-        if not choice or len(choice) < 2 or text_b is not None:
-            raise UsageError(
-                f'{loaded.path} picks among choices: give the context and two or more --choice "..." options'
-            )
-        fields = {"context": text_arg(" ".join(text)), "choices": [text_arg(c) for c in choice]}
-        records = [Record(fields, "the command line")]
-    elif choice:
-        raise UsageError(
-            f"{loaded.path} is a classifier; --choice is for models finetuned with --task choice"
-        )
-    elif text_b is not None:
-        fields = {"text_a": text_arg(" ".join(text)), "text_b": text_arg(text_b)}
-        records = [Record(fields, "the command line")]
-    else:
-        records = [Record({"text": text_arg(" ".join(text))}, "the command line")]
-
-    device_ = next(loaded.model.parameters()).device
-    predictions = predict_records(loaded.model, loaded.tokenizer, loaded.meta, records, device_)
-    acc = accuracy(predictions)
+    records = _records(s, kind, loaded.path)
+    device = next(loaded.model.parameters()).device
+    predictions = predict_records(loaded.model, loaded.tokenizer, loaded.meta, records, device)
     key = "label" if kind == "classify" else "choice"
-    if json_out:
-        items = []
-        for p in predictions:
-            item = {key: p.options[p.best], "prob": p.probs[p.best]}
-            item["probs"] = (
-                dict(zip(map(str, p.options), p.probs, strict=True)) if key == "label" else p.probs
-            )
-            if p.true is not None:
-                item["true"] = p.options[p.true]
-            items.append(item)
-        render.print_json({"accuracy": acc, "predictions": items})
-        return
-    if len(records) == 1:
+    if s.json_out:
+        render.print_json(_document(predictions, key))
+    elif len(records) == 1:
         p = predictions[0]
         order = sorted(range(len(p.probs)), key=lambda i: -p.probs[i])
         rows = [(rank, str(p.options[i]), p.probs[i], rank == 1) for rank, i in enumerate(order, 1)]
         render.probs_table(_shown(records[0].fields), rows, column=key)
-        return
-    rows = [
-        (
-            _shown(r.fields),
-            str(p.options[p.best]),
-            p.probs[p.best],
-            None if p.true is None else str(p.options[p.true]),
-        )
-        for r, p in zip(records, predictions, strict=True)
-    ]
-    render.predictions_table(rows, acc, column=key)
+    else:
+        rows = [
+            (_shown(r.fields), str(p.options[p.best]), p.probs[p.best],
+             None if p.true is None else str(p.options[p.true]))
+            for r, p in zip(records, predictions, strict=True)
+        ]  # fmt: skip
+        render.predictions_table(rows, accuracy(predictions), column=key)
+
+
+def _records(s: ClassifySettings, kind: str, path: Path) -> list[Record]:
+    """What to classify: the records of --file, or the text (and --text-b or --choice)."""
+    if s.file is not None:
+        return read_records(s.file)
+    text = text_arg(" ".join(s.text or []))
+    if kind == "choice":
+        if len(s.choice) < 2 or s.text_b is not None:
+            raise UsageError(
+                f'{path} picks among choices: give the context and two or more --choice "..." options'
+            )
+        return [Record({"context": text, "choices": [text_arg(c) for c in s.choice]}, "the command line")]
+    if s.choice:
+        raise UsageError(f"{path} is a classifier; --choice is for models finetuned with --task choice")
+    if s.text_b is not None:
+        return [Record({"text_a": text, "text_b": text_arg(s.text_b)}, "the command line")]
+    return [Record({"text": text}, "the command line")]
+
+
+def _document(predictions: list[Any], key: str) -> dict[str, Any]:
+    """What --json prints."""
+    from gptcli.tasks import accuracy
+
+    items = []
+    for p in predictions:
+        item = {key: p.options[p.best], "prob": p.probs[p.best]}
+        item["probs"] = dict(zip(map(str, p.options), p.probs, strict=True)) if key == "label" else p.probs
+        if p.true is not None:
+            item["true"] = p.options[p.true]
+        items.append(item)
+    return {"accuracy": accuracy(predictions), "predictions": items}
 
 
 def _shown(fields: dict) -> str:

@@ -1,13 +1,12 @@
-"""Options and helpers that several verbs share: --ckpt, --device, --json, --seed."""
+"""What several verbs share: loading --ckpt (or the newest run), --save files, prompts from
+the command line, and checks before decoding."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from gptcli.cli import render
 from gptcli.errors import UsageError
@@ -29,41 +28,6 @@ def complete_runs(incomplete: str) -> list[str]:
     return [f for f in found if f.startswith(incomplete)]
 
 
-Ckpt = Annotated[
-    str | None,
-    typer.Option(
-        "--ckpt",
-        autocompletion=complete_runs,
-        help="A run dir (its best/ checkpoint), a checkpoint dir such as RUN/last. "
-        "(default: the newest run under ./runs)",
-        show_default=False,
-    ),
-]
-Base = Annotated[
-    Path | None,
-    typer.Option(
-        "--base",
-        help="For a LoRA run whose base checkpoint has moved: where it is now.",
-        show_default=False,
-    ),
-]
-Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps")]
-DecodeCompile = Annotated[
-    bool | None,
-    typer.Option(
-        "--compile/--no-compile",
-        help="Decode with a static KV cache and a compiled step (CUDA graphs on CUDA); --no-compile: "
-        "fully eager. Default: the fastest measured, compiled on CUDA, not on the CPU.",
-        show_default=False,
-    ),
-]
-Dtype = Annotated[str, typer.Option("--dtype", help="auto | fp32 | bf16 | fp16: the weights' type.")]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-SaveFigure = Annotated[
-    Path | None,
-    typer.Option("--save", help="Also write FILE.json, FILE.png (matplotlib) or FILE.html (interactive)."),
-]
-ForceSave = Annotated[bool, typer.Option("--force", help="Replace the --save file if it exists.")]
 SAVE_FORMATS = (".json", ".png", ".html")
 
 
@@ -96,11 +60,6 @@ def check_save(save: Path | None, force: bool) -> None:
     from gptcli.store import files
 
     files.check_writable(save, replace=force)
-
-
-Seed = Annotated[
-    int | None, typer.Option("--seed", help="Seed for reproducible random choices.", show_default=False)
-]
 
 
 def is_path(arg: str) -> bool:
@@ -186,10 +145,10 @@ def check_decoding_fits(model: Any, rows: int, what: str, length: int | None = N
     check_fits(decoding_bytes(model.config, rows, weights.dtype, length), weights.device, what)
 
 
-def warn_if_cut(prompt: Prompt, room: str) -> None:
-    """Say so when encode_prompt cut the prompt from the left; room names the limit."""
+def warn_if_cut(prompt: Prompt, limit: str) -> None:
+    """Say so when encode_prompt cut the prompt from the left; limit names what it had to fit."""
     if prompt.dropped:
         render.warning(
-            f"the prompt is {len(prompt.ids) + prompt.dropped} tokens, more than {room}; "
+            f"the prompt is {len(prompt.ids) + prompt.dropped} tokens, more than {limit}; "
             f"kept its last {len(prompt.ids)}"
         )

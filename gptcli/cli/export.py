@@ -3,35 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
-
-import typer
 
 from gptcli.cli import render
-from gptcli.cli.common import Base, Json
+from gptcli.config.verbs import ExportSettings
 from gptcli.errors import UsageError
+from gptcli.messages import quote
 
 
-def export(
-    ckpt: Annotated[
-        str, typer.Argument(help="A run dir, checkpoint dir, GPT-2 dir or hub name.", show_default=False)
-    ],
-    out: Annotated[Path, typer.Argument(help="The directory to write.", show_default=False)],
-    to: Annotated[str, typer.Option("--to", help="Target format: hf (Hugging Face GPT2LMHeadModel).")] = "hf",
-    adapters_only: Annotated[
-        bool,
-        typer.Option(
-            "--adapters-only",
-            help="A LoRA run: its adapters alone, in PEFT's format (adapter_config.json, "
-            "adapter_model.safetensors), not the merged model.",
-        ),
-    ] = False,
-    base: Base = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Write into an existing, non-empty directory.")
-    ] = False,
-    json_out: Json = False,
-) -> None:
+def export(s: ExportSettings) -> None:
     """Export a model for other tools.
 
     gptcli export runs/demo --to hf exported/      then GPT2LMHeadModel.from_pretrained("exported")
@@ -40,16 +19,17 @@ def export(
     from gptcli.store import loading
     from gptcli.store.hf import export_hf
 
-    if to != "hf":
-        raise UsageError(f"--to {to!r}: the only export format is hf (Hugging Face GPT-2)")
+    ckpt, out, base = s.ckpt, s.out, s.base
+    if s.to != "hf":
+        raise UsageError(f"--to {quote(s.to)}: the only export format is hf (Hugging Face GPT-2)")
     from gptcli.store.checkpoint import holds_checkpoints
 
     if holds_checkpoints(out):
         raise UsageError(f"{out} is a gptcli run or checkpoint; export into a directory of its own")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not s.force:
         raise UsageError(f"{out} exists and is not empty; choose another directory or pass --force")
-    if adapters_only:
-        _export_adapters(ckpt, out, base, json_out)
+    if s.adapters_only:
+        _export_adapters(ckpt, out, base, s.json_out)
         return
     loaded = loading.load(ckpt, base=base)  # a LoRA run: merged into its base
     if loaded.model.config.n_classes:
@@ -57,8 +37,8 @@ def export(
             "the classification head is not part of GPT-2's format; only the language model is exported"
         )
     written = export_hf(loaded.model, loaded.tokenizer, out)
-    if json_out:
-        render.print_json({"out": str(out), "format": to, "files": list(written)})
+    if s.json_out:
+        render.print_json({"out": str(out), "format": s.to, "files": list(written)})
         return
     render.info(f"wrote {out}: {', '.join(written)}")
     render.info(f'load it with: transformers.GPT2LMHeadModel.from_pretrained("{out}")')

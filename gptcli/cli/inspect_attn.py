@@ -4,25 +4,10 @@ and the top-k next-token probabilities after it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
-
-import typer
 
 from gptcli.cli import figures, render
-from gptcli.cli.common import (
-    Base,
-    Ckpt,
-    Device,
-    Dtype,
-    ForceSave,
-    Json,
-    SaveFigure,
-    check_save,
-    load_model,
-    save_document,
-    text_arg,
-    warn_if_cut,
-)
+from gptcli.cli.common import check_save, load_model, save_document, text_arg, warn_if_cut
+from gptcli.config.verbs import InspectAttnSettings
 from gptcli.errors import UsageError
 
 
@@ -43,21 +28,7 @@ def _pick(value: str, n: int, what: str, allow_mean: bool) -> list[int] | str:
     return [i]
 
 
-def inspect_attn(
-    prompt: Annotated[str, typer.Argument(help="Text whose attention to show.", show_default=False)],
-    ckpt: Ckpt = None,
-    base: Base = None,
-    layer: Annotated[str, typer.Option("--layer", "-l", help="A layer index, or all.")] = "all",
-    head: Annotated[
-        str, typer.Option("--head", help="A head index, all, or mean (average over heads).")
-    ] = "all",
-    top_k: Annotated[int, typer.Option("--top-k", "-k", help="Next-token probabilities to list.")] = 10,
-    save: SaveFigure = None,
-    force: ForceSave = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    json_out: Json = False,
-) -> None:
+def inspect_attn(s: InspectAttnSettings) -> None:
     """Show what every attention head looks at, and what the model predicts next.
 
     gptcli inspect-attn "The rabbit dug a"                       all heads, small
@@ -67,22 +38,20 @@ def inspect_attn(
     from gptcli.infer.completion import encode_prompt
     from gptcli.inspect.attention import capture
 
-    if top_k < 1:
-        raise UsageError(f"--top-k must be >= 1, got {top_k}")
-    check_save(save, force)
-    if not prompt:
+    check_save(s.save, s.force)
+    if not s.prompt:
         raise UsageError("give a prompt to look at")
-    prompt = text_arg(prompt, "the prompt")
-    loaded = load_model(ckpt, device, dtype, decode=False, base=base)
+    prompt = text_arg(s.prompt, "the prompt")
+    loaded = load_model(s.ckpt, s.device, s.dtype, decode=False, base=s.base)
     tok, cfg = loaded.tokenizer, loaded.model.config
-    layers = _pick(layer, cfg.n_layer, "layer", allow_mean=False)
-    heads = _pick(head, cfg.n_head, "head", allow_mean=True)
+    layers = _pick(s.layer, cfg.n_layer, "layer", allow_mean=False)
+    heads = _pick(s.head, cfg.n_head, "head", allow_mean=True)
     p = encode_prompt(tok, prompt, cfg.block_size)
     warn_if_cut(p, f"the model's block_size {cfg.block_size}")
 
     maps = capture(loaded.model, p.ids, vocab_size=tok.vocab_size)
-    ids, probs = maps.top_k(top_k)
-    if save is not None or json_out:
+    ids, probs = maps.top_k(s.top_k)
+    if s.save is not None or s.json_out:
         document = {
             "prompt": p.text,
             "tokens": [tok.piece(i) for i in p.ids],
@@ -90,9 +59,9 @@ def inspect_attn(
             "attention": maps.attention.tolist(),
             "top_k": [{"token": tok.piece(i), "id": i, "prob": pr} for i, pr in zip(ids, probs, strict=True)],
         }
-        if save is not None:
-            _save(save, document, maps, layers, heads, force)
-        if json_out:
+        if s.save is not None:
+            _save(s.save, document, maps, layers, heads, s.force)
+        if s.json_out:
             render.print_json(document)
             return
 
@@ -117,8 +86,8 @@ def inspect_attn(
         for rank, (i, pr) in enumerate(zip(ids, probs, strict=True), 1)
     ]
     render.probs_table(p.text, rows)
-    if save is not None:
-        render.info(f"saved {save}")
+    if s.save is not None:
+        render.info(f"saved {s.save}")
 
 
 def _save(path: Path, document: dict, maps, layers: list[int], heads: list[int] | str, force: bool) -> None:

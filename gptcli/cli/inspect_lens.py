@@ -3,25 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
-
-import typer
 
 from gptcli.cli import figures, render
-from gptcli.cli.common import (
-    Base,
-    Ckpt,
-    Device,
-    Dtype,
-    ForceSave,
-    Json,
-    SaveFigure,
-    check_save,
-    load_model,
-    save_document,
-    text_arg,
-    warn_if_cut,
-)
+from gptcli.cli.common import check_save, load_model, save_document, text_arg, warn_if_cut
+from gptcli.config.verbs import InspectLensSettings
 from gptcli.errors import UsageError
 
 
@@ -52,24 +37,7 @@ def _track_id(tok, text: str) -> int:
     return ids[0]
 
 
-def inspect_lens(
-    prompt: Annotated[str, typer.Argument(help="Text to look inside.", show_default=False)],
-    ckpt: Ckpt = None,
-    base: Base = None,
-    top_k: Annotated[int, typer.Option("--top-k", "-k", help="Next tokens to list per layer.")] = 5,
-    position: Annotated[
-        str, typer.Option("--position", "-p", help="A token position (-1 = the last), or all.")
-    ] = "all",
-    track: Annotated[
-        str | None,
-        typer.Option("--track", help="Follow one token's probability and rank through the layers."),
-    ] = None,
-    save: SaveFigure = None,
-    force: ForceSave = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    json_out: Json = False,
-) -> None:
+def inspect_lens(s: InspectLensSettings) -> None:
     """Show what the model would predict after each layer (the logit lens).
 
     gptcli inspect-lens "The rabbit dug a"                       every layer, every position
@@ -79,31 +47,29 @@ def inspect_lens(
     from gptcli.infer.completion import encode_prompt
     from gptcli.inspect.lens import logit_lens
 
-    if top_k < 1:
-        raise UsageError(f"--top-k must be >= 1, got {top_k}")
-    check_save(save, force)
-    if not prompt:
+    check_save(s.save, s.force)
+    if not s.prompt:
         raise UsageError("give a prompt to look at")
-    if track == "":
+    if s.track == "":
         raise UsageError("--track needs a token, e.g. --track ' hole'")
-    prompt = text_arg(prompt, "the prompt")
-    loaded = load_model(ckpt, device, dtype, decode=False, base=base)
+    prompt = text_arg(s.prompt, "the prompt")
+    loaded = load_model(s.ckpt, s.device, s.dtype, decode=False, base=s.base)
     tok, cfg = loaded.tokenizer, loaded.model.config
-    track_id = None if track is None else _track_id(tok, text_arg(track, "--track"))
+    track_id = None if s.track is None else _track_id(tok, text_arg(s.track, "--track"))
     p = encode_prompt(tok, prompt, cfg.block_size)
     warn_if_cut(p, f"the model's block_size {cfg.block_size}")
-    positions = _positions(position, len(p.ids))
+    positions = _positions(s.position, len(p.ids))
 
-    lens = logit_lens(loaded.model, p.ids, positions, top_k, vocab_size=tok.vocab_size, track=track_id)
+    lens = logit_lens(loaded.model, p.ids, positions, s.top_k, vocab_size=tok.vocab_size, track=track_id)
     document = _document(tok, p.text, p.ids, lens, track_id)
-    if save is not None:
+    if s.save is not None:
 
         def png(path: Path, replace: bool) -> bool:
             visible = lambda token: render.visible_piece(token.encode("utf-8"))  # noqa: E731
             return figures.save_lens_png(path, document, visible, replace=replace)
 
-        save_document(save, document, force, figures.save_lens_html, png)
-    if json_out:
+        save_document(s.save, document, s.force, figures.save_lens_html, png)
+    if s.json_out:
         render.print_json(document)
         return
 
@@ -120,8 +86,8 @@ def inspect_lens(
         )
     render.lens_grid([pieces[i] for i in positions], positions, show)
     render.lens_table(pieces[positions[-1]], positions[-1], [layer[-1] for layer in show], tracked)
-    if save is not None:
-        render.info(f"saved {save}")
+    if s.save is not None:
+        render.info(f"saved {s.save}")
 
 
 def _document(tok, text: str, ids: list[int], lens, track_id: int | None) -> dict:

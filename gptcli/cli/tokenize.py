@@ -1,14 +1,14 @@
-"""`gptcli tokenize`: show how text splits into tokens, or encode a corpus into shards."""
+"""`gptcli tokenize`: show how text splits into tokens, or encode a corpus into shards. Its
+flags are config.verbs.TokenizeSettings."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING
 
 from gptcli.cli import render
 from gptcli.cli.common import is_path, text_arg
+from gptcli.config.verbs import TokenizeSettings
 from gptcli.errors import UsageError
 from gptcli.messages import command_line
 
@@ -36,35 +36,7 @@ def resolve_tokenizer(arg: str, text: str | None = None) -> Tokenizer:
     return build_tokenizer(arg)
 
 
-def tokenize(
-    inputs: Annotated[
-        list[str],
-        typer.Argument(help="Text to tokenize; with --out, corpus files or directories.", show_default=False),
-    ],
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out", "-o", help="Encode the corpus into DIR: train.bin, val.bin, tokenizer.json, meta.json."
-        ),
-    ] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            "--tokenizer",
-            "-t",
-            help="char, gpt2, bpe:N, or a tokenizer.json / run / data dir (default: gpt2 text, char corpus)",
-            show_default=False,
-        ),
-    ] = None,
-    val_fraction: Annotated[
-        float, typer.Option("--val-fraction", help="Share of the corpus, from its end, kept for validation.")
-    ] = 0.1,
-    text_column: Annotated[
-        str, typer.Option("--text-column", help="The column of Parquet files that holds the text.")
-    ] = "text",
-    force: Annotated[bool, typer.Option("--force", help="Replace what --out already holds.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
-) -> None:
+def tokenize(s: TokenizeSettings) -> None:
     """Show the tokens of a text, or encode a corpus for training.
 
     gptcli tokenize "The rabbit dug a"                      position, id and piece of each token
@@ -72,20 +44,20 @@ def tokenize(
     gptcli tokenize books/ --out data/books -t bpe:8192     train an 8192-token BPE on books/
     gptcli tokenize shards/ --out data/web -t gpt2          Parquet, .jsonl.gz, .txt.zst, ...
     """
-    if out is not None:
-        _encode_corpus(inputs, out, tokenizer or "char", val_fraction, force, json_out, text_column)
+    if s.out is not None:
+        _encode_corpus(s, s.out)
         return
-    existing = [p for p in inputs if is_path(p)]
+    existing = [p for p in s.inputs if is_path(p)]
     if existing:
         raise UsageError(
             f"{existing[0]} is a file or directory: add --out DIR to encode it as a corpus "
             "(without --out, the arguments are tokenized as text)"
         )
-    text = text_arg(" ".join(inputs))
-    tok = resolve_tokenizer(tokenizer or "gpt2", text)
+    text = text_arg(" ".join(s.inputs))
+    tok = resolve_tokenizer(s.tokenizer or "gpt2", text)
     ids = tok.encode_prompt(text)
     pieces = [tok.token_bytes(i) for i in ids]
-    if json_out:
+    if s.json_out:
         render.print_json(
             {
                 "tokenizer": tok.name,
@@ -98,27 +70,25 @@ def tokenize(
         render.token_table(tok.name, tok.vocab_size, text, ids, pieces)
 
 
-def _encode_corpus(
-    inputs: list[str],
-    out: Path,
-    tokenizer: str,
-    val_fraction: float,
-    force: bool,
-    json_out: bool,
-    column: str,
-) -> None:
+def _encode_corpus(s: TokenizeSettings, out: Path) -> None:
     from gptcli.data.corpus import collect_files, tokenize_corpus
     from gptcli.data.sources import Reader
 
-    tok: str | Tokenizer = tokenizer
-    if is_path(tokenizer):
-        tok = resolve_tokenizer(tokenizer)
-    total = sum(f.stat().st_size for f in collect_files(inputs, exclude=out))
+    tok: str | Tokenizer = s.tokenizer or "char"
+    if is_path(tok):
+        tok = resolve_tokenizer(tok)
+    total = sum(f.stat().st_size for f in collect_files(s.inputs, exclude=out))
     with render.byte_progress("tokenizing", total, show=total > 4 << 20) as update:
         report = tokenize_corpus(
-            inputs, out, tok, val_fraction=val_fraction, force=force, progress=update, reader=Reader(column)
+            s.inputs,
+            out,
+            tok,
+            val_fraction=s.val_fraction,
+            force=s.force,
+            progress=update,
+            reader=Reader(s.text_column),
         )
-    if json_out:
+    if s.json_out:
         from dataclasses import asdict
 
         render.print_json({**asdict(report), "out": str(out)})

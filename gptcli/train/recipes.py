@@ -15,7 +15,7 @@ goes to a gptcli.reports.Notes.
 from __future__ import annotations
 
 import time
-from dataclasses import MISSING, asdict, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -251,7 +251,7 @@ def resume_finetuning(
             f"{loaded.path.parent} is a pretraining run; resume it with gptcli pretrain --resume"
         )
     names = [f.name for f in fields(FinetuneSettings)]
-    required = [f.name for f in fields(FinetuneSettings) if f.default is f.default_factory is MISSING]
+    required = ["task", "data", "base"]  # what every finetuning run has saved
     missing = [k for k in required if k not in meta]
     if missing:
         raise UsageError(f"{loaded.path}/checkpoint.json lacks {', '.join(missing)}; it cannot be resumed")

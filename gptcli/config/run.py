@@ -1,16 +1,13 @@
-"""Typed configuration: the knobs of a run as dataclasses, YAML in and out, clear validation.
-
-A run's config has three sections, each a dataclass: `model` (ModelConfig), `data`
-(DataConfig) and `train` (TrainConfig). Values come from the defaults, then a YAML file,
-then command-line flags, each overriding the one before. YAML is read with safe_load only:
-a config is data, never code.
+"""A training run's config: three sections, each a dataclass, `model` (ModelConfig), `data`
+(DataConfig) and `train` (TrainConfig), with finetuning's own settings (FinetuneSettings).
+Values come from the defaults, then a YAML file, then command-line flags, each overriding
+the one before; a resumed run takes the saved config, and only what --resume may change.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import types
 import typing
 from collections.abc import Iterable
@@ -18,96 +15,28 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gptcli.config.knobs import (
+    FLOAT32_MAX,
+    FRACTION,
+    GREATER_THAN_ZERO,
+    NON_NEGATIVE,
+    OPEN_FRACTION,
+    POSITIVE,
+    SEED_MAX,
+    SIZE,
+    Range,
+    check_fields,
+    knob,
+)
+from gptcli.config.yaml_input import read_yaml
 from gptcli.errors import UsageError
 from gptcli.messages import command_line, quote
 
-SEED_MAX = 2**63 - 1  # torch.manual_seed takes up to this
-FLOAT32_MAX = 3.4028234663852886e38
-OPTIMIZERS = ("adamw", "muon")  # gptcli/optim.py
+OPTIMIZERS = ("adamw", "muon")  # gptcli/train/optim.py
 SCHEDULES = ("cosine", "wsd")
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a number may take (always finite): lo/hi bounds, each inclusive unless
-    open."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-
-    def admits(self, value: float) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):  # (an int may be too big for a float)
-            return False
-        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
-            return False
-        return not (self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)))
-
-    def describe(self) -> str:
-        lo, hi = _number(self.lo), _number(self.hi)
-        if self.lo is not None and self.hi is not None:
-            return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
-        if self.lo is not None:
-            return f"{'>' if self.lo_open else '>='} {lo}"
-        if self.hi is not None:
-            return f"{'<' if self.hi_open else '<='} {hi}"
-        return "a finite number"
-
-
-def _number(x: float | None) -> str:
-    return str(x) if isinstance(x, int) else f"{x:g}" if x is not None else ""
-
-
-POSITIVE = Range(1)  # integers >= 1
-SIZE = Range(1, 2**31 - 1)  # a model dimension: positive, and an index torch can take
-NON_NEGATIVE = Range(0)
-GREATER_THAN_ZERO = Range(0, lo_open=True)
-FRACTION = Range(0, 1, hi_open=True)  # [0, 1)
-OPEN_FRACTION = Range(0, 1, lo_open=True, hi_open=True)  # (0, 1)
-
-
-def knob(
-    default: Any,
-    *,
-    check: Range | None = None,
-    choices: tuple[str, ...] | None = None,
-    flag: str | None = None,
-    help: str = "",
-    on_resume: bool = False,
-) -> Any:
-    """A config field and what the rest of gptcli needs to know about it: the values it may
-    take (check, choices), its command-line flag and help, and whether --resume may change
-    it (only keys that budget or report a run, or say where it runs, never its maths)."""
-    meta = {"check": check, "choices": choices, "flag": flag, "help": help, "on_resume": on_resume}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def key_name(section: str, name: str) -> str:
-    """How an error names a setting: its YAML key, and its flag where there is one."""
-    flag = SECTIONS[section].__dataclass_fields__[name].metadata.get("flag") if section in SECTIONS else None
-    return f"{section}.{name}" + (f" ({flag})" if flag else "")
-
-
-def check_fields(obj: Any, section: str | None = None) -> None:
-    """Every field of a config dataclass against its declared range or choices; errors
-    name section.key (and its flag), or the flag alone for settings that only come from
-    the command line (section None)."""
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if value is None or isinstance(value, bool):
-            continue
-        name = key_name(section, f.name) if section else f.metadata.get("flag") or f.name
-        check, choices = f.metadata.get("check"), f.metadata.get("choices")
-        if check is not None and isinstance(value, (int, float)) and not check.admits(value):
-            raise UsageError(f"{name} must be {check.describe()}, got {value}")
-        if choices and value not in choices:
-            listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
-            close = difflib.get_close_matches(str(value), choices, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise UsageError(f"{name} must be {listed}, got {quote(value)}{hint}")
+# the panels of --help
+MODEL, TRAIN, HARDWARE, RUN, TASK = "Model", "Training", "Hardware", "Run", "Task"
+LORA = "LoRA (train small adapters, keep the base frozen)"
 
 
 @dataclass
@@ -118,12 +47,12 @@ class ModelConfig:
     embedding (e.g. 50304 for GPU-friendly shapes) and the extra ids are never sampled."""
 
     vocab_size: int | None = knob(None, check=SIZE)
-    block_size: int = knob(256, check=SIZE, flag="--block-size")
-    n_layer: int = knob(6, check=SIZE, flag="--n-layer")
-    n_head: int = knob(6, check=SIZE, flag="--n-head")
-    n_embd: int = knob(384, check=SIZE, flag="--n-embd")
-    dropout: float = knob(0.0, check=FRACTION, flag="--dropout")
-    bias: bool = knob(True, flag="--bias")
+    block_size: int = knob(256, check=SIZE, flag="--block-size", help="Context length in tokens", panel=MODEL)
+    n_layer: int = knob(6, check=SIZE, flag="--n-layer", help="Transformer blocks", panel=MODEL)
+    n_head: int = knob(6, check=SIZE, flag="--n-head", help="Attention heads per block", panel=MODEL)
+    n_embd: int = knob(384, check=SIZE, flag="--n-embd", help="Model width", panel=MODEL)
+    dropout: float = knob(0.0, check=FRACTION, flag="--dropout", help="Dropout probability", panel=MODEL)
+    bias: bool = knob(True, flag="--bias/--no-bias", help="Biases in Linear and LayerNorm", panel=MODEL)
     n_classes: int = knob(0, check=Range(0, 2**31 - 1))  # > 0: a classification head (set by finetune)
 
     def validate(self) -> None:
@@ -147,9 +76,11 @@ class ModelConfig:
 class DataConfig:
     """How raw text becomes tokens (ignored for a directory made by `gptcli tokenize`)."""
 
-    tokenizer: str = knob("char", flag="--tokenizer")
+    tokenizer: str = knob("char", flag="--tokenizer", short="-t", help="char, gpt2 or bpe:N", panel=RUN)
     val_fraction: float = knob(0.1, check=OPEN_FRACTION)
-    text_column: str = knob("text", flag="--text-column")  # the text of a Parquet corpus
+    text_column: str = knob(
+        "text", flag="--text-column", help="The column of Parquet files that holds the text", panel=RUN
+    )
 
     def validate(self) -> None:
         from gptcli.data.tokenizer import parse_spec
@@ -169,7 +100,8 @@ class TrainConfig:
         None,
         check=POSITIVE,
         flag="--grad-accum",
-        help="Micro-steps per optimizer step, shared by the processes (default: one per process)",
+        help="Micro-steps per optimizer step, shared by the processes",
+        shown="one per process",
     )
     lr: float = knob(1e-3, check=GREATER_THAN_ZERO, flag="--lr", help="Peak learning rate")
     min_lr: float = knob(
@@ -181,6 +113,7 @@ class TrainConfig:
         None,
         check=GREATER_THAN_ZERO,
         flag="--max-time",
+        given_as=str,
         on_resume=True,
         help="Wall-clock budget, e.g. 90s, 15m, 2h; the LR schedule fits it",
     )
@@ -196,8 +129,8 @@ class TrainConfig:
         None,
         choices=OPTIMIZERS,
         flag="--optimizer",
-        help="muon: Muon for the blocks' weight matrices and AdamW (--lr) for the rest; or adamw "
-        "for all (default: muon, or adamw under --fsdp)",
+        help="muon: Muon for the blocks' weight matrices and AdamW (--lr) for the rest; or adamw for all",
+        shown="muon, or adamw under --fsdp",
     )
     muon_lr: float = knob(
         0.03,
@@ -242,38 +175,50 @@ class TrainConfig:
     log_interval: int = knob(
         10, check=POSITIVE, flag="--log-interval", help="Steps between log lines", on_resume=True
     )
-    device: str = knob("auto", flag="--device", help="auto | cpu | cuda | cuda:N | mps", on_resume=True)
-    dtype: str = knob(
-        "auto", choices=("auto", "fp32", "bf16", "fp16"), flag="--dtype", help="auto | fp32 | bf16 | fp16"
+    device: str = knob(
+        "auto", flag="--device", help="auto | cpu | cuda | cuda:N | mps", on_resume=True, panel=HARDWARE
     )
-    compile: bool = knob(False, flag="--compile/--no-compile", help="torch.compile the model", on_resume=True)
+    dtype: str = knob(
+        "auto",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        flag="--dtype",
+        help="auto | fp32 | bf16 | fp16",
+        panel=HARDWARE,
+    )
+    compile: bool = knob(
+        False, flag="--compile/--no-compile", help="torch.compile the model", on_resume=True, panel=HARDWARE
+    )
     fsdp: bool = knob(
         False,
         flag="--fsdp/--no-fsdp",
         on_resume=True,
         help="Under torchrun, shard weights, gradients and AdamW state (FSDP)",
+        panel=HARDWARE,
     )
     dist_timeout: float = knob(
         7200.0,
         check=GREATER_THAN_ZERO,
         flag="--dist-timeout",
+        given_as=str,
         on_resume=True,
         help="Under torchrun, how long a process waits for the others (e.g. while the first "
         "tokenizes the corpus), e.g. 90s, 30m, 2h",
     )
-    seed: int = knob(1337, check=Range(0, SEED_MAX), flag="--seed", help="Random seed")
+    seed: int = knob(1337, check=Range(0, SEED_MAX), flag="--seed", help="Random seed", panel=HARDWARE)
     sample_every: int = knob(
         0,
         check=NON_NEGATIVE,
         flag="--sample-every",
         on_resume=True,
-        help="Show a sample every N steps while training (default: off)",
+        help="Show a sample every N steps while training",
+        shown="off",
     )
     sample_prompt: str = knob(
         "",
         flag="--sample-prompt",
         on_resume=True,
-        help="The text samples continue (default: the start of a document)",
+        help="The text samples continue",
+        shown="the start of a document",
     )
     sample_tokens: int = knob(
         32, check=Range(1, 4096), flag="--sample-tokens", on_resume=True, help="Tokens per sample"
@@ -282,13 +227,15 @@ class TrainConfig:
         [],
         flag="--tracker",
         on_resume=True,
-        help="Send metrics to a tracker: tensorboard, mlflow or wandb; repeat for more (default: none)",
+        help="Send metrics to a tracker: tensorboard, mlflow or wandb; repeat for more",
+        shown="none",
     )
     eval_files: list[str] = knob(
         [],
         flag="--eval-file",
         on_resume=True,
-        help="Score this file as gptcli eval does at every evaluation; repeat for more (default: none)",
+        help="Score this file as gptcli eval does at every evaluation; repeat for more",
+        shown="none",
     )
 
     def validate(self) -> None:
@@ -341,9 +288,15 @@ USED_WITH = {
 
 # finetuning starts from a trained model: smaller steps, shorter runs, than pretraining
 FINETUNE_DEFAULTS = TrainConfig(
-    batch_size=16, lr=1e-4, min_lr=1e-5, warmup_iters=20, max_iters=300, eval_interval=50, weight_decay=0.01,
+    batch_size=16,
+    lr=1e-4,
+    min_lr=1e-5,
+    warmup_iters=20,
+    max_iters=300,
+    eval_interval=50,
+    weight_decay=0.01,
     optimizer="adamw",
-)  # fmt: skip
+)
 # what a key missing from a saved run's config meant when the run was saved: runs made before
 # --optimizer existed trained with AdamW, and Muon runs made before muon_ns_steps and
 # muon_warmup_iters existed iterated torch's 5 times and warmed Muon's rate up with AdamW's
@@ -357,20 +310,69 @@ LORA_TARGETS = ("attn", "proj", "mlp")  # attn.c_attn; attn.c_proj; mlp.c_fc and
 class FinetuneSettings:
     """What a finetuning run learns, from what: saved with the run, fixed on --resume."""
 
-    task: str  # lm | classify | choice | sft
     data: list[str]  # lm: text files/dirs or a tokenized dir; otherwise one JSONL (or CSV) file
     base: str  # the checkpoint it starts from (--ckpt)
-    val_data: str | None = None  # validation records; default: hold out val_fraction
-    val_fraction: float = knob(0.1, check=OPEN_FRACTION, flag="--val-fraction")
-    aux_lm_weight: float = knob(0.5, check=NON_NEGATIVE, flag="--aux-lm-weight")  # lambda in L2 + lambda L1
-    delimiter: str = "\n"  # between a pair's parts, or context and choice
-    both_orders: bool = False  # pairs: score both orders and add them (GPT-1's similarity)
+    task: str = knob("lm", flag="--task", help="lm | classify | choice | sft", panel=TASK)
+    val_data: str | None = knob(
+        None,
+        flag="--val-data",
+        help="Validation records",
+        shown="hold out --val-fraction",
+        panel=TASK,
+        given_as=Path,
+    )
+    val_fraction: float = knob(
+        0.1, check=OPEN_FRACTION, flag="--val-fraction", help="Share held out for validation", panel=TASK
+    )
+    aux_lm_weight: float = knob(
+        0.5,
+        check=NON_NEGATIVE,
+        flag="--aux-lm-weight",
+        help="lambda in L2 + lambda * L1, the auxiliary LM loss",
+        panel=TASK,
+    )
+    delimiter: str = knob(
+        "\n",
+        flag="--delimiter",
+        help="Text between a pair's parts, or context and choice",
+        shown="newline",
+        panel=TASK,
+    )
+    both_orders: bool = knob(
+        False,
+        flag="--both-orders",
+        help="Pairs: score both orders and add them (GPT-1's similarity)",
+        panel=TASK,
+    )
     # LoRA (gptcli/lora.py): rank > 0 trains low-rank adapters (and a task's head) beside
     # the frozen base, whose checkpoint a LoRA run refers to rather than copies
-    lora_rank: int = knob(0, check=Range(0, 2**16), flag="--lora-rank")
-    lora_alpha: float | None = knob(None, check=GREATER_THAN_ZERO, flag="--lora-alpha")  # None: 2 x rank
-    lora_dropout: float = knob(0.0, check=FRACTION, flag="--lora-dropout")
-    lora_targets: list[str] = knob(list(LORA_TARGETS), flag="--lora-targets")
+    lora_rank: int = knob(
+        0,
+        check=Range(0, 2**16),
+        flag="--lora-rank",
+        help="Train LoRA adapters of this rank; the base stays frozen",
+        shown="off",
+        panel=LORA,
+    )
+    lora_alpha: float | None = knob(
+        None,
+        check=GREATER_THAN_ZERO,
+        flag="--lora-alpha",
+        help="The adapters' update is scaled by alpha / rank",
+        shown="2 x rank",
+        panel=LORA,
+    )
+    lora_dropout: float = knob(
+        0.0, check=FRACTION, flag="--lora-dropout", help="Dropout on the adapters' input", panel=LORA
+    )
+    lora_targets: list[str] = knob(
+        list(LORA_TARGETS),
+        flag="--lora-targets",
+        help="Which Linears get adapters: attn,proj,mlp or a subset",
+        shown="all",
+        panel=LORA,
+        given_as=str,
+    )
 
     def validate(self) -> FinetuneSettings:
         check_fields(self)
@@ -393,40 +395,6 @@ class FinetuneSettings:
             raise UsageError(f"give the data to finetune on: {again}")
         if self.task != "lm" and len(self.data) != 1:
             raise UsageError(f"--task {self.task} takes one data file (and --val-data for validation)")
-        return self
-
-
-@dataclass
-class SampleConfig:
-    """How `gptcli sample` draws tokens (command-line flags only)."""
-
-    temp: float = knob(1.0, check=NON_NEGATIVE, flag="--temp")
-    top_k: int | None = knob(None, check=POSITIVE, flag="--top-k")
-    top_p: float | None = knob(None, check=Range(0, 1, lo_open=True), flag="--top-p")
-    max_new_tokens: int = knob(200, check=POSITIVE, flag="--max-new-tokens")
-    num_samples: int = knob(1, check=POSITIVE, flag="--num-samples")
-    show_probs: int = knob(0, check=NON_NEGATIVE, flag="--show-probs")
-    seed: int | None = knob(None, check=Range(0, SEED_MAX), flag="--seed")
-
-    def validate(self) -> SampleConfig:
-        check_fields(self)
-        return self
-
-
-@dataclass
-class BeamConfig:
-    """How `gptcli beam` searches (command-line flags only)."""
-
-    beams: int = knob(4, check=POSITIVE, flag="--beams")
-    max_new_tokens: int | None = knob(None, check=POSITIVE, flag="--max-new-tokens")
-    length_penalty: float = knob(1.0, check=Range(), flag="--length-penalty")
-    n_best: int | None = knob(None, check=POSITIVE, flag="--n-best")
-    no_repeat_ngram: int = knob(0, check=NON_NEGATIVE, flag="--no-repeat-ngram")
-
-    def validate(self) -> BeamConfig:
-        check_fields(self)
-        if self.n_best is not None and self.n_best > self.beams:
-            raise UsageError(f"--n-best must be between 1 and --beams ({self.beams}), got {self.n_best}")
         return self
 
 
@@ -588,31 +556,6 @@ def resume_config(saved: Config, given: list[tuple[dict[str, Any], str]]) -> Con
     return config.validate()
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML config file's data: a file (not a directory or device), UTF-8, bounded in
-    depth and alias expansion, no key given twice (gptcli/safe_yaml.py)."""
-    from gptcli import safe_yaml
-    from gptcli.data.inputs import check_input
-    from gptcli.messages import printable
-
-    path = Path(path)
-    check_input(path, "config file")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise UsageError(
-            f"config file {printable(str(path), 300)} is {path.stat().st_size:,} bytes; a config is a "
-            f"few hundred (at most {MAX_CONFIG_BYTES:,})"
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{path} is not valid YAML (not UTF-8 text at byte {e.start})") from None
-    data = safe_yaml.load(text, str(path))
-    return data or {}
-
-
-MAX_CONFIG_BYTES = 1 << 20
-
-
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Defaults, then the YAML file at path, then overrides (flags), validated."""
     config = Config()
@@ -631,3 +574,9 @@ def flag_overrides(**flags: Any) -> dict[str, dict[str, Any]]:
         if value is not None:
             out.setdefault(owner[key], {})[key] = value
     return out
+
+
+def key_name(section: str, name: str) -> str:
+    """How an error names a setting: its YAML key, and its flag where there is one."""
+    flag = SECTIONS[section].__dataclass_fields__[name].metadata.get("flag") if section in SECTIONS else None
+    return f"{section}.{name}" + (f" ({flag})" if flag else "")

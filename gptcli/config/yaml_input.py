@@ -1,4 +1,4 @@
-"""YAML from outside (config files), read as data with bounds.
+"""YAML from outside (config files), read as data with bounds: read_yaml.
 
 yaml.safe_load never runs code, but on its own it accepts three things a config file
 should not do: nest deeper than Python's recursion (a RecursionError), expand aliases into
@@ -10,6 +10,7 @@ and duplicate keys are refused naming both lines.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -98,3 +99,27 @@ def load(text: str, source: str) -> Any:
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise UsageError(f"{where} is not valid YAML ({what})") from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML config file's data: a file (not a directory or device), UTF-8, bounded in
+    depth and alias expansion, no key given twice (gptcli/safe_yaml.py)."""
+    from gptcli.data.inputs import check_input
+    from gptcli.messages import printable
+
+    path = Path(path)
+    check_input(path, "config file")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise UsageError(
+            f"config file {printable(str(path), 300)} is {path.stat().st_size:,} bytes; a config is a "
+            f"few hundred (at most {MAX_CONFIG_BYTES:,})"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not valid YAML (not UTF-8 text at byte {e.start})") from None
+    data = load(text, str(path))
+    return data or {}
+
+
+MAX_CONFIG_BYTES = 1 << 20

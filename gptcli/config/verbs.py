@@ -1,0 +1,396 @@
+"""What each verb takes, declared once: a dataclass per verb whose fields are its arguments
+and options, in --help's order. The Typer options are generated from them
+(gptcli/cli/declare.py); pretrain and finetune add the run config's own fields
+(ModelConfig, TrainConfig, ...) as flags that override it.
+
+No torch, no Typer: `gptcli --help` reads these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gptcli.config.knobs import NON_NEGATIVE, POSITIVE, SEED_MAX, Range, check_fields, knob
+from gptcli.config.run import LORA, RUN
+from gptcli.errors import UsageError
+
+TOP_P = Range(0, 1, lo_open=True)  # (0, 1]: a nucleus of some mass
+
+
+# --- what several verbs take ------------------------------------------------------------------
+
+
+def ckpt_knob(**kw: Any) -> Any:
+    help = kw.pop("help", "A run dir (its best/ checkpoint), a checkpoint dir such as RUN/last")
+    return knob(None, flag="--ckpt", help=help, shown="the newest run under ./runs", complete="runs", **kw)
+
+
+def base_knob(**kw: Any) -> Any:
+    help = kw.pop("help", "For a LoRA run whose base checkpoint has moved: where it is now")
+    return knob(None, flag="--base", help=help, shown="where the run says", **kw)
+
+
+def compile_knob() -> Any:
+    return knob(
+        None,
+        flag="--compile/--no-compile",
+        help="Decode with a static KV cache and a compiled step (CUDA graphs on CUDA); --no-compile: "
+        "fully eager",
+        shown="the fastest measured, compiled on CUDA, not on the CPU",
+    )
+
+
+def device_knob(**kw: Any) -> Any:
+    return knob("auto", flag="--device", help="auto | cpu | cuda | cuda:N | mps", **kw)
+
+
+def dtype_knob(**kw: Any) -> Any:
+    return knob("auto", flag="--dtype", help="auto | fp32 | bf16 | fp16: the weights' type", **kw)
+
+
+def json_knob(help: str = "Print JSON instead of tables", **kw: Any) -> Any:
+    return knob(False, flag="--json", help=help, **kw)
+
+
+def save_knob() -> Any:
+    return knob(
+        None,
+        flag="--save",
+        help="Also write FILE.json, FILE.png (matplotlib) or FILE.html (interactive)",
+        shown="none",
+    )
+
+
+def prompt_argument(help: str) -> Any:
+    return knob(..., argument=True, help=help)
+
+
+class Settings:
+    """A verb's settings: every field checked against its declared range or choices."""
+
+    def validate(self) -> Any:
+        check_fields(self)
+        return self
+
+
+# --- the verbs -----------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenizeSettings(Settings):
+    inputs: list[str] = knob(
+        ..., argument=True, help="Text to tokenize; with --out, corpus files or directories."
+    )
+    out: Path | None = knob(
+        None,
+        flag="--out",
+        short="-o",
+        help="Encode the corpus into DIR: train.bin, val.bin, tokenizer.json, meta.json",
+        shown="none: show the text's tokens",
+    )
+    tokenizer: str | None = knob(
+        None,
+        flag="--tokenizer",
+        short="-t",
+        help="char, gpt2, bpe:N, or a tokenizer.json / run / data dir",
+        shown="gpt2 text, char corpus",
+    )
+    val_fraction: float = knob(
+        0.1,
+        check=Range(0, 1, hi_open=True),
+        flag="--val-fraction",
+        help="Share of the corpus, from its end, kept for validation",
+    )
+    text_column: str = knob(
+        "text", flag="--text-column", help="The column of Parquet files that holds the text"
+    )
+    force: bool = knob(False, flag="--force", help="Replace what --out already holds")
+    json_out: bool = json_knob()
+
+
+@dataclass
+class PretrainSettings(Settings):
+    """The run's own options; the model, data and training flags override its config."""
+
+    corpus: list[Path] | None = knob(
+        None, argument=True, help="Text files, directories of them, or a directory made by `gptcli tokenize`."
+    )
+    config: Path | None = knob(
+        None, flag="--config", short="-c", help="YAML config (see examples/configs)", shown="none", panel=RUN
+    )
+    out: Path | None = knob(
+        None, flag="--out", short="-o", help="Run directory", shown="runs/<corpus>-<time>", panel=RUN
+    )
+    resume: bool = knob(
+        False, flag="--resume", help="Continue the run in --out (else the newest run) exactly", panel=RUN
+    )
+    new_data: bool = knob(
+        False,
+        flag="--new-data",
+        panel=RUN,
+        help="With --resume: continue on data other than the run's, on purpose (the run records it)",
+    )
+    json_out: bool = json_knob("Print the run's summary as JSON (progress lines go to stderr)", panel=RUN)
+
+
+@dataclass
+class FinetuneSettingsFlags(Settings):
+    """The run's own options; the task, LoRA, model and training flags override its settings."""
+
+    data: list[Path] | None = knob(
+        None,
+        argument=True,
+        help="--task lm: text files/dirs (or a `gptcli tokenize` dir); otherwise a JSONL "
+        "file (classify also takes CSV).",
+    )
+    ckpt: str | None = knob(
+        None,
+        flag="--ckpt",
+        help="The model to start from: a run, checkpoint dir, GPT-2 dir or hub name",
+        shown="the run's, with --resume",
+        panel=RUN,
+        complete="runs",
+    )
+    base: Path | None = base_knob(
+        help="With --resume: where a LoRA run's base checkpoint is now, if it moved", panel=LORA
+    )
+    config: Path | None = knob(
+        None, flag="--config", short="-c", help="YAML config (see examples/configs)", shown="none", panel=RUN
+    )
+    out: Path | None = knob(
+        None, flag="--out", short="-o", help="Run directory", shown="runs/<data>-<task>-<time>", panel=RUN
+    )
+    resume: bool = knob(
+        False, flag="--resume", help="Continue the run in --out (else the newest run) exactly", panel=RUN
+    )
+    new_data: bool = knob(
+        False,
+        flag="--new-data",
+        panel=RUN,
+        help="With --resume: continue on data other than the run's, on purpose (the run records it)",
+    )
+    json_out: bool = json_knob("Print the run's summary as JSON (progress lines go to stderr)", panel=RUN)
+
+
+@dataclass
+class SampleSettings(Settings):
+    ckpt: str | None = ckpt_knob()
+    base: Path | None = base_knob()
+    compile: bool | None = compile_knob()
+    prompt: str | None = knob(
+        None, flag="--prompt", short="-p", help="Text to continue", shown="start of a document"
+    )
+    prompt_file: Path | None = knob(
+        None, flag="--prompt-file", help="Read the prompt from a file", shown="none"
+    )
+    max_new_tokens: int = knob(
+        200, check=POSITIVE, flag="--max-new-tokens", short="-n", help="Tokens to generate"
+    )
+    num_samples: int = knob(
+        1, check=POSITIVE, flag="--num-samples", help="Continuations, decoded as one batch"
+    )
+    temp: float = knob(
+        1.0,
+        check=NON_NEGATIVE,
+        flag="--temp",
+        help="Temperature: sample from q ∝ p^(1/temp); 0 = greedy (argmax)",
+    )
+    top_k: int | None = knob(
+        None, check=POSITIVE, flag="--top-k", help="Sample only among the k likeliest tokens"
+    )
+    top_p: float | None = knob(
+        None, check=TOP_P, flag="--top-p", help="Sample only within the smallest set of mass top-p"
+    )
+    stop: list[str] = knob([], flag="--stop", help="End a continuation at this text (repeatable)")
+    stream: bool | None = knob(
+        None, flag="--stream/--no-stream", help="Print tokens as they come", shown="on in a terminal"
+    )
+    show_probs: int = knob(
+        0,
+        check=NON_NEGATIVE,
+        flag="--show-probs",
+        metavar="K",
+        help="After each step, show the K likeliest next tokens",
+        shown="off",
+    )
+    seed: int | None = knob(
+        None,
+        check=Range(0, SEED_MAX),
+        flag="--seed",
+        help="Seed for reproducible random choices",
+        shown="random",
+    )
+    device: str = device_knob()
+    dtype: str = dtype_knob()
+    json_out: bool = json_knob()
+
+    def validate(self) -> SampleSettings:
+        check_fields(self)
+        if self.prompt is not None and self.prompt_file is not None:
+            raise UsageError("give --prompt or --prompt-file, not both")
+        return self
+
+
+@dataclass
+class BeamSettings(Settings):
+    prompt: str = prompt_argument("Text to continue.")
+    ckpt: str | None = ckpt_knob()
+    base: Path | None = base_knob()
+    compile: bool | None = compile_knob()
+    beams: int = knob(4, check=POSITIVE, flag="--beams", short="-b", help="Hypotheses kept at every step (B)")
+    max_new_tokens: int | None = knob(
+        None,
+        check=POSITIVE,
+        flag="--max-new-tokens",
+        short="-n",
+        help="Longest continuation",
+        shown="40, or half the context if shorter",
+    )
+    length_penalty: float = knob(
+        1.0,
+        check=Range(),
+        flag="--length-penalty",
+        help="alpha in sum(log p) / length^alpha: 1 = mean log-likelihood, 0 = plain sum",
+    )
+    n_best: int | None = knob(
+        None, check=POSITIVE, flag="--n-best", help="Hypotheses to show, at most B", shown="B"
+    )
+    no_repeat_ngram: int = knob(
+        0,
+        check=NON_NEGATIVE,
+        flag="--no-repeat-ngram",
+        help="Forbid repeating any n-gram of this size",
+        shown="off",
+    )
+    stop: list[str] = knob([], flag="--stop", help="Text that ends a hypothesis (repeatable)")
+    eos: list[str] = knob(
+        [], flag="--eos", help="A token, given as its text, that ends a hypothesis (repeatable)"
+    )
+    device: str = device_knob()
+    dtype: str = dtype_knob()
+    json_out: bool = json_knob()
+
+    def validate(self) -> BeamSettings:
+        check_fields(self)
+        if self.n_best is not None and self.n_best > self.beams:
+            raise UsageError(f"--n-best must be between 1 and --beams ({self.beams}), got {self.n_best}")
+        return self
+
+
+@dataclass
+class InspectAttnSettings(Settings):
+    prompt: str = prompt_argument("Text whose attention to show.")
+    ckpt: str | None = ckpt_knob()
+    base: Path | None = base_knob()
+    layer: str = knob("all", flag="--layer", short="-l", help="A layer index, or all")
+    head: str = knob("all", flag="--head", help="A head index, all, or mean (average over heads)")
+    top_k: int = knob(10, check=POSITIVE, flag="--top-k", short="-k", help="Next-token probabilities to list")
+    save: Path | None = save_knob()
+    force: bool = knob(False, flag="--force", help="Replace the --save file if it exists")
+    device: str = device_knob()
+    dtype: str = dtype_knob()
+    json_out: bool = json_knob()
+
+
+@dataclass
+class InspectLensSettings(Settings):
+    prompt: str = prompt_argument("Text to look inside.")
+    ckpt: str | None = ckpt_knob()
+    base: Path | None = base_knob()
+    top_k: int = knob(5, check=POSITIVE, flag="--top-k", short="-k", help="Next tokens to list per layer")
+    position: str = knob(
+        "all", flag="--position", short="-p", help="A token position (-1 = the last), or all"
+    )
+    track: str | None = knob(
+        None, flag="--track", help="Follow one token's probability and rank through the layers", shown="none"
+    )
+    save: Path | None = save_knob()
+    force: bool = knob(False, flag="--force", help="Replace the --save file if it exists")
+    device: str = device_knob()
+    dtype: str = dtype_knob()
+    json_out: bool = json_knob()
+
+
+@dataclass
+class ClassifySettings(Settings):
+    text: list[str] | None = knob(
+        None,
+        argument=True,
+        help="Text to classify (the first of a pair with --text-b), or the context of --choice.",
+    )
+    ckpt: str | None = ckpt_knob()
+    base: Path | None = base_knob()
+    text_b: str | None = knob(None, flag="--text-b", help="The second text of a pair", shown="none")
+    choice: list[str] = knob(
+        [], flag="--choice", help="A choice for a multiple-choice model (give two or more)"
+    )
+    file: Path | None = knob(
+        None,
+        flag="--file",
+        short="-f",
+        help="Score every record of a JSONL/CSV file; accuracy if labelled",
+        shown="none",
+    )
+    device: str = device_knob()
+    dtype: str = dtype_knob()
+    json_out: bool = json_knob()
+
+    def validate(self) -> ClassifySettings:
+        if (not self.text) == (self.file is None):
+            raise UsageError("give a text to classify, or --file F.jsonl (one of the two)")
+        if self.file is not None and (self.text_b is not None or self.choice):
+            raise UsageError(
+                "--text-b and --choice go with a text argument; in --file they are record fields"
+            )
+        return self
+
+
+@dataclass
+class EvalSettings(Settings):
+    files: list[Path] = knob(..., argument=True, help="Text (.txt, .jsonl documents) or JSONL/CSV records.")
+    ckpt: list[str] | None = ckpt_knob(
+        help="A run, checkpoint, Hugging Face directory or hub name; repeat it to compare models"
+    )
+    base: Path | None = base_knob()
+    task: str | None = knob(
+        None,
+        flag="--task",
+        help="text | lambada | choice",
+        shown="from the file, or the head of a finetuned classifier",
+    )
+    stride: int | None = knob(
+        None, flag="--stride", help="--task text: tokens between windows", shown="block_size"
+    )
+    limit: int | None = knob(
+        None, flag="--limit", help="Score the first N examples (text: windows) only", shown="all of them"
+    )
+    per_example: bool = knob(False, flag="--per-example", help="With --json: each example's scores too")
+    device: str = device_knob()
+    dtype: str = dtype_knob()
+    json_out: bool = json_knob()
+
+    def validate(self) -> EvalSettings:
+        check_fields(self)
+        if self.limit is not None and self.limit < 1:
+            raise UsageError(f"--limit {self.limit}: give 1 or more")
+        if self.per_example and not self.json_out:
+            raise UsageError("--per-example goes with --json")
+        return self
+
+
+@dataclass
+class ExportSettings(Settings):
+    ckpt: str = knob(..., argument=True, help="A run dir, checkpoint dir, GPT-2 dir or hub name.")
+    out: Path = knob(..., argument=True, help="The directory to write.")
+    to: str = knob("hf", flag="--to", help="Target format: hf (Hugging Face GPT2LMHeadModel)")
+    adapters_only: bool = knob(
+        False,
+        flag="--adapters-only",
+        help="A LoRA run: its adapters alone, in PEFT's format (adapter_config.json, "
+        "adapter_model.safetensors), not the merged model",
+    )
+    base: Path | None = base_knob()
+    force: bool = knob(False, flag="--force", help="Write into an existing, non-empty directory")
+    json_out: bool = json_knob()

@@ -1,0 +1,79 @@
+"""Every verb is a declaration: its options are generated from its settings' fields (and the
+run config's, for pretrain and finetune), so --help says each default as the dataclass
+holds it, and nothing about a flag is written twice."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import MISSING, fields
+
+import pytest
+import typer
+
+from gptcli.cli.app import VERBS, app
+from gptcli.config import default_text, field_default
+
+
+def _click(verb: str):
+    return typer.main.get_command(app).commands[verb]
+
+
+def _declared(verb: str):
+    """(field, the default --help must show) of every option of a verb."""
+    settings, _, overrides = VERBS[verb]
+    for f in fields(settings):
+        yield f, None
+    for group in overrides:
+        for f in group.fields():
+            own = group.helps.get(f.name)
+            yield f, own[1] if own else default_text(f, getattr(group.defaults, f.name, MISSING)
+                                                     if group.defaults is not None else MISSING)  # fmt: skip
+
+
+@pytest.mark.parametrize("verb", list(VERBS))
+def test_each_options_help_says_the_default_its_dataclass_holds(verb):
+    params = {p.name: p for p in _click(verb).params}
+    for f, shown in _declared(verb):
+        param = params[f.name]
+        if f.metadata.get("argument"):
+            assert param.help == f.metadata["help"], f.name
+            continue
+        expected = shown if shown is not None else default_text(f)
+        assert param.help.endswith(f"(default: {expected})."), (f.name, param.help)
+        assert param.help.count("(default:") == 1, param.help  # said once, by the generator
+        names = {*param.opts, *param.secondary_opts}
+        assert set(f.metadata["flag"].split("/")) <= names and (f.metadata.get("short") or "--") in names | {
+            "--"
+        }
+
+
+@pytest.mark.parametrize("verb", list(VERBS))
+def test_a_verbs_defaults_are_its_dataclasss(verb):
+    """An option the verb fills in itself defaults to the field's default (a list: none
+    given); an option that overrides a run config defaults to None, 'not given'."""
+    settings, _, overrides = VERBS[verb]
+    params = {p.name: p for p in _click(verb).params}
+    for f in fields(settings):
+        if f.default is MISSING and f.default_factory is MISSING:
+            assert params[f.name].required, f.name
+        elif f.default_factory is MISSING:
+            assert params[f.name].default == field_default(f), f.name
+    for group in overrides:
+        for f in group.fields():
+            assert params[f.name].default is None, f.name
+
+
+def test_the_help_screens_say_every_default_and_nothing_twice():
+    from tests.helpers import run
+
+    for verb in VERBS:
+        text = run(verb, "--help").output
+        assert "[default:" not in text, verb  # Click's own default display is off: ours says it
+        assert not re.search(r"\(default: [^)]*\)[^\n]*\(default:", text), verb
+
+
+def test_a_settings_range_is_checked_once_with_the_flags_name():
+    from tests.helpers import assert_usage_error, run
+
+    assert_usage_error(run("sample", "--temp", "-1"), "--temp must be >= 0, got -1.0")
+    assert_usage_error(run("beam", "x", "--beams", "0"), "--beams must be >= 1, got 0")
