@@ -359,7 +359,7 @@ def _read_peaks() -> dict[str, float]:
 
 def _remember_peak(key: str, flops: float) -> None:
     """Keep the highest peak seen for key (a measurement on a busy machine is too low)."""
-    from gptcli.store.files import write_file
+    from gptcli.files import write_file
 
     known = _read_peaks()
     if flops <= known.get(key, 0.0):

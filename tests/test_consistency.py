@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gptcli.store import files
+from gptcli import files
 from tests.helpers import ROOT, TINY, assert_usage_error, checkpoint_meta, dead_pid, make_corpus, run
 
 SHORT = [*TINY, "--max-iters", "10", "--eval-interval", "5"]

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from gptcli.errors import UsageError
+from gptcli.files import publish_dir
 from gptcli.store.checkpoint import LAST, RunLock, load_checkpoint, resolve_checkpoint
-from gptcli.store.files import publish_dir
 from tests.helpers import gptcli, make_corpus, start
 
 TINY = [

@@ -51,3 +51,94 @@ def test_only_public_modules_of_libraries_are_imported():
             parts = name.split(".")
             private = [p for p in parts[1:] if p.startswith("_") and not p.startswith("__")]
             assert parts[0] == "gptcli" or not private, f"{path.relative_to(PKG)} imports {name}"
+
+
+# Who may import whom, room by room (a room is a package under gptcli/, or a top-level module):
+# data flows one way, CLI -> config -> core -> reports -> render. A room not listed imports
+# only the base rooms.
+BASE = {"errors", "messages", "paths", "reports", "files", "__version__"}
+MAY_IMPORT: dict[str, set[str]] = {
+    "config": {"data", "trackers"},  # data.inputs to read a file; trackers' names to check --tracker
+    "data": set(),
+    "model": {"config"},
+    "lora": {"config"},
+    "runtime": set(),
+    "store": {"config", "data", "model", "lora"},
+    "tasks": {"config", "data", "model"},
+    "infer": {"config", "data", "model"},
+    "inspect": {"config", "data", "model"},
+    "evals": {"config", "data", "model", "tasks"},
+    "trackers": {"data"},
+    "train": {"config", "data", "model", "lora", "runtime", "store", "tasks", "infer", "evals"},
+    "cli": {
+        "config",
+        "data",
+        "model",
+        "lora",
+        "runtime",
+        "store",
+        "tasks",
+        "infer",
+        "inspect",
+        "evals",
+        "trackers",
+        "train",
+    },
+}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "gptcli"
+
+
+def _imports(path) -> set[str]:
+    """Every gptcli module a file imports, at its top or inside a function."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.startswith("gptcli")
+            and node.level == 0
+        ):
+            out |= {f"gptcli.{a.name}" for a in node.names} if node.module == "gptcli" else {node.module}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("gptcli")}
+    return out
+
+
+def test_each_room_imports_only_the_rooms_below_it():
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).with_suffix("")
+        room = rel.parts[0]
+        if room in ("__init__", "__main__"):
+            continue
+        allowed = BASE | MAY_IMPORT.get(room, set()) | {room}
+        for module in _imports(path):
+            assert _room(module) in allowed, f"{rel} imports {module}"
+
+
+def test_no_import_circle_between_modules():
+    """Module by module (imports inside functions included), no module reaches itself."""
+    graph = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).with_suffix("")
+        name = ".".join(("gptcli", *rel.parts)).removesuffix(".__init__")
+        graph[name] = {m for m in _imports(path) if m != name}
+    graph = {k: {m for m in v if m in graph} for k, v in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if nxt.startswith(node + "."):  # a package importing its own modules (its face)
+                continue
+            assert state.get(nxt) != 1, " -> ".join([*path, node, nxt])
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])

@@ -40,7 +40,7 @@ def save_document(
 ) -> None:
     """--save FILE by its extension: the JSON document itself, html(path, document, replace)
     or png(path, replace), False when matplotlib is missing."""
-    from gptcli.store import files
+    from gptcli import files
 
     suffix = path.suffix.lower()
     if suffix == ".json":
@@ -57,7 +57,7 @@ def check_save(save: Path | None, force: bool) -> None:
         return
     if save.suffix.lower() not in SAVE_FORMATS:
         raise UsageError(f"--save {save}: use a .json, .png or .html file name")
-    from gptcli.store import files
+    from gptcli import files
 
     files.check_writable(save, replace=force)
 

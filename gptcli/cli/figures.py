@@ -12,7 +12,7 @@ from importlib.resources import files as resources
 from pathlib import Path
 from typing import Any
 
-from gptcli.store import files
+from gptcli import files
 
 
 def _pyplot() -> Any:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptcli.store import files
+from gptcli import files
 from gptcli.errors import UsageError
 from gptcli.data.inputs import check_input, try_read_json, what_is
 from gptcli.messages import printable
@@ -236,7 +236,7 @@ def read_meta(path: Path) -> TokenizeReport:
     d = _existing_meta(path)
     if d is None:
         raise UsageError(f"{path} is not a directory made by `gptcli tokenize` (no valid {META_FILE})")
-    from gptcli.store.validate import check_types
+    from gptcli.data.inputs import check_types
 
     check_types(d, {"version": (int,)}, str(path / META_FILE))  # first: a newer format may differ
     if d.get("version", 0) > VERSION:

@@ -99,7 +99,7 @@ class Tokenizer(ABC):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the tokenizer as JSON to `path` (a directory gets tokenizer.json)."""
-        from gptcli.store.files import write_file
+        from gptcli.files import write_file
 
         path = Path(path)
         if path.is_dir():

@@ -32,15 +32,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from gptcli import __version__, lora
+from gptcli import __version__, files, lora
 from gptcli.config import Config, merge
-from gptcli.data.inputs import read_json, try_read_json
+from gptcli.data.inputs import check_types, read_json, try_read_json
 from gptcli.data.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from gptcli.errors import UsageError
 from gptcli.model import GPT
 from gptcli.paths import RUNS_DIR
-from gptcli.store import files
-from gptcli.store.validate import check_types, read_weights
+from gptcli.store.validate import read_weights
 
 FORMAT = "gptcli-checkpoint"
 VERSION = 1

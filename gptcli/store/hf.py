@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
+from gptcli import files
 from gptcli.config import ModelConfig
-from gptcli.data.inputs import read_json
+from gptcli.data.inputs import check_types, read_json
 from gptcli.data.tokenizer import ENDOFTEXT, GPTCLI_TOKENIZER_FILE, _gpt2_data_dir
 from gptcli.errors import UsageError, reason
 from gptcli.model import GPT
-from gptcli.store import files
-from gptcli.store.validate import check_against, check_finite, check_types, header
+from gptcli.store.validate import check_against, check_finite, header
 
 # hub names and the repositories that hold them (the short names are the old aliases)
 HUB_MODELS = {

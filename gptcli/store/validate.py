@@ -10,7 +10,6 @@ not floating point or hold NaN or inf (the message names the tensor).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,28 +18,6 @@ from typing import Any
 import torch
 
 from gptcli.errors import UsageError
-
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-               list: "a list", dict: "an object", type(None): "null"}  # fmt: skip
-
-
-def _is(value: Any, kind: type) -> bool:
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
-def check_types(data: Mapping[str, Any], schema: Mapping[str, tuple[type, ...]], source: str) -> None:
-    """Each key of schema that data has must hold one of the types listed (int excludes
-    bool; float accepts integers)."""
-    for key, kinds in schema.items():
-        if key in data and not any(_is(data[key], k) for k in kinds):
-            wanted = " or ".join(_TYPE_NAMES[k] for k in kinds)
-            raise UsageError(
-                f"{source}: '{key}' must be {wanted}, got {json.dumps(data[key])[:60]}; the file is damaged"
-            )
 
 
 def expected_shapes(config: Any) -> dict[str, tuple[int, ...]]:

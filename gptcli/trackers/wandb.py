@@ -24,8 +24,8 @@ from typing import Any
 import wandb  # ImportError without the wandb package
 
 from gptcli.data.inputs import try_read_json
+from gptcli.files import write_file
 from gptcli.reports import EvalReport, Reporter, RunInfo, SampleReport, StepReport
-from gptcli.store.files import write_file
 from gptcli.trackers import eval_scalars, step_scalars
 
 DIR = "wandb"

@@ -17,14 +17,15 @@ from typing import Any
 
 import torch
 
+from gptcli import files
 from gptcli.config import Config, TrainConfig
+from gptcli.data.inputs import check_types
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError, reason
 from gptcli.messages import quote
 from gptcli.model import GPT
 from gptcli.reports import StepReport
 from gptcli.runtime import Dist
-from gptcli.store import files
 from gptcli.store.checkpoint import (
     BEST,
     LAST,
@@ -34,7 +35,6 @@ from gptcli.store.checkpoint import (
     read_meta,
     save_checkpoint,
 )
-from gptcli.store.validate import check_types
 from gptcli.train.optim import Optimizers, lr_at
 from gptcli.train.parallel import Sharded, Whole
 

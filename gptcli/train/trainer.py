@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gptcli import files
 from gptcli.config import Config
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import GptcliError
 from gptcli.model import GPT
 from gptcli.reports import EvalReport, Reporter, RunInfo, SampleReport, StepReport, Summary
 from gptcli.runtime import dist_from_env, peak_flops, record_achieved
-from gptcli.store import files
 from gptcli.store.checkpoint import BEST, LAST, STABLE, RunLock, copy_checkpoint
 from gptcli.tasks import Task
 from gptcli.train.evaluation import Evaluator, Metrics
