@@ -143,7 +143,7 @@ def demo(report: Report, work: Path, device: str, dry_run: bool) -> None:
 # --- 4. training ---------------------------------------------------------------------------------
 
 
-class _Rates:
+class Rates:
     def __init__(self) -> None:
         self.reports: list = []
 
@@ -177,7 +177,7 @@ def train_run(
     tok = CharTokenizer([chr(0x4E00 + i) for i in range(cfg.vocab_size)])
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    rates = _Rates()
+    rates = Rates()
     run_dir = Path(tempfile.mkdtemp(dir=work))
     Trainer(GPT(config.model), tok, LMTask(data, data[:100_000], cfg.block_size), config, run_dir).run(
         reporter=rates

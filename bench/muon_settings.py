@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import gptcli.train.optim as optim  # noqa: E402
-from bench.muon import CHAR, gptcli_run  # noqa: E402
+from bench.cases.muon import CHAR, gptcli_run  # noqa: E402
 
 RUNS = {
     "muon-original-0.02": dict(optimizer="muon", lr=1e-3, muon_lr=0.02, adjust="original", wd=0.0),

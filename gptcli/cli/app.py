@@ -192,7 +192,7 @@ def root(
 VERBS: dict[str, tuple[type, Any, tuple[Overrides, ...]]] = {
     "tokenize": (verbs.TokenizeSettings, tokenize, ()),
     "pretrain": (verbs.PretrainSettings, pretrain, PRETRAIN_OVERRIDES),
-    "finetune": (verbs.FinetuneSettingsFlags, finetune, FINETUNE_OVERRIDES),
+    "finetune": (verbs.FinetuneVerbSettings, finetune, FINETUNE_OVERRIDES),
     "sample": (verbs.SampleSettings, sample, ()),
     "beam": (verbs.BeamSettings, beam, ()),
     "inspect-attn": (verbs.InspectAttnSettings, inspect_attn, ()),

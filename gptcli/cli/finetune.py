@@ -1,6 +1,6 @@
 """`gptcli finetune`: continue training a checkpoint on new text (lm), on labelled examples
 (classify, choice: GPT-1's recipe), or on prompt/completion pairs (sft). Its flags:
-config.verbs.FinetuneSettingsFlags, and the task, LoRA, model and training flags that
+config.verbs.FinetuneVerbSettings, and the task, LoRA, model and training flags that
 override the run's settings (FINETUNE_OVERRIDES)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from gptcli.cli import render
 from gptcli.cli.declare import Overrides
 from gptcli.cli.training import run_trainer
 from gptcli.config import FINETUNE_DEFAULTS, TRAIN, FinetuneSettings, ModelConfig, TrainConfig
-from gptcli.config.verbs import FinetuneSettingsFlags
+from gptcli.config.verbs import FinetuneVerbSettings
 from gptcli.errors import UsageError
 
 FINETUNE_OVERRIDES = (
@@ -46,7 +46,7 @@ FINETUNE_OVERRIDES = (
 )
 
 
-def finetune(s: FinetuneSettingsFlags, flags: dict[str, dict[str, Any]]) -> None:
+def finetune(s: FinetuneVerbSettings, flags: dict[str, dict[str, Any]]) -> None:
     """Finetune a model: domain text, classification, multiple choice or instructions.
 
     gptcli finetune --ckpt runs/demo more_stories.txt                    continue next-token training

@@ -63,6 +63,27 @@ def save_knob() -> Any:
     )
 
 
+def config_knob() -> Any:
+    return knob(
+        None, flag="--config", short="-c", help="YAML config (see examples/configs)", shown="none", panel=RUN
+    )
+
+
+def run_dir_knob(shown: str) -> Any:
+    return knob(None, flag="--out", short="-o", help="Run directory", shown=shown, panel=RUN)
+
+
+def resume_knob() -> Any:
+    return knob(
+        False, flag="--resume", help="Continue the run in --out (else the newest run) exactly", panel=RUN
+    )
+
+
+def new_data_knob() -> Any:
+    help = "With --resume: continue on data other than the run's, on purpose (the run records it)"
+    return knob(False, flag="--new-data", help=help, panel=RUN)
+
+
 def prompt_argument(help: str) -> Any:
     return knob(..., argument=True, help=help)
 
@@ -117,26 +138,15 @@ class PretrainSettings(Settings):
     corpus: list[Path] | None = knob(
         None, argument=True, help="Text files, directories of them, or a directory made by `gptcli tokenize`."
     )
-    config: Path | None = knob(
-        None, flag="--config", short="-c", help="YAML config (see examples/configs)", shown="none", panel=RUN
-    )
-    out: Path | None = knob(
-        None, flag="--out", short="-o", help="Run directory", shown="runs/<corpus>-<time>", panel=RUN
-    )
-    resume: bool = knob(
-        False, flag="--resume", help="Continue the run in --out (else the newest run) exactly", panel=RUN
-    )
-    new_data: bool = knob(
-        False,
-        flag="--new-data",
-        panel=RUN,
-        help="With --resume: continue on data other than the run's, on purpose (the run records it)",
-    )
+    config: Path | None = config_knob()
+    out: Path | None = run_dir_knob("runs/<corpus>-<time>")
+    resume: bool = resume_knob()
+    new_data: bool = new_data_knob()
     json_out: bool = json_knob("Print the run's summary as JSON (progress lines go to stderr)", panel=RUN)
 
 
 @dataclass
-class FinetuneSettingsFlags(Settings):
+class FinetuneVerbSettings(Settings):
     """The run's own options; the task, LoRA, model and training flags override its settings."""
 
     data: list[Path] | None = knob(
@@ -156,21 +166,10 @@ class FinetuneSettingsFlags(Settings):
     base: Path | None = base_knob(
         help="With --resume: where a LoRA run's base checkpoint is now, if it moved", panel=LORA
     )
-    config: Path | None = knob(
-        None, flag="--config", short="-c", help="YAML config (see examples/configs)", shown="none", panel=RUN
-    )
-    out: Path | None = knob(
-        None, flag="--out", short="-o", help="Run directory", shown="runs/<data>-<task>-<time>", panel=RUN
-    )
-    resume: bool = knob(
-        False, flag="--resume", help="Continue the run in --out (else the newest run) exactly", panel=RUN
-    )
-    new_data: bool = knob(
-        False,
-        flag="--new-data",
-        panel=RUN,
-        help="With --resume: continue on data other than the run's, on purpose (the run records it)",
-    )
+    config: Path | None = config_knob()
+    out: Path | None = run_dir_knob("runs/<data>-<task>-<time>")
+    resume: bool = resume_knob()
+    new_data: bool = new_data_knob()
     json_out: bool = json_knob("Print the run's summary as JSON (progress lines go to stderr)", panel=RUN)
 
 

@@ -29,19 +29,10 @@ from gptcli.runtime import cpu_bf16_feature
 
 Optimizers = dict[str, torch.optim.Optimizer]  # "adamw", and "muon" when the run uses it
 
-# Muon's settings, chosen by measurement (bench/muon_settings.py; bench/RESULTS.md, "Muon
-# settings"): char-level tinyshakespeare, 4 layers x 256, block 128, batch 16, 400 steps, one
-# seed, whole val split after the last step. adjust_lr_fn "original" (Keller Jordan's
-# sqrt(max(1, rows/cols)) scaling) at lr 0.02 reached 1.728, "match_rms_adamw" at 3e-3
-# 1.787; weight decay 0.1 on the Muon matrices gave 1.737 against 1.728 without, so it is
-# off. (AdamW alone, at its best rate of 1e-3, 3e-3 and 6e-3: 1.983.) A second sweep ("Muon
-# settings, 2026-11-24"), scored also by the time to reach AdamW's (3e-3) last evaluation:
-# lr 0.03 with 4 Newton-Schulz steps (train.muon_ns_steps; torch's default is 5) and AdamW
-# at 3e-3 for the rest reached it in 0.58x to 0.60x of AdamW's time, the old lr 0.02 with 5
-# steps and AdamW at 1e-3 in 0.68x to 0.71x; 4 steps cost about 5% less a step and ended
-# within 0.025 of 5 (better at the new rates, worse at the old), 3 ended 0.056 worse. On the
-# bench's three seeds (bench/muon.py) the new settings beat the old on every seed: val 1.723
-# against 1.736, AdamW's final loss in 0.66x its time against 0.70x.
+# Muon's settings, chosen by measurement (bench/muon_settings.py): Keller Jordan's
+# sqrt(max(1, rows/cols)) rate scaling ("original"), no weight decay on the Muon matrices,
+# lr 0.03 and 4 Newton-Schulz steps. The scores behind each choice are in bench/RESULTS.md,
+# "Muon settings" (and "Muon settings: the choice in short").
 MUON_ADJUST_LR = "original"
 MUON_WEIGHT_DECAY = 0.0
 

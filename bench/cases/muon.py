@@ -1,4 +1,4 @@
-"""The `muon` case of bench/run.py: nanoGPT's train.py (AdamW), gptcli AdamW and gptcli Muon
+"""bench case `muon`: nanoGPT's train.py (AdamW), gptcli AdamW and gptcli Muon
 on the same tokens, model shape, batch, block and step budget, on tinyshakespeare
 char-level and with the GPT-2 BPE.
 
@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.common import Result
 from gptcli.reports import Reporter
 
 SEEDS = (1, 2, 3)
@@ -195,8 +196,8 @@ def _spread(values: list[float], digits: int = 3) -> str:
     )
 
 
-def compare_optimizers(args, Result) -> list:
-    """The case's rows (Result: bench/run.py's row type)."""
+def run(args) -> list[Result]:
+    """The case's rows."""
     from gptcli.data.corpus import tokenize_corpus
 
     if not args.nanogpt or not args.corpus:
@@ -225,14 +226,14 @@ def compare_optimizers(args, Result) -> list:
         for seed in SEEDS:
             print(f"  {shape.name}: gptcli muon, {steps} steps, seed {seed} ...", file=sys.stderr, flush=True)
             budget.append(gptcli_run(shape, tokens, "muon", seed, work, steps))
-        results += _compare(shape, peers, runs["adamw"], runs["muon"], Result)
-        results.append(_budget_row(shape, runs["adamw"], budget, steps, Result))
-        results.append(_defaults_row(shape, runs["adamw"], defaults, Result))
+        results += _compare(shape, peers, runs["adamw"], runs["muon"])
+        results.append(_budget_row(shape, runs["adamw"], budget, steps))
+        results.append(_defaults_row(shape, runs["adamw"], defaults))
     shutil.rmtree(work, ignore_errors=True)
     return results
 
 
-def _budget_row(shape: Shape, adamw: list[Run], budget: list[Run], steps: int, Result):
+def _budget_row(shape: Shape, adamw: list[Run], budget: list[Run], steps: int):
     """Muon with a budget of BUDGET x AdamW's time: its time and whole-split val loss against
     the same seed's AdamW run."""
     time_ratio = [b.train_s / a.train_s for a, b in zip(adamw, budget, strict=True)]
@@ -260,7 +261,7 @@ def _reach(adamw: list[Run], other: list[Run]) -> list[float]:
     ]
 
 
-def _defaults_row(shape: Shape, adamw: list[Run], defaults: list[Run], Result):
+def _defaults_row(shape: Shape, adamw: list[Run], defaults: list[Run]):
     """Muon as a user's run gets it (AdamW's group at pretrain's default --lr) against the
     tuned AdamW: the time to AdamW's final val loss, per seed."""
     ratio = _reach(adamw, defaults)
@@ -279,7 +280,7 @@ def _defaults_row(shape: Shape, adamw: list[Run], defaults: list[Run], Result):
     )  # fmt: skip
 
 
-def _compare(shape: Shape, peers: list[Run], adamw: list[Run], muon: list[Run], Result) -> list:
+def _compare(shape: Shape, peers: list[Run], adamw: list[Run], muon: list[Run]) -> list:
     """The case's rows: each seed's Muon against the same seed's AdamW; nanoGPT beside."""
     what = (
         f"{shape.name}, {shape.n_layer} layers x {shape.n_embd}, block {shape.block}, batch {shape.batch}, "

@@ -1,0 +1,172 @@
+"""What the bench cases share: the row type (Result) and the helpers several cases use."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gptcli.config import ModelConfig, load_config
+from gptcli.infer.generate import GREEDY, generate
+from gptcli.infer.kernels import use_fast_decode
+from gptcli.model import GPT
+from gptcli.reports import Reporter
+from gptcli.store.hf import hf_to_gptcli_state_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Result:
+    case: str
+    ours: float
+    peer: float | None
+    unit: str
+    peer_name: str
+    target: str
+    passed: bool | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        return None if not self.peer else self.ours / self.peer
+
+
+def quiet_transformers():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def gpt2_pair(seed: int = 0):
+    """A random GPT-2 124M in Hugging Face and the same weights in gptcli (fp32)."""
+    transformers = quiet_transformers()
+    torch.manual_seed(seed)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+    ours = GPT(ModelConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768))
+    ours.load_state_dict(hf_to_gptcli_state_dict(hf.state_dict()), strict=False)
+    return hf, ours.eval()
+
+
+def to_bf16(model: GPT) -> GPT:
+    copy = GPT(model.config)
+    copy.load_state_dict(model.state_dict())
+    copy.eval().to(torch.bfloat16)
+    use_fast_decode(copy)
+    return copy
+
+
+class Rates(Reporter):
+    """Keeps the tokens/s of every step after the first few, and the process's peak
+    resident memory as of the last step (before the final checkpoint is written)."""
+
+    def __init__(self, skip: int) -> None:
+        self.skip, self.rates, self.peak_rss = skip, [], 0
+
+    def on_step(self, r) -> None:
+        import resource
+
+        if r.step > self.skip and r.tokens_per_s:
+            self.rates.append(r.tokens_per_s)
+        self.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def ours_trainer_run(
+    cfg: ModelConfig, batch: int, steps: int, compile_: bool, work: Path, adapt=None, rates=None
+) -> tuple[float, GPT]:
+    """Tokens/s of gptcli's own training loop (the Trainer: data sampling, autocast,
+    clipping, fused AdamW), on random tokens. adapt(model): changes the model first (LoRA);
+    rates: the Rates to fill in."""
+    from gptcli.config import flag_overrides
+    from gptcli.data.tokenizer import CharTokenizer
+    from gptcli.tasks import LMTask
+    from gptcli.train.trainer import Trainer
+
+    warm = 3
+    config = load_config(
+        None,
+        flag_overrides(
+            n_layer=cfg.n_layer,
+            n_head=cfg.n_head,
+            n_embd=cfg.n_embd,
+            block_size=cfg.block_size,
+            bias=cfg.bias,
+            batch_size=batch,
+            max_iters=warm + steps,
+            eval_interval=10_000,
+            eval_iters=1,
+            log_interval=1,
+            device="cpu",
+            dtype="auto",
+            compile=compile_,
+            optimizer="adamw",  # nanoGPT's; the muon case measures Muon
+            warmup_iters=0,
+        ),
+    )
+    config.model.vocab_size = cfg.vocab_size
+    data = np.random.default_rng(0).integers(0, cfg.vocab_size, 200_000).astype(np.uint16)
+    tok = CharTokenizer([chr(ord("!") + i) for i in range(cfg.vocab_size)])
+    torch.manual_seed(0)
+    model = GPT(config.model)
+    if adapt is not None:
+        adapt(model)
+    rates = rates if rates is not None else Rates(skip=warm)
+    rates.skip = warm
+    run_dir = Path(tempfile.mkdtemp(dir=work))
+    Trainer(model, tok, LMTask(data, data[:10_000], cfg.block_size), config, run_dir).run(reporter=rates)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return statistics.median(rates.rates), model
+
+
+def in_child(fn, *args):
+    """fn(*args) in a fresh Python process. gptcli's Trainer changes a process-wide setting
+    on the CPU (it keeps freed memory, see runtime.keep_freed_memory), which must not reach
+    a peer measured after it; each measurement gets a process of its own."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def hf_greedy(hf, prompt: torch.Tensor, n: int) -> float:
+    """Tokens/s of HF generate, greedy, exactly n new tokens."""
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=50256,
+        )
+    return n / (time.perf_counter() - t0)
+
+
+def ours_greedy(model: GPT, prompt: torch.Tensor, n: int, compile: bool = False) -> float:
+    t0 = time.perf_counter()
+    for _ in generate(model, prompt[0].tolist(), n, sampling=GREEDY, compile=compile):
+        pass
+    return n / (time.perf_counter() - t0)
+
+
+def generated_text() -> str:
+    sys.path.insert(0, str(ROOT / "examples"))
+    import random
+
+    from make_demo_corpus import story
+
+    rng = random.Random(0)
+    return "\n".join(story(rng) for _ in range(20000)) + "\n"
+
+
+def eval_text_source(args) -> str:
+    return (args.corpus.read_text(encoding="utf-8") if args.corpus else None) or generated_text()
