@@ -108,3 +108,33 @@ def test_a_muon_run_saved_before_its_later_keys_resumes_as_it_trained(tmp_path):
         assert torch.equal(p, q), name
     new = pretrain_trainer([corpus], out=tmp_path / "new", flags=flags).config.train
     assert new.muon_ns_steps == 4 and new.muon_warmup_iters == 0
+
+
+BEFORE_ARCHITECTURE = Path(__file__).parent / "fixtures" / "f9949f5"
+
+
+def test_runs_made_before_the_architecture_step_load_and_resume(tmp_path, monkeypatch):
+    """A Muon WSD run and a classifier made by the code before the packages and the declared
+    verbs: they sample and classify, and both resume (the Muon state, the WSD schedule's
+    stable/ and the classifier's AdamW state restored) and train on."""
+    shutil.copytree(BEFORE_ARCHITECTURE, tmp_path / "old")
+    monkeypatch.chdir(tmp_path / "old")
+    sampled = run("sample", "--ckpt", "lm-run", "-n", "5", "--seed", "1", "--json")
+    assert sampled.exit_code == 0, sampled.output
+    assert len(json.loads(sampled.stdout)["samples"][0]["ids"]) == 5
+    classified = run("classify", "--ckpt", "cls-run", "The fox dug a hole.", "--json")
+    assert classified.exit_code == 0, classified.output
+    assert set(json.loads(classified.stdout)["predictions"][0]["probs"]) == {
+        "badger",
+        "fox",
+        "mole",
+        "rabbit",
+    }
+    # a longer WSD run whose decay began at step 5 goes back to stable/ (step 5)
+    for verb, name, at in (("pretrain", "lm-run", 5), ("finetune", "cls-run", 6)):
+        extra = ["corpus.txt"] if verb == "pretrain" else []
+        result = run(verb, *extra, "--resume", "--out", name, "--max-iters", "9")
+        assert result.exit_code == 0, result.output
+        assert f"resumed at {at}" in result.output
+        assert checkpoint_meta(Path(name))["step"] == 9
+    assert checkpoint_meta(Path("lm-run"))["config"]["train"]["optimizer"] == "muon"
