@@ -6,6 +6,11 @@
 #                             report (NANOGPT=DIR to run nanoGPT beside; DRY_RUN=1: tiny, CPU)
 #   make demo                 train the demo GPT on examples/demo (once) and sample from it
 #                             (installs torch, then gptcli[plot]: no test dependencies)
+#   make docs                 the documentation site, built with --strict into site/
+#                             (make docs-serve to browse it at http://127.0.0.1:8000)
+#   make docs-figures         redraw the docs' pictures from runs/demo (after make demo)
+#   make tour                 replay every `$ ` command of the README and the docs pages on
+#                             a fresh clone of HEAD, checked against what they show
 #   make test TORCH=torch TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
 #                             pick another torch build (CUDA, ROCm, CPU wheel index, ...)
 
@@ -19,8 +24,9 @@ DEMO_EXTRAS ?= plot
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.gptcli-installed-$(EXTRAS)
 DEMO_STAMP := $(VENV)/.gptcli-installed-$(DEMO_EXTRAS)
+DOCS_STAMP := $(VENV)/.gptcli-installed-docs
 
-.PHONY: install test test-oldest-typer lint demo gpu-check clean
+.PHONY: install test test-oldest-typer lint demo gpu-check docs docs-serve docs-figures tour clean
 
 install: $(STAMP)
 
@@ -72,5 +78,20 @@ demo: $(DEMO_STAMP)
 	@echo "gptcli is installed in $(VENV)/bin. To type the README's commands as they are, activate it:"
 	@echo "  . $(VENV)/bin/activate        (then: gptcli sample --ckpt $(DEMO_RUN) --prompt \"The fox\")"
 
+# the site: mkdocs.yml's pages, and the CLI reference generated from the app while building
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: $(DOCS_STAMP)
+	$(BIN)/mkdocs serve
+
+# the pictures are committed: building the docs trains nothing
+docs-figures: $(DEMO_STAMP)
+	$(BIN)/python docs/make_figures.py
+
+# every example is run (CI too): a fresh clone of HEAD, make demo, then each `$ ` command
+tour:
+	$(PYTHON) tests/tour.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .oldest-typer
+	rm -rf $(VENV) .pytest_cache .ruff_cache .oldest-typer site

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -23,12 +22,19 @@ from pathlib import Path
 import numpy as np
 
 from gptcli import files
-from gptcli.errors import UsageError
 from gptcli.data.inputs import check_input, try_read_json, what_is
+from gptcli.data.sources import Reader
+from gptcli.data.tokenizer import (
+    TOKENIZER_FILE,
+    CharTokenizer,
+    Tokenizer,
+    build_tokenizer,
+    load_tokenizer,
+    parse_spec,
+)
+from gptcli.errors import UsageError
 from gptcli.messages import printable
 from gptcli.paths import cache_dir
-from gptcli.data.sources import BOM, READ_BYTES, Reader, iter_file_text, iter_jsonl
-from gptcli.data.tokenizer import TOKENIZER_FILE, CharTokenizer, Tokenizer, build_tokenizer, load_tokenizer, parse_spec
 
 META_FILE = "meta.json"
 PUBLISHING = ".publishing"  # present while a tokenize moves its files into place

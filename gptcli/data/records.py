@@ -8,6 +8,7 @@ import hashlib
 import io
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 

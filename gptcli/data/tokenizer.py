@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gptcli.errors import UsageError
 from gptcli.data.inputs import read_json
+from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
     import tiktoken

@@ -1,0 +1,42 @@
+"""The pages' examples: the replay's rules (tests/tour.py) checked here; the whole tour is
+replayed on a fresh clone by `make tour` (CI runs it after the suite)."""
+
+from __future__ import annotations
+
+from tests import tour
+from tests.helpers import ROOT
+
+
+def test_a_pages_commands_and_what_it_shows_are_read(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text(
+        "text\n```\n$ gptcli sample --ckpt runs/demo \\\n  --seed 1\nThe fox 0.4991\n$ true\n```\n"
+        "```bash\nmake demo    # not a tour step: no $\n```\n"
+    )
+    got = tour.steps(page)
+    assert [(s.command, s.shown) for s in got] == [
+        ("gptcli sample --ckpt runs/demo --seed 1", ["The fox 0.4991"]),
+        ("true", []),
+    ]
+
+
+def test_what_counts_as_printed():
+    shown = tour.Step("p", "x", ["1 │ ·hole │ 0.4991 │ ███", "time 0:48 | 33,139 tok/s"])
+    assert tour.missing(shown, "·hole 0.4950", 0) == []  # within 3%
+    assert tour.missing(shown, "·hole 0.4500", 0) == ["0.4991"]
+    assert (
+        tour.missing(
+            tour.Step("p", "x", ["error: --top-p must be in (0, 1]"]),
+            "error: --top-p must be in (0, 1], got 1.5",
+            2,
+        )
+        == []
+    )
+    assert tour.missing(tour.Step("p", "x", []), "", 1) == ["exit 1"]
+
+
+def test_every_page_in_the_nav_exists_and_the_tour_starts_with_make_demo():
+    names = [p.name for p in tour.pages(ROOT)]
+    assert names[0] == "README.md" and len(names) > 10
+    first = next(s for p in tour.pages(ROOT) for s in tour.steps(p))
+    assert first.command == "make demo"
