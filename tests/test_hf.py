@@ -87,6 +87,10 @@ def test_export_of_a_gpt2_bpe_model_brings_its_tokenizer(hf_gpt2, tmp_path):
     loaded = load(tmp_path / "src")
     written = export_hf(loaded.model, loaded.tokenizer, tmp_path / "out")
     assert {"vocab.json", "merges.txt", "tokenizer_config.json"} <= set(written)
+    # the context length under both of GPT-2's names, as Hugging Face's own configs have it
+    # (llama.cpp's convert_hf_to_gguf.py reads n_ctx)
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["n_ctx"] == cfg["n_positions"] == hf.config.n_positions
     hf_tok = transformers.GPT2TokenizerFast.from_pretrained(tmp_path / "out")
     text = "The rabbit dug a hole, because it needed shelter. 🐇"
     assert hf_tok(text)["input_ids"] == loaded.tokenizer.encode(text)

@@ -288,10 +288,10 @@ def export_peft(model: GPT, settings: Any, base_name: str, out: Path) -> list[st
 
 
 def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
-    from gptcli.store.hf_tokenizer import hf_tokenizer_files
-
     """Write out/ so that transformers.GPT2LMHeadModel.from_pretrained(out) gives the same
     logits. Returns the files written."""
+    from gptcli.store.hf_tokenizer import hf_tokenizer_files
+
     c = model.config
     if not c.bias:
         raise UsageError(
@@ -303,6 +303,7 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
         "model_type": "gpt2",
         "vocab_size": c.vocab_size,
         "n_positions": c.block_size,
+        "n_ctx": c.block_size,  # as Hugging Face's own GPT-2 configs have it (llama.cpp's converter reads it)
         "n_embd": c.n_embd,
         "n_layer": c.n_layer,
         "n_head": c.n_head,
