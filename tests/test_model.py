@@ -219,6 +219,25 @@ def test_gpt2_init_and_weight_tying():
     assert torch.all(model.transformer.h[0].attn.c_attn.bias == 0)
 
 
+def test_from_weights_holds_the_given_weights_tied_and_trainable():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=61, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    src = GPT(cfg).eval()
+    state = {k: v.clone() for k, v in src.state_dict().items() if k != "lm_head.weight"}
+    model = GPT.from_weights(cfg, state).eval()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in model.parameters())
+    x = torch.randint(0, 61, (2, 9))
+    torch.testing.assert_close(model(x)[0], src(x)[0], atol=0, rtol=0)
+    # a state without some weights: those are initialized as GPT(config) would, the rest kept
+    partial = {k: v for k, v in state.items() if "h.1.mlp" not in k}
+    filled = GPT.from_weights(cfg, partial)
+    assert not any(p.is_meta for p in filled.parameters())
+    torch.testing.assert_close(filled.transformer.h[0].mlp.c_fc.weight, src.transformer.h[0].mlp.c_fc.weight)
+    assert abs(filled.transformer.h[1].mlp.c_fc.weight.std().item() - 0.02) < 0.005
+
+
 def test_state_dict_round_trips_through_hugging_face_layout(hf_gpt2):
     hf = hf_gpt2()
     ours = ours_from_hf(hf)

@@ -351,8 +351,7 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu")
     # the weights' shapes are checked against the config from the file's header, before
     # anything the size of the model is allocated
     state = read_weights(ckpt / MODEL_FILE, config)
-    model = GPT(config)
-    model.load_state_dict(state, strict=False)
+    model = GPT.from_weights(config, state)
     model.to(device).eval()
     return Loaded(ckpt, model, tokenizer, meta)
 

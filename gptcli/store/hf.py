@@ -261,8 +261,7 @@ def load_hf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[s
     cfg = read_json(path / "config.json", "it is not a Hugging Face GPT-2 config")
     config = config_from_hf(cfg, str(path))
     state = read_hf_weights(path, config)
-    model = GPT(config)
-    model.load_state_dict({k: v.float() for k, v in state.items() if k != "lm_head.weight"}, strict=False)
+    model = GPT.from_weights(config, {k: v for k, v in state.items() if k != "lm_head.weight"})
     model.to(device).eval()
     meta = {"task": "lm", "source": "huggingface", "hf_path": str(path), "model": vars(config)}
     return model, meta
