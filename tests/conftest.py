@@ -21,6 +21,18 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("COLUMNS", "120")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _decoding_kernel(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The CPU decoding kernel built once for the whole run (all workers share the directory)
+    and ready before the first test, so no test's tokens depend on when a build ends."""
+    from gptcli.infer import kernels
+
+    shared = tmp_path_factory.getbasetemp().parent / "gptcli-kernels"
+    os.environ["GPTCLI_KERNELS_DIR"] = str(shared)
+    kernels.LIBRARY.start()
+    kernels.LIBRARY.wait()
+
+
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     return make_corpus(tmp_path / "corpus.txt")

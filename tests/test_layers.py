@@ -142,3 +142,22 @@ def test_no_import_circle_between_modules():
     for node in sorted(graph):
         if node not in state:
             visit(node, [])
+
+
+def test_every_file_the_package_reads_at_run_time_is_in_its_wheel():
+    """A file under gptcli/ that is not Python (the attention page, the C decoding step) is
+    shipped only if pyproject's package-data names it: each must match a pattern there."""
+    import fnmatch
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((PKG.parent / "pyproject.toml").read_text())
+    declared = pyproject["tool"]["setuptools"]["package-data"]
+    for path in PKG.rglob("*"):
+        if not path.is_file() or path.suffix in (".py", ".pyc") or "__pycache__" in path.parts:
+            continue
+        package = ".".join(path.parent.relative_to(PKG.parent).parts)
+        assert any(fnmatch.fnmatch(path.name, p) for p in declared.get(package, [])), (
+            f"{path.relative_to(PKG.parent)} is not in [tool.setuptools.package-data]"
+        )

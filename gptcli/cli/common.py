@@ -92,13 +92,16 @@ def load_model(
     decode: bool = True,
     classifier: bool = False,
     base: Path | None = None,
+    quantize: str | None = None,
 ) -> Loaded:
     """Load --ckpt, or the newest run under ./runs that fits the verb (one that writes
     text, or with classifier a classify/choice run) and say which, onto the device in the
-    dtype for inference; say where it runs and why. decode: the verb generates token by
-    token, so bf16 CPU models take the compiled decoding kernels (gptcli/kernels.py). A LoRA
-    run comes merged into its base (base: where that is now, if it moved)."""
-    from gptcli.infer.kernels import use_fast_decode
+    dtype for inference, its weights quantized if asked (--quantize); say where it runs and
+    why. decode: the verb generates token by token, so CPU models decode through the C step
+    (gptcli/infer/kernels.py). A LoRA run comes merged into its base (base: where that is
+    now, if it moved)."""
+    from gptcli.infer import kernels
+    from gptcli.infer.quantize import quantize as quantize_weights
     from gptcli.runtime import pick_device, pick_inference_dtype
     from gptcli.store import loading
     from gptcli.store.checkpoint import TEXT_TASKS, newest_run
@@ -123,9 +126,17 @@ def load_model(
     loaded = loading.load(ckpt, dev, base=base)
     dt, why_dtype = pick_inference_dtype(dev, dtype, loaded.model.num_params())
     loaded.model.to(dt)
-    if decode and use_fast_decode(loaded.model):
-        why_dtype += " (compiled decoding kernels)"
+    if quantize is not None:
+        quantize_weights(loaded.model, quantize)
+        why_dtype += f", {quantize} weights (quantized at load)"
+    if decode and kernels.use_fast_decode(loaded.model):
+        why_dtype += "; decoding in one C call per token"
     render.note(f"{why_device}; {why_dtype}")
+    if decode and kernels.building():
+        render.info(
+            f"building the CPU decoding kernel for this machine, once (kept in {kernels.kernels_dir()}); "
+            "until it is ready, tokens come from the model's own code"
+        )
     return loaded
 
 

@@ -50,6 +50,17 @@ def dtype_knob(**kw: Any) -> Any:
     return knob("auto", flag="--dtype", help="auto | fp32 | bf16 | fp16: the weights' type", **kw)
 
 
+def quantize_knob() -> Any:
+    return knob(
+        None,
+        choices=("int8",),
+        flag="--quantize",
+        help="int8: weight-only int8 with a scale per output row, quantized at load (decoding on "
+        "the CPU reads half of bf16's bytes per token)",
+        shown="off",
+    )
+
+
 def json_knob(help: str = "Print JSON instead of tables", **kw: Any) -> Any:
     return knob(False, flag="--json", help=help, **kw)
 
@@ -223,6 +234,7 @@ class SampleSettings(Settings):
     )
     device: str = device_knob()
     dtype: str = dtype_knob()
+    quantize: str | None = quantize_knob()
     json_out: bool = json_knob()
 
     def validate(self) -> SampleSettings:
@@ -269,6 +281,7 @@ class BeamSettings(Settings):
     )
     device: str = device_knob()
     dtype: str = dtype_knob()
+    quantize: str | None = quantize_knob()
     json_out: bool = json_knob()
 
     def validate(self) -> BeamSettings:
@@ -290,6 +303,7 @@ class InspectAttnSettings(Settings):
     force: bool = knob(False, flag="--force", help="Replace the --save file if it exists")
     device: str = device_knob()
     dtype: str = dtype_knob()
+    quantize: str | None = quantize_knob()
     json_out: bool = json_knob()
 
 
@@ -309,6 +323,7 @@ class InspectLensSettings(Settings):
     force: bool = knob(False, flag="--force", help="Replace the --save file if it exists")
     device: str = device_knob()
     dtype: str = dtype_knob()
+    quantize: str | None = quantize_knob()
     json_out: bool = json_knob()
 
 
@@ -368,6 +383,7 @@ class EvalSettings(Settings):
     per_example: bool = knob(False, flag="--per-example", help="With --json: each example's scores too")
     device: str = device_knob()
     dtype: str = dtype_knob()
+    quantize: str | None = quantize_knob()
     json_out: bool = json_knob()
 
     def validate(self) -> EvalSettings:

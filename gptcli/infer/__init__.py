@@ -1,2 +1,3 @@
 """Inference: token-level decoding (generate.py), text in and out on top of it
-(completion.py), and the CPU's compiled bf16 decoding kernels (kernels.py)."""
+(completion.py), the CPU's one-call decoding step (kernels.py, decode.c) and int8 weights
+(quantize.py)."""

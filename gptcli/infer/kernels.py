@@ -1,161 +1,342 @@
-"""Faster decoding for bf16 models on the CPU.
+"""Fast decoding on the CPU: each new token through the whole model in one C call.
 
-Decoding one token reads every weight once and does little else, so its speed is set by
-the bytes of weights read per token. With bf16 weights, the stock CPU matmul for a single
-row reaches about half the machine's memory bandwidth; a product written as an elementwise
-multiply and a reduction, compiled by TorchInductor, streams the weights at close to full
-bandwidth (bench/RESULTS.md). The CPU's fused bf16 attention is slow for a single query
-too, and grows slower with the context.
+Decoding reads every weight once per token and does little else, so its speed is set by
+how fast the weights stream from memory, and by what runs between the products. decode.c
+does a whole step (every block, the unembedding, the KV-cache writes) for every row at
+once, reading each weight row once for all rows, in the dtype it is stored in (fp32, bf16,
+or int8 with a scale per output row, gptcli/infer/quantize.py): no Python, no framework
+and no kernel launches between the operations.
 
-So a bf16 model on the CPU decodes each new token through one compiled call per block:
-LayerNorm, the q/k/v product, the KV-cache write, single-query attention in fp32, the
-output projection and the MLP, all in one TorchInductor kernel, with no Python between
-the ops. The remaining Linear layers (the unembedding) take the reduction kernel when one
-or two rows go through them. Prefill, training and anything else keep the model's own
-code. Without a working compiler everything quietly falls back to eager.
+It is built with the machine's own C compiler for its own instruction set (`cc -O3
+-march=native -fopenmp`) the first time it is needed, in a background thread (decoding
+goes on with the model's own code meanwhile, so a short generation never waits for it),
+and kept in GPTCLI_KERNELS_DIR (default: the gptcli cache's kernels/), under a name that
+hashes the source, the compiler and the CPU's features: a change to any of them builds
+anew; deleting the directory is always safe. Without a compiler, decoding quietly stays
+on the model's own code.
+
+Prefill (the prompt), training and anything with a probe keep the model's own code; the
+C step takes over one-token steps on a growing (not static) KV cache.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import threading
 import types
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from gptcli.model import Block, KVCache, Probe, gelu
+from gptcli.infer.quantize import Int8Linear as _Quantized
+from gptcli.model import GPT, KVCache
 
-MAX_ROWS = 2  # beyond this the stock matmul reuses each weight across rows and wins
-_state: dict[str, Any] = {"ok": True, "gemv": None, "block": None}
-
-
-def _gemv_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """x (M, K) @ w (N, K)^T + b, accumulated in fp32."""
-    y = (x[:, None, :].float() * w[None, :, :].float()).sum(-1)  # (M, N)
-    if b is not None:
-        y = y + b.float()
-    return y.to(x.dtype)
+SOURCE = Path(__file__).with_name("decode.c")
+F32, BF16, I8 = 0, 1, 2
+_DTYPES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
 
 
-def _linear_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """F.linear for x (B, 1, K): the reduction for up to MAX_ROWS rows, the matmul beyond."""
-    if x.size(0) > MAX_ROWS:
-        return F.linear(x, w, b)
-    return _gemv_impl(x[:, 0], w, b)[:, None]
+class _Mat(ctypes.Structure):
+    _fields_ = [
+        ("w", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("n", ctypes.c_int),
+        ("k", ctypes.c_int),
+    ]
 
 
-def _attend_impl(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hs)) v for one query per row, in fp32: q (B, nh, 1, hs),
-    k and v (B, nh, S, hs), mask (B, 1, 1, S) or None."""
-    scores = (q.float() * k.float()).sum(-1, keepdim=True) * q.size(-1) ** -0.5  # (B, nh, S, 1)
-    if mask is not None:
-        scores = scores.masked_fill(~mask.transpose(-1, -2), float("-inf"))
-    p = scores.softmax(dim=-2)
-    return (p * v.float()).sum(-2, keepdim=True).to(q.dtype)  # (B, nh, 1, hs)
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("ln1_w", ctypes.c_void_p),
+        ("ln1_b", ctypes.c_void_p),
+        ("ln2_w", ctypes.c_void_p),
+        ("ln2_b", ctypes.c_void_p),
+        ("attn", _Mat),
+        ("proj", _Mat),
+        ("fc", _Mat),
+        ("out", _Mat),
+    ]
 
 
-def _block_step_impl(
-    x: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    mask: torch.Tensor | None,
-    w: tuple[torch.Tensor | None, ...],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Block.forward for one new token per row, x (B, 1, C), attending over this layer's
-    cache (B, nh, S, hs), whose last position it fills with its keys and values. w: the
-    block's weights in order (ln_1, c_attn, attn c_proj, ln_2, c_fc, mlp c_proj; weight
-    then bias each).
-
-    Returns the block's output and both LayerNorm outputs: handing those back makes the
-    compiler store them, rather than recompute the normalisation inside every row of the
-    product that reads them."""
-    ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b = w
-    B, _, C = x.shape
-    nh, hs = k_cache.size(1), k_cache.size(3)
-    h1 = F.layer_norm(x, (C,), ln1_w, ln1_b, 1e-5)
-    q, k, v = _linear_impl(h1, attn_w, attn_b).split(C, dim=2)  # (B, 1, C) each
-    k_cache[:, :, -1:] = k.view(B, 1, nh, hs).transpose(1, 2)
-    v_cache[:, :, -1:] = v.view(B, 1, nh, hs).transpose(1, 2)
-    y = _attend_impl(q.view(B, nh, 1, hs), k_cache, v_cache, mask)
-    x = x + _linear_impl(y.reshape(B, 1, C), proj_w, proj_b)
-    h2 = F.layer_norm(x, (C,), ln2_w, ln2_b, 1e-5)
-    x = x + _linear_impl(gelu(_linear_impl(h2, fc_w, fc_b)), out_w, out_b)
-    return x, h1, h2
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("n_layer", ctypes.c_int),
+        ("n_head", ctypes.c_int),
+        ("n_embd", ctypes.c_int),
+        ("vocab", ctypes.c_int),
+        ("block", ctypes.c_int),
+        ("emb_dtype", ctypes.c_int),
+        ("wte", ctypes.c_void_p),
+        ("wpe", ctypes.c_void_p),
+        ("lnf_w", ctypes.c_void_p),
+        ("lnf_b", ctypes.c_void_p),
+        ("head", _Mat),
+        ("layers", ctypes.POINTER(_Layer)),
+        ("cache_dtype", ctypes.c_int),
+    ]
 
 
-# the gemv takes any number of rows and columns; the block step keeps its sizes static,
-# except the number of cached positions (marked dynamic where it is called)
-_COMPILE = {"gemv": (_gemv_impl, True), "block": (_block_step_impl, None)}
+# --- building and loading the library -----------------------------------------------------------
 
 
-def _compiled(name: str) -> Any:
-    if _state[name] is None:
-        fn, dynamic = _COMPILE[name]
-        _state[name] = torch.compile(fn, dynamic=dynamic)
-    return _state[name]
+def kernels_dir() -> Path:
+    from gptcli.paths import cache_dir
+
+    return Path(os.environ.get("GPTCLI_KERNELS_DIR") or cache_dir() / "kernels")
 
 
-def _linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    # the model is bf16 on the CPU (use_fast_decode checked); decoding sends one row or two
-    rows = x.numel() // x.size(-1)
-    if rows <= MAX_ROWS and _state["ok"] and not torch.is_grad_enabled():
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11"]
+THREADS = ["-fopenmp"]  # left out where the compiler has no OpenMP (Apple's clang): one thread
+
+
+def _cpu_features() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def library_path(compiler: str) -> Path:
+    """Where the library for this source, compiler and CPU lives."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), version, " ".join(FLAGS + THREADS), _cpu_features()]).encode()
+    )
+    return kernels_dir() / f"gptcli-decode-{key.hexdigest()[:16]}.so"
+
+
+class _Library:
+    """The compiled decode.c, built once per machine in the background."""
+
+    def __init__(self) -> None:
+        self.lib: ctypes.CDLL | None = None
+        self.failed: str | None = None
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def start(self) -> bool:
+        """Load the library, or start building it; True when it is being built (not cached)."""
+        with self.lock:
+            if self.lib is not None or self.failed is not None or self.thread is not None:
+                return False
+            compiler = _compiler()
+            if compiler is None:
+                self.failed = "no C compiler (cc, gcc or clang)"
+                return False
+            path = library_path(compiler)
+            if path.is_file():
+                self._load(path)
+                return False
+            self.thread = threading.Thread(target=self._build, args=(compiler, path), daemon=True)
+            self.thread.start()
+            return True
+
+    def _build(self, compiler: str, path: Path) -> None:
+        from gptcli import files
+
         try:
-            y = _compiled("gemv")(x.reshape(rows, x.size(-1)), self.weight, self.bias)
-            return y.view(*x.shape[:-1], self.out_features)
-        except Exception:  # no C++ compiler, or the backend failed: use the stock kernel
-            _state["ok"] = False
-    return F.linear(x, self.weight, self.bias)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with files.writing_path(path) as tmp:
+                for threads in (THREADS, []):
+                    done = subprocess.run(
+                        [compiler, *FLAGS, *threads, str(SOURCE), "-o", str(tmp), "-lm"],
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                    )
+                    if done.returncode == 0:
+                        break
+                else:
+                    raise OSError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
+            self._load(path)
+        except Exception as e:  # the model's own code decodes instead
+            self.failed = f"the CPU decoding kernel did not build ({e})"
+
+    def _load(self, path: Path) -> None:
+        try:
+            lib = ctypes.CDLL(str(path))
+            lib.gptcli_decode_step.restype = ctypes.c_int
+            self.lib = lib
+        except OSError as e:
+            self.failed = f"the CPU decoding kernel did not load ({e})"
+
+    def wait(self) -> ctypes.CDLL | None:
+        """The library, once any build in progress has ended (tests, benchmarks)."""
+        if self.thread is not None:
+            self.thread.join()
+        return self.lib
 
 
-def _block_forward(
-    self: Block,
-    x: torch.Tensor,
-    mask: torch.Tensor | None,
-    kv_cache: KVCache | None = None,
-    probe: Probe | None = None,
-) -> torch.Tensor:
-    attn, mlp = self.attn, self.mlp
+LIBRARY = _Library()
+
+
+# --- a model's weights, as the C step reads them ---------------------------------------------------
+
+
+def _f32(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
+    if t is None:
+        return None
+    t = t.detach().float().contiguous()
+    keep.append(t)
+    return t.data_ptr()
+
+
+def _mat(linear: nn.Module, keep: list[torch.Tensor]) -> _Mat:
+    """A Linear (or quantize.Int8Linear) as the C step reads it."""
+    w = linear.weight.detach()
+    if not w.is_contiguous() or w.dtype not in _DTYPES:
+        raise ValueError("weights the decoding kernel cannot read")
+    keep.append(w)
+    scale = getattr(linear, "scale", None)
+    return _Mat(
+        w.data_ptr(), _f32(scale, keep), _f32(linear.bias, keep), _DTYPES[w.dtype], w.size(0), w.size(1)
+    )
+
+
+class Decoder:
+    """One model's weights, pointed to for the C step (they are the model's own tensors,
+    or fp32 copies of the small ones: LayerNorms and biases)."""
+
+    def __init__(self, model: GPT) -> None:
+        t, c = model.transformer, model.config
+        if t.wte.weight.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError("embeddings the decoding kernel cannot read")
+        keep: list[torch.Tensor] = [t.wte.weight, t.wpe.weight]
+        layers = (_Layer * c.n_layer)()
+        for i, block in enumerate(t.h):
+            layers[i] = _Layer(
+                _f32(block.ln_1.weight, keep),
+                _f32(block.ln_1.bias, keep),
+                _f32(block.ln_2.weight, keep),
+                _f32(block.ln_2.bias, keep),
+                _mat(block.attn.c_attn, keep),
+                _mat(block.attn.c_proj, keep),
+                _mat(block.mlp.c_fc, keep),
+                _mat(block.mlp.c_proj, keep),
+            )
+        self.model = _Model(
+            c.n_layer,
+            c.n_head,
+            c.n_embd,
+            c.vocab_size,
+            c.block_size,
+            _DTYPES[t.wte.weight.dtype],
+            t.wte.weight.data_ptr(),
+            t.wpe.weight.data_ptr(),
+            _f32(t.ln_f.weight, keep),
+            _f32(t.ln_f.bias, keep),
+            _mat(model.lm_head, keep),
+            layers,
+            BF16,
+        )
+        self.layers, self.keep, self.vocab = layers, keep, c.vocab_size
+        self.weights: tuple[int, ...] = ()
+
+    def step(self, lib: ctypes.CDLL, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The logits (B, V) after each row's new token (B,), stored in cache."""
+        B, slot = tokens.size(0), cache.pos
+        if cache.key_mask is None:
+            positions = torch.full((B,), slot, dtype=torch.long)
+            mask_ptr = None
+        else:
+            cache.key_mask[:, slot] = True
+            positions = cache.key_mask[:, :slot].long().sum(1)
+            mask = cache.key_mask.to(torch.uint8).contiguous()
+            mask_ptr = mask.data_ptr()
+        tokens = tokens.to(torch.long).contiguous()
+        self.model.cache_dtype = _DTYPES[cache.k.dtype]
+        logits = torch.empty(B, self.vocab, dtype=torch.float32)
+        rc = lib.gptcli_decode_step(
+            ctypes.byref(self.model),
+            ctypes.c_void_p(tokens.data_ptr()),
+            ctypes.c_void_p(positions.data_ptr()),
+            B,
+            cache.batch_size,
+            slot,
+            cache.max_len,
+            ctypes.c_void_p(cache.k.data_ptr()),
+            ctypes.c_void_p(cache.v.data_ptr()),
+            ctypes.c_void_p(mask_ptr),
+            ctypes.c_void_p(logits.data_ptr()),
+            torch.get_num_threads(),
+        )
+        if rc != 0:
+            raise MemoryError("the decoding kernel could not allocate its buffers")
+        cache.pos += 1
+        return logits
+
+
+def _weights_key(model: GPT) -> tuple[int, ...]:
+    """Where the weights are and their versions: changes when the model moves, changes
+    dtype (model.to) or has its weights loaded anew in place (load_state_dict)."""
+    t = model.transformer
+    ends = (
+        t.wte.weight,
+        t.wpe.weight,
+        t.h[0].ln_1.weight,
+        t.h[-1].mlp.c_proj.weight,
+        t.ln_f.weight,
+        model.lm_head.weight,
+    )
+    return tuple(w.data_ptr() for w in ends) + tuple(w._version for w in ends)
+
+
+def _next_logits(self: GPT, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """GPT.next_logits, through the C step where it applies: one new token per row on a
+    growing KV cache, nothing else asked (no probe, no padding mask), no gradients."""
+    cache = kwargs.get("kv_cache")
+    lib = LIBRARY.lib
     if (
-        x.size(1) == 1
-        and kv_cache is not None
-        and probe is None
-        and not attn.explicit
-        and not self.training
-        and _state["ok"]
+        lib is not None
+        and idx.size(1) == 1
+        and cache is not None
+        and not cache.static
+        and set(kwargs) == {"kv_cache"}
         and not torch.is_grad_enabled()
+        and cache.k.dtype in (torch.float32, torch.bfloat16)
+        and cache.k.is_contiguous()
+        and cache.pos < min(cache.max_len, self.config.block_size)
+        and idx.device.type == "cpu"
     ):
-        layer = attn.layer_idx
-        w = (self.ln_1.weight, self.ln_1.bias, attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight)
-        w += (attn.c_proj.bias, self.ln_2.weight, self.ln_2.bias, mlp.c_fc.weight, mlp.c_fc.bias)
-        w += (mlp.c_proj.weight, mlp.c_proj.bias)
-        end = kv_cache.pos + 1
-        k, v = kv_cache.k[layer, :, :, :end], kv_cache.v[layer, :, :, :end]  # (B, nh, S, hs)
-        for t in (k, v, mask):
-            if t is not None:
-                torch._dynamo.maybe_mark_dynamic(t, 3 if t is mask else 2)  # S
-        try:
-            return _compiled("block")(x, k, v, mask, w)[0]
-        except Exception:
-            _state["ok"] = False
-    return Block.forward(self, x, mask, kv_cache, probe)
+        weights = _weights_key(self)
+        decoder = self.__dict__.get("_decoder")
+        if decoder is None or decoder.weights != weights:  # new, or the model moved (model.to)
+            decoder = self.__dict__["_decoder"] = Decoder(self)
+            decoder.weights = weights
+        return decoder.step(lib, idx[:, 0], cache)
+    return GPT.next_logits(self, idx, **kwargs)
 
 
 def use_fast_decode(model: nn.Module) -> bool:
-    """Decode one token at a time through one compiled call per block, and route the other
-    Linear layers through the reduction kernel: bf16 on the CPU only. Returns whether it
-    applies."""
+    """Decode through the C step when the model is on the CPU (fp32, bf16 or int8 weights);
+    starts building the kernel if this machine has none yet. Returns whether it applies."""
     p = next(model.parameters())
-    if p.dtype != torch.bfloat16 or p.device.type != "cpu":
+    if p.device.type != "cpu" or not isinstance(model, GPT):
         return False
-    # one graph per model shape and batch size, plus one for a full cache: leave room for a
-    # few models in one process before torch.compile gives up and runs the step eagerly
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    for module in model.modules():
-        if isinstance(module, Block):
-            module.forward = types.MethodType(_block_forward, module)
-        elif isinstance(module, nn.Linear):
-            module.forward = types.MethodType(_linear_forward, module)
+    linears = [m for m in model.modules() if hasattr(m, "weight") and isinstance(m, nn.Linear | _Quantized)]
+    if any(m.weight.dtype not in _DTYPES or not m.weight.is_contiguous() for m in linears):
+        return False  # weights it cannot read: the model's own code
+    LIBRARY.start()
+    model.next_logits = types.MethodType(_next_logits, model)  # type: ignore[method-assign]
     return True
+
+
+def building() -> bool:
+    """Whether the kernel is being compiled right now (the first use on this machine)."""
+    return LIBRARY.thread is not None and LIBRARY.thread.is_alive()

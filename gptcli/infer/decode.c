@@ -1,0 +1,526 @@
+/* One decoding step of a GPT-2 on the CPU: every row's new token through every block and the
+ * unembedding, in one call, with no Python and no framework between the operations.
+ *
+ * Decoding a token reads every weight once and does little arithmetic with it, so its
+ * speed is the speed at which the weights stream from memory. The products are written so
+ * that each weight row is read once for all the rows of the batch (beams, samples), in the
+ * dtype it is stored in: fp32, bf16 (widened to fp32 as it is read) or int8 with one fp32
+ * scale per output row. Activations, LayerNorm, softmax and every sum stay in fp32. The
+ * work of each product is split across threads by output rows (OpenMP).
+ *
+ * Built by gptcli/infer/kernels.py with the machine's own compiler and instruction set
+ * (-O3 -march=native -fopenmp), and called through ctypes with the tensors' pointers.
+ */
+#include <math.h>
+#include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <stdlib.h>
+#include <string.h>
+
+enum { F32 = 0, BF16 = 1, I8 = 2 };
+
+typedef struct {
+    const void *w;      /* (n, k): fp32, bf16 or int8 */
+    const float *scale; /* (n) for int8, else NULL */
+    const float *bias;  /* (n) or NULL */
+    int dtype, n, k;
+} Mat;
+
+typedef struct {
+    const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
+    Mat attn, proj, fc, out;
+} Layer;
+
+typedef struct {
+    int n_layer, n_head, n_embd, vocab, block;
+    int emb_dtype;        /* of wte and wpe (the lookups), fp32 or bf16 */
+    const void *wte, *wpe;
+    const float *lnf_w, *lnf_b;
+    Mat head;             /* the unembedding: wte itself, or its int8 copy */
+    const Layer *layers;
+    int cache_dtype;      /* of the KV cache: fp32 or bf16 */
+} Model;
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* the dot products of a weight row with an fp32 activation row, by the weight's dtype:
+ * AVX-512 or AVX2 where the compiler targets them, plain loops elsewhere */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+static float dot_f32(const float *w, const float *x, int k) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= k; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (; i < k; i++) s += w[i] * x[i];
+    return s;
+}
+
+static inline __m512 widen_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static float dot_bf16(const uint16_t *w, const float *x, int k) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= k; i += 32) {
+        a0 = _mm512_fmadd_ps(widen_bf16(w + i), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(widen_bf16(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (; i < k; i++) s += bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+
+static inline __m512 widen_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+static float dot_i8(const int8_t *w, const float *x, int k) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= k; i += 32) {
+        a0 = _mm512_fmadd_ps(widen_i8(w + i), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(widen_i8(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (; i < k; i++) s += (float)w[i] * x[i];
+    return s;
+}
+
+/* the sums of a[0..15], in order, as one vector (a transposing tree: 45 operations where 16
+ * separate horizontal sums take about 130) */
+static inline __m512 sum16(const __m512 *a) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    const __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* p[s] = K[s] . q * scale for s < n: keys of hs values (fp32 or bf16), 16 keys summed at
+ * once; where it does not apply (hs not a multiple of 16), 0 and the caller goes on */
+#define HAVE_SCORES16 1
+static int scores16(const void *K, int dtype, const float *q, int hs, int n, float scale, float *p) {
+    if (hs % 16) return 0;
+    int s = 0;
+    for (; s + 16 <= n; s += 16) {
+        __m512 acc[16];
+        for (int t = 0; t < 16; t++) {
+            __m512 a = _mm512_setzero_ps();
+            const size_t row = (size_t)(s + t) * hs;
+            for (int i = 0; i < hs; i += 16) {
+                const __m512 kv = dtype == BF16 ? widen_bf16((const uint16_t *)K + row + i) : _mm512_loadu_ps((const float *)K + row + i);
+                a = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q + i), a);
+            }
+            acc[t] = a;
+        }
+        _mm512_storeu_ps(p + s, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+    }
+    return s;
+}
+
+#if defined(__AVX512BF16__)
+#define HAVE_BF16_PAIRS 1
+/* bf16 weights times bf16 activations, 32 pairs per instruction, summed in fp32 (AVX512-BF16:
+ * no widening of the weights on the way) */
+static float dot_bf16_pairs(const uint16_t *w, const uint16_t *x, int k) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 64 <= k; i += 64) {
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + i), (__m512bh)_mm512_loadu_si512(x + i));
+        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + i + 32), (__m512bh)_mm512_loadu_si512(x + i + 32));
+    }
+    for (; i + 32 <= k; i += 32)
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + i), (__m512bh)_mm512_loadu_si512(x + i));
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (; i < k; i++) s += bf16_to_f32(w[i]) * bf16_to_f32(x[i]);
+    return s;
+}
+
+/* x (n) to bf16, rounding to nearest even as f32_to_bf16 does, 32 at a time */
+static void to_bf16(const float *x, uint16_t *y, size_t n) {
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+        _mm512_storeu_si512(y + i, (__m512i)v);
+    }
+    for (; i < n; i++) y[i] = f32_to_bf16(x[i]);
+}
+
+/* out[q] = W[j + q] . x for 16 consecutive weight rows, one row after another (k % 32 == 0) */
+static void rows16_bf16_pairs(const uint16_t *w, const uint16_t *x, int k, float *out) {
+    __m512 acc[16];
+    for (int q = 0; q < 16; q++, w += k) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        int i = 0;
+        for (; i + 64 <= k; i += 64) {
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + i), (__m512bh)_mm512_loadu_si512(x + i));
+            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + i + 32), (__m512bh)_mm512_loadu_si512(x + i + 32));
+        }
+        if (i < k) a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + i), (__m512bh)_mm512_loadu_si512(x + i));
+        acc[q] = _mm512_add_ps(a0, a1);
+    }
+    _mm512_storeu_ps(out, sum16(acc));
+}
+
+/* out[4a + b] = W[a] . X[b] for 4 weight rows and 4 activation rows (k % 32 == 0): each
+ * weight row streamed once, in order, for the 4 activation rows (which stay in cache),
+ * while the same row of the next tile is fetched (prefetching past the end is harmless) */
+static void tile4x4_bf16_pairs(const uint16_t *w, const uint16_t *x, int k, float *out) {
+    __m512 acc[16];
+    for (int a = 0; a < 4; a++, w += k) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        for (int i = 0; i < k; i += 32) {
+            _mm_prefetch((const char *)(w + (size_t)4 * k + i), _MM_HINT_T0); /* the next tile's row */
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i);
+            a0 = _mm512_dpbf16_ps(a0, wv, (__m512bh)_mm512_loadu_si512(x + i));
+            a1 = _mm512_dpbf16_ps(a1, wv, (__m512bh)_mm512_loadu_si512(x + (size_t)k + i));
+            a2 = _mm512_dpbf16_ps(a2, wv, (__m512bh)_mm512_loadu_si512(x + (size_t)2 * k + i));
+            a3 = _mm512_dpbf16_ps(a3, wv, (__m512bh)_mm512_loadu_si512(x + (size_t)3 * k + i));
+        }
+        acc[4 * a] = a0, acc[4 * a + 1] = a1, acc[4 * a + 2] = a2, acc[4 * a + 3] = a3;
+    }
+    _mm512_storeu_ps(out, sum16(acc));
+}
+#endif
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static float dot_f32(const float *w, const float *x, int k) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= k; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    float s = hsum256(_mm256_add_ps(a0, a1));
+    for (; i < k; i++) s += w[i] * x[i];
+    return s;
+}
+
+static inline __m256 widen_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+static float dot_bf16(const uint16_t *w, const float *x, int k) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= k; i += 16) {
+        a0 = _mm256_fmadd_ps(widen_bf16(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(widen_bf16(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    float s = hsum256(_mm256_add_ps(a0, a1));
+    for (; i < k; i++) s += bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+
+static inline __m256 widen_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+static float dot_i8(const int8_t *w, const float *x, int k) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= k; i += 16) {
+        a0 = _mm256_fmadd_ps(widen_i8(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(widen_i8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    float s = hsum256(_mm256_add_ps(a0, a1));
+    for (; i < k; i++) s += (float)w[i] * x[i];
+    return s;
+}
+
+#else
+static float dot_f32(const float *w, const float *x, int k) {
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < k; i++) s += w[i] * x[i];
+    return s;
+}
+
+static float dot_bf16(const uint16_t *w, const float *x, int k) {
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < k; i++) s += bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+
+static float dot_i8(const int8_t *w, const float *x, int k) {
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < k; i++) s += (float)w[i] * x[i];
+    return s;
+}
+#endif
+
+enum { STORE = 0, ADD = 1, GELU = 2 }; /* what a product does with its result */
+
+/* e^x for the GELU, as plain arithmetic the compiler vectorizes (expf is a call per
+ * element): 2^n e^r with |r| <= ln2/2 and a degree-6 polynomial, within 2e-7 relative */
+static inline float vexp(float x) {
+    x = x > 88.f ? 88.f : x < -87.f ? -87.f : x;
+    const float n = floorf(x * 1.44269504f + 0.5f);
+    const float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.f / 720;
+    p = p * r + 1.f / 120, p = p * r + 1.f / 24, p = p * r + 1.f / 6;
+    p = p * r + 0.5f, p = p * r + 1.f, p = p * r + 1.f;
+    const int32_t e = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &e, 4);
+    return p * two_n;
+}
+
+static inline float gelu(float x) { /* GPT-2's tanh approximation, tanh z = 1 - 2 / (e^2z + 1) */
+    const float z = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (2.f - 2.f / (vexp(2.f * z) + 1.f));
+}
+
+/* this thread's share [lo, hi) of n outputs, in blocks of `align` */
+static void share(int n, int align, int *lo, int *hi) {
+#ifdef _OPENMP
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int t = 0, nt = 1;
+#endif
+    const long blocks = (n + align - 1) / align;
+    const int b0 = (int)(blocks * t / nt), b1 = (int)(blocks * (t + 1) / nt);
+    *lo = b0 * align < n ? b0 * align : n;
+    *hi = b1 * align < n ? b1 * align : n;
+}
+
+/* what a product does with its result s for row r, output j */
+static inline void put(const Mat *m, float *y, int r, int j, float s, int mode) {
+    s += m->bias ? m->bias[j] : 0.f;
+    float *out = y + (size_t)r * m->n + j;
+    *out = mode == ADD ? *out + s : s;
+}
+
+/* one output of a product, by the weight's dtype */
+static inline float dot_row(const Mat *m, int j, const float *xr, const uint16_t *xbr) {
+    const int k = m->k;
+    if (m->dtype == BF16) {
+#ifdef HAVE_BF16_PAIRS
+        (void)xr;
+        return dot_bf16_pairs((const uint16_t *)m->w + (size_t)j * k, xbr, k);
+#else
+        (void)xbr;
+        return dot_bf16((const uint16_t *)m->w + (size_t)j * k, xr, k);
+#endif
+    }
+    if (m->dtype == I8) return dot_i8((const int8_t *)m->w + (size_t)j * k, xr, k) * m->scale[j];
+    return dot_f32((const float *)m->w + (size_t)j * k, xr, k);
+}
+
+/* y (rows, n) = x (rows, k) @ W^T + bias, then stored, added to y (a residual) or passed
+ * through GELU; each weight row read from memory once for all rows. Called inside the
+ * step's parallel region: each thread takes its share of the output rows, then they meet.
+ * xb: this thread's room for x in bf16 (rows, k), for the bf16-pair products. */
+static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode) {
+    const int n = m->n, k = m->k;
+    int lo, hi, j = 0;
+    share(n, 16, &lo, &hi);
+    j = lo;
+#ifdef HAVE_BF16_PAIRS
+    if (m->dtype == BF16) {
+        to_bf16(x, xb, (size_t)rows * k);
+        const uint16_t *w = (const uint16_t *)m->w;
+        float out[16];
+        if (k % 32 == 0 && rows == 1)
+            for (; j + 16 <= hi; j += 16) {
+                rows16_bf16_pairs(w + (size_t)j * k, xb, k, out);
+                for (int q = 0; q < 16; q++) put(m, y, 0, j + q, out[q], mode);
+            }
+        else if (k % 32 == 0)
+            for (; j + 4 <= hi; j += 4) {
+                int r = 0;
+                for (; r + 4 <= rows; r += 4) {
+                    tile4x4_bf16_pairs(w + (size_t)j * k, xb + (size_t)r * k, k, out);
+                    for (int a = 0; a < 4; a++)
+                        for (int b = 0; b < 4; b++) put(m, y, r + b, j + a, out[4 * a + b], mode);
+                }
+                for (; r < rows; r++)
+                    for (int a = 0; a < 4; a++) put(m, y, r, j + a, dot_row(m, j + a, NULL, xb + (size_t)r * k), mode);
+            }
+    }
+#endif
+    for (; j < hi; j++)
+        for (int r = 0; r < rows; r++) put(m, y, r, j, dot_row(m, j, x + (size_t)r * k, xb + (size_t)r * k), mode);
+    if (mode == GELU)
+        for (int r = 0; r < rows; r++) {
+            float *yr = y + (size_t)r * n;
+#pragma omp simd
+            for (int i = lo; i < hi; i++) yr[i] = gelu(yr[i]);
+        }
+#pragma omp barrier
+}
+
+/* LayerNorm of every row (rows, c), by the threads in turn */
+static void layer_norm(const float *x, const float *w, const float *b, float *y, int rows, int c) {
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * c;
+        float *yr = y + (size_t)r * c;
+        float mean = 0.f, var = 0.f;
+        for (int i = 0; i < c; i++) mean += xr[i];
+        mean /= c;
+        for (int i = 0; i < c; i++) var += (xr[i] - mean) * (xr[i] - mean);
+        float inv = 1.f / sqrtf(var / c + 1e-5f);
+        for (int i = 0; i < c; i++) yr[i] = (xr[i] - mean) * inv * w[i] + b[i];
+    }
+}
+
+static inline float load_any(const void *p, int dtype, size_t i) {
+    return dtype == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* the first scores by 16 at a time where the CPU can; returns how many */
+static inline int first_scores(const void *K, int dtype, const float *q, int hs, int n, float scale, float *p) {
+#ifdef HAVE_SCORES16
+    return scores16(K, dtype, q, hs, n, scale, p);
+#else
+    (void)K, (void)dtype, (void)q, (void)hs, (void)n, (void)scale, (void)p;
+    return 0;
+#endif
+}
+
+/* single-query attention for every row and head over the slots 0..slot of this layer's
+ * cache, after writing the new keys and values at slot; qkv (rows, 3C), y (rows, C) */
+static void attend(const Model *m, int layer, const float *qkv, void *kc, void *vc, int rows, int batch,
+                   int cache_len, int slot, const uint8_t *key_mask, float *y, float *scratch) {
+    const int C = m->n_embd, nh = m->n_head, hs = C / nh, dt = m->cache_dtype;
+    const size_t head_stride = (size_t)cache_len * hs;
+    const size_t layer_off = (size_t)layer * batch * nh * head_stride;
+    const float scale = 1.f / sqrtf((float)hs);
+#pragma omp for collapse(2) schedule(static)
+    for (int r = 0; r < rows; r++) {
+        for (int h = 0; h < nh; h++) {
+            const size_t base = layer_off + ((size_t)r * nh + h) * head_stride;
+            const float *q = qkv + (size_t)r * 3 * C + h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *p = scratch + (size_t)(r * nh + h) * cache_len; /* (slot + 1) scores */
+            float *out = y + (size_t)r * C + h * hs;
+            if (dt == BF16) {
+                uint16_t *K = (uint16_t *)kc + base, *V = (uint16_t *)vc + base;
+                for (int i = 0; i < hs; i++) K[(size_t)slot * hs + i] = f32_to_bf16(k[i]), V[(size_t)slot * hs + i] = f32_to_bf16(v[i]);
+                for (int s = first_scores(K, BF16, q, hs, slot + 1, scale, p); s <= slot; s++)
+                    p[s] = dot_bf16(K + (size_t)s * hs, q, hs) * scale;
+            } else {
+                float *K = (float *)kc + base, *V = (float *)vc + base;
+                memcpy(K + (size_t)slot * hs, k, sizeof(float) * hs);
+                memcpy(V + (size_t)slot * hs, v, sizeof(float) * hs);
+                for (int s = first_scores(K, F32, q, hs, slot + 1, scale, p); s <= slot; s++)
+                    p[s] = dot_f32(K + (size_t)s * hs, q, hs) * scale;
+            }
+            float mx = -INFINITY;
+            for (int s = 0; s <= slot; s++) {
+                if (key_mask && s != slot && !key_mask[(size_t)r * cache_len + s]) p[s] = -INFINITY;
+                if (p[s] > mx) mx = p[s];
+            }
+            float sum = 0.f;
+            for (int s = 0; s <= slot; s++) {
+                p[s] = p[s] == -INFINITY ? 0.f : expf(p[s] - mx);
+                sum += p[s];
+            }
+            for (int i = 0; i < hs; i++) out[i] = 0.f;
+            for (int s = 0; s <= slot; s++) {
+                const float w = p[s] / sum;
+                if (w == 0.f) continue;
+                if (dt == BF16) {
+                    const uint16_t *V = (const uint16_t *)vc + base + (size_t)s * hs;
+#pragma omp simd
+                    for (int i = 0; i < hs; i++) out[i] += w * bf16_to_f32(V[i]);
+                } else {
+                    const float *V = (const float *)vc + base + (size_t)s * hs;
+#pragma omp simd
+                    for (int i = 0; i < hs; i++) out[i] += w * V[i];
+                }
+            }
+        }
+    }
+}
+
+/* tokens (rows): each row's new token, at position positions[r] of the model (its
+ * positional embedding) and at slot `slot` of the cache (which holds `batch` rows of
+ * cache_len slots); key_mask (rows, cache_len) or NULL: which slots a row may attend to.
+ * logits (rows, vocab). threads: how many to use (torch's own setting). One parallel region for the whole step: the threads meet at
+ * barriers between the operations, rather than starting anew for each. */
+int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *positions, int rows, int batch,
+                       int slot, int cache_len, void *k_cache, void *v_cache, const uint8_t *key_mask,
+                       float *logits, int threads) {
+    const int C = m->n_embd, F = 4 * C;
+    float *x = malloc(sizeof(float) * rows * C), *h = malloc(sizeof(float) * rows * C);
+    float *qkv = malloc(sizeof(float) * rows * 3 * C), *a = malloc(sizeof(float) * rows * C);
+    float *f = malloc(sizeof(float) * rows * F);
+    float *scratch = malloc(sizeof(float) * (size_t)rows * m->n_head * cache_len);
+#ifndef _OPENMP
+    threads = 1;
+#endif
+    if (threads < 1) threads = 1;
+    uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)threads * rows * F);
+    if (!x || !h || !qkv || !a || !f || !scratch || !xb) {
+        free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(xb);
+        return -1;
+    }
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < C; i++)
+            x[(size_t)r * C + i] = load_any(m->wte, m->emb_dtype, (size_t)tokens[r] * C + i) +
+                                   load_any(m->wpe, m->emb_dtype, (size_t)positions[r] * C + i);
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        uint16_t *mine = xb + (size_t)omp_get_thread_num() * rows * F;
+#else
+        uint16_t *mine = xb;
+#endif
+        for (int l = 0; l < m->n_layer; l++) {
+            const Layer *L = &m->layers[l];
+            layer_norm(x, L->ln1_w, L->ln1_b, h, rows, C);
+            matvec(&L->attn, h, mine, qkv, rows, STORE);
+            attend(m, l, qkv, k_cache, v_cache, rows, batch, cache_len, slot, key_mask, a, scratch);
+            matvec(&L->proj, a, mine, x, rows, ADD);
+            layer_norm(x, L->ln2_w, L->ln2_b, h, rows, C);
+            matvec(&L->fc, h, mine, f, rows, GELU);
+            matvec(&L->out, f, mine, x, rows, ADD);
+        }
+        layer_norm(x, m->lnf_w, m->lnf_b, h, rows, C);
+        matvec(&m->head, h, mine, logits, rows, STORE);
+    }
+    free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(xb);
+    return 0;
+}
