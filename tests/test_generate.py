@@ -10,7 +10,7 @@ import torch
 from gptcli.config import ModelConfig
 from gptcli.data.tokenizer import CharTokenizer, gpt2_tokenizer
 from gptcli.infer.completion import TextStream, complete, encode_prompt, top_k_of
-from gptcli.infer.generate import GREEDY, Sampling, filter_logits, generate
+from gptcli.infer.generate import GREEDY, Sampling, draw_from, filter_logits, generate
 from gptcli.model import GPT
 
 
@@ -105,6 +105,34 @@ def test_sample_next_follows_temperature():
     q = torch.tensor([0.49, 0.04, 0.01]) / 0.54
     freq = torch.bincount(Sampling(0.5).draw(logits, g), minlength=3) / 20000
     torch.testing.assert_close(freq, q, atol=0.015, rtol=0)
+
+
+def test_draw_from_matches_its_distribution_and_never_draws_zero_mass():
+    g = torch.Generator().manual_seed(0)
+
+    def draws(q: torch.Tensor, n: int) -> torch.Tensor:
+        return torch.cat([draw_from(q.expand(5000, -1), g) for _ in range(n // 5000)])
+
+    # three likely ids among 8,192, the rest sharing 10%, some exactly 0
+    V = 8192
+    q = torch.full((V,), 0.1 / 7900)
+    q[1000:1292] = 0.0
+    q[[7, 300, V - 1]] = torch.tensor([0.5, 0.3, 0.1])
+    ids = draws(q / q.sum(), 40000)
+    assert ids.dtype == torch.long and ids.shape == (40000,)
+    freq = torch.bincount(ids, minlength=V) / 40000
+    torch.testing.assert_close(freq[[7, 300, V - 1]], (q / q.sum())[[7, 300, V - 1]], atol=0.01, rtol=0)
+    assert not ((ids >= 1000) & (ids < 1292)).any()
+    # a tail of tiny probabilities keeps its share: 1% spread over 8,191 ids
+    q = torch.full((V,), 0.01 / (V - 1))
+    q[0] = 0.99
+    tail = (draws(q, 20000) > 0).float().mean().item()
+    assert 0.0075 < tail < 0.0125
+    # one-hot rows always give their id; the same seed, the same draws
+    assert draw_from(torch.eye(5), g).tolist() == [0, 1, 2, 3, 4]
+    rows = torch.softmax(torch.randn(4, 100, generator=g), -1)
+    a = draw_from(rows, torch.Generator().manual_seed(3))
+    assert torch.equal(a, draw_from(rows, torch.Generator().manual_seed(3)))
 
 
 def test_padded_vocabulary_ids_are_never_sampled():
