@@ -85,6 +85,47 @@ def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
     assert got_cache.pos == want_cache.pos == 24
 
 
+def _cpu_has(*flags: str) -> bool:
+    return set(flags) <= set(kernels._cpu_features().split())
+
+
+ISAS = {  # the code paths of decode.c, by what the compiler may use
+    "avx512-bf16": (
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"],
+        ("avx512f", "avx512_bf16"),
+    ),
+    "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"], ("avx512f",)),
+    "avx2": (["-mavx2", "-mfma"], ("avx2", "fma")),
+    "plain": ([], ()),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_every_instruction_set_path_gives_the_models_logits(isa, tmp_path, monkeypatch):
+    """The library as it is built for other CPUs (AVX-512 without BF16, AVX2, none), run
+    here where this CPU has the instructions: the same logits, in every dtype and row count."""
+    import platform
+
+    flags, needs = ISAS[isa]
+    if flags and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 instruction sets")
+    if not _cpu_has(*needs):
+        pytest.skip(f"this CPU lacks {', '.join(needs)}")
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    monkeypatch.setattr(kernels, "FLAGS", ["-O3", *flags, "-shared", "-fPIC", "-std=c11"])
+    monkeypatch.setattr(kernels, "LIBRARY", kernels._Library())
+    library()
+    for kind in ("fp32", "bf16", "int8"):
+        for rows in (1, 5):
+            model = small_model(torch.bfloat16 if kind == "bf16" else torch.float32, int8=kind == "int8")
+            assert kernels.use_fast_decode(model)
+            (want, _), (got, cache) = steps_both_ways(model, rows, 20, 3, padded=rows > 1)
+            assert "_decoder" in model.__dict__
+            tol = 0.03 * want.abs().max().item() if kind == "bf16" else 2e-5
+            torch.testing.assert_close(got, want, atol=tol, rtol=1e-5, msg=f"{isa} {kind} rows={rows}")
+            assert cache.pos == 23
+
+
 def test_greedy_fp32_decoding_gives_the_same_tokens_as_the_model(trained):
     library()
     from gptcli.store.loading import load

@@ -147,6 +147,37 @@ static int scores16(const void *K, int dtype, const float *q, int hs, int n, flo
     return s;
 }
 
+/* out[q] = W[j + q] . x for 16 consecutive weight rows of any dtype, widened to fp32 on the
+ * way (k % 32 == 0; int8 before its scale), summed 16 at once by sum16 */
+#define HAVE_ROWS16 1
+static void rows16_wide(const void *w, int dtype, const float *x, int k, float *out) {
+    __m512 acc[16];
+    for (int q = 0; q < 16; q++) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        if (dtype == I8) {
+            const int8_t *r = (const int8_t *)w + (size_t)q * k;
+            for (int i = 0; i < k; i += 32) {
+                a0 = _mm512_fmadd_ps(widen_i8(r + i), _mm512_loadu_ps(x + i), a0);
+                a1 = _mm512_fmadd_ps(widen_i8(r + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+            }
+        } else if (dtype == BF16) {
+            const uint16_t *r = (const uint16_t *)w + (size_t)q * k;
+            for (int i = 0; i < k; i += 32) {
+                a0 = _mm512_fmadd_ps(widen_bf16(r + i), _mm512_loadu_ps(x + i), a0);
+                a1 = _mm512_fmadd_ps(widen_bf16(r + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+            }
+        } else {
+            const float *r = (const float *)w + (size_t)q * k;
+            for (int i = 0; i < k; i += 32) {
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r + i), _mm512_loadu_ps(x + i), a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(r + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+            }
+        }
+        acc[q] = _mm512_add_ps(a0, a1);
+    }
+    _mm512_storeu_ps(out, sum16(acc));
+}
+
 #if defined(__AVX512BF16__)
 #define HAVE_BF16_PAIRS 1
 /* bf16 weights times bf16 activations, 32 pairs per instruction, summed in fp32 (AVX512-BF16:
@@ -377,6 +408,16 @@ static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int row
                 for (; r < rows; r++)
                     for (int a = 0; a < 4; a++) put(m, y, r, j + a, dot_row(m, j + a, NULL, xb + (size_t)r * k), mode);
             }
+    }
+#endif
+#ifdef HAVE_ROWS16
+    if (rows == 1 && k % 32 == 0) { /* bf16 here only without the bf16 pairs above */
+        const size_t size = m->dtype == I8 ? 1 : m->dtype == BF16 ? 2 : 4;
+        float out[16];
+        for (; j + 16 <= hi; j += 16) {
+            rows16_wide((const char *)m->w + (size_t)j * k * size, m->dtype, x, k, out);
+            for (int q = 0; q < 16; q++) put(m, y, 0, j + q, m->dtype == I8 ? out[q] * m->scale[j + q] : out[q], mode);
+        }
     }
 #endif
     for (; j < hi; j++)

@@ -153,9 +153,12 @@ class _Library:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with files.writing_path(path) as tmp:
-                for threads in (THREADS, []):
+                # without OpenMP (one thread), then for the compiler's default CPU where it
+                # cannot target this one (-march=native is not known to every compiler)
+                portable = [f for f in FLAGS if not f.startswith("-march=")]
+                for flags, threads in ((FLAGS, THREADS), (FLAGS, []), (portable, THREADS), (portable, [])):
                     done = subprocess.run(
-                        [compiler, *FLAGS, *threads, str(SOURCE), "-o", str(tmp), "-lm"],
+                        [compiler, *flags, *threads, str(SOURCE), "-o", str(tmp), "-lm"],
                         capture_output=True,
                         text=True,
                         check=False,
