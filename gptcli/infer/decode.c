@@ -222,10 +222,11 @@ static void rows16_bf16_pairs(const uint16_t *w, const uint16_t *x, int k, float
     _mm512_storeu_ps(out, sum16(acc));
 }
 
-/* out[4a + b] = W[a] . X[b] for 4 weight rows and 4 activation rows (k % 32 == 0): each
- * weight row streamed once, in order, for the 4 activation rows (which stay in cache),
- * while the same row of the next tile is fetched (prefetching past the end is harmless) */
-static void tile4x4_bf16_pairs(const uint16_t *w, const uint16_t *x, int k, float *out) {
+/* out[4a + b] = W[a] . X[b] for 4 weight rows and 4 activation rows (k % 32 == 0), for
+ * under 8 rows, where the weights' bandwidth binds: each weight row streamed once, in
+ * order, for the 4 activation rows (which stay in cache), while the same row of the next
+ * tile is fetched (prefetching past the end is harmless) */
+static void tile4x4_bf16_stream(const uint16_t *w, const uint16_t *x, int k, float *out) {
     __m512 acc[16];
     for (int a = 0; a < 4; a++, w += k) {
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
@@ -238,6 +239,25 @@ static void tile4x4_bf16_pairs(const uint16_t *w, const uint16_t *x, int k, floa
             a3 = _mm512_dpbf16_ps(a3, wv, (__m512bh)_mm512_loadu_si512(x + (size_t)3 * k + i));
         }
         acc[4 * a] = a0, acc[4 * a + 1] = a1, acc[4 * a + 2] = a2, acc[4 * a + 3] = a3;
+    }
+    _mm512_storeu_ps(out, sum16(acc));
+}
+
+/* the same for 8 rows and more, where the products bind: a 4x4 block of sums kept in 16
+ * registers, each step loading 4 weight and 4 activation vectors for 16 products (GPT-2
+ * 124M, a batch of 16 on a Zen 4: 15% faster than the streaming order, which is 30%
+ * faster for 4 rows) */
+static void tile4x4_bf16_block(const uint16_t *w, const uint16_t *x, int k, float *out) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < k; i += 32) {
+        __m512bh xv[4];
+        for (int b = 0; b < 4; b++) xv[b] = (__m512bh)_mm512_loadu_si512(x + (size_t)b * k + i);
+        for (int a = 0; a < 4; a++) {
+            _mm_prefetch((const char *)(w + (size_t)(4 + a) * k + i), _MM_HINT_T0); /* the next tile */
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (size_t)a * k + i);
+            for (int b = 0; b < 4; b++) acc[4 * a + b] = _mm512_dpbf16_ps(acc[4 * a + b], wv, xv[b]);
+        }
     }
     _mm512_storeu_ps(out, sum16(acc));
 }
@@ -401,7 +421,7 @@ static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int row
             for (; j + 4 <= hi; j += 4) {
                 int r = 0;
                 for (; r + 4 <= rows; r += 4) {
-                    tile4x4_bf16_pairs(w + (size_t)j * k, xb + (size_t)r * k, k, out);
+                    (rows >= 8 ? tile4x4_bf16_block : tile4x4_bf16_stream)(w + (size_t)j * k, xb + (size_t)r * k, k, out);
                     for (int a = 0; a < 4; a++)
                         for (int b = 0; b < 4; b++) put(m, y, r + b, j + a, out[4 * a + b], mode);
                 }
