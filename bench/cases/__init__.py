@@ -7,6 +7,7 @@ CASES = {
     "decode": "decode",
     "decode-long": "decode_long",
     "decode-static": "decode_static",
+    "llama-cpp": "llama_cpp",
     "beam": "beam",
     "bpe": "bpe",
     "help": "help",

@@ -1,0 +1,266 @@
+"""bench case: decoding on the CPU against llama.cpp, on the same GPT-2 124M-shaped weights.
+
+gptcli's run is exported to Hugging Face's format and converted to GGUF by llama.cpp's own
+converter (convert_hf_to_gguf.py, in the llama-cpp-python source: give --llama-convert
+PATH); both decode greedily from the same prompt, on the same threads, in alternating
+rounds: bf16 against llama.cpp f16, fp32 against f32, --quantize int8 against q8_0. Also:
+the first token of a whole `gptcli sample -n 1` process against importing torch and
+loading the weights; beams (B=4) and a batch of 16 against this machine's memory-bandwidth
+and bf16-compute limits. Without llama-cpp-python (pip install llama-cpp-python==0.3.36,
+which compiles llama.cpp: minutes) the gptcli side runs alone and the table says so.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.cases.decode import memory_bandwidth
+from bench.common import ROOT, Result, gpt2_pair
+from gptcli.infer import kernels
+from gptcli.infer.generate import GREEDY, beam_search, generate
+from gptcli.infer.quantize import quantize, weight_bytes
+from gptcli.model import GPT
+
+PAIRS = (("bf16", "f16"), ("fp32", "f32"), ("int8", "q8_0"))
+
+
+def bf16_peak() -> float:
+    """FLOP/s of the best of a few large bf16 matmuls (torch's oneDNN kernels)."""
+    a = torch.randn(2048, 2048, dtype=torch.bfloat16)
+    best = 0.0
+    for _ in range(4):
+        t0 = time.perf_counter()
+        for _ in range(4):
+            a @ a
+        best = max(best, 4 * 2 * 2048**3 / (time.perf_counter() - t0))
+    return best
+
+
+def save_run(model: GPT, work: Path) -> Path:
+    from gptcli.data.tokenizer import gpt2_tokenizer
+    from gptcli.store.checkpoint import save_checkpoint
+
+    run = work / "g124"
+    save_checkpoint(run, "best", model, gpt2_tokenizer(), {"task": "lm"})
+    return run
+
+
+def ggufs(model: GPT, work: Path, convert: Path | None) -> tuple[dict[str, Path], str | None]:
+    """The model in llama.cpp's formats, or why not."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return {}, "llama-cpp-python is not installed: gptcli measured alone"
+    if convert is None or not convert.is_file():
+        return {}, "llama.cpp's convert_hf_to_gguf.py not found (--llama-convert PATH): gptcli measured alone"
+    from gptcli.data.tokenizer import gpt2_tokenizer
+    from gptcli.store.hf import export_hf
+
+    hf_dir = work / "hf"
+    export_hf(model, gpt2_tokenizer(), hf_dir)
+    out = {}
+    env = {**os.environ, "PYTHONPATH": str(convert.parent / "gguf-py")}
+    for kind in ("f16", "f32", "q8_0"):
+        out[kind] = work / f"g124-{kind}.gguf"
+        cmd = [sys.executable, str(convert), str(hf_dir), "--outtype", kind, "--outfile", str(out[kind])]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return {}, f"the converter failed on {kind}: {done.stderr.strip().splitlines()[-1:]}"
+    return out, None
+
+
+def ours_tps(model: GPT, prompt: list[int], n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in generate(model, prompt, n, sampling=GREEDY):
+        pass
+    return n / (time.perf_counter() - t0)
+
+
+def llama_tps(llm, prompt: list[int], n: int) -> tuple[float, list[int]]:
+    llm.reset()
+    got: list[int] = []
+    t0 = time.perf_counter()
+    for tok in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        got.append(tok)
+        if len(got) == n:
+            break
+    return n / (time.perf_counter() - t0), got
+
+
+def whole_process(code: list[str], repeats: int) -> float:
+    """Seconds of the best of `repeats` runs of a fresh process (after one warm-up run)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    best = float("inf")
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        done = subprocess.run(code, env=env, capture_output=True, text=True, check=False)
+        took = time.perf_counter() - t0
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-2000:])
+        if i:  # the first run warms the caches (the decoding kernel, the page cache)
+            best = min(best, took)
+    return best
+
+
+def first_token(run: Path, gguf: Path | None, repeats: int) -> list[Result]:
+    py = sys.executable
+    torch_s = whole_process([py, "-c", "import torch"], repeats)
+    load_s = whole_process([py, "-c", f"from gptcli.store.loading import load; load({str(run)!r})"], repeats)
+    ours = whole_process(
+        [py, "-m", "gptcli", "sample", "--ckpt", str(run), "-n", "1", "--temp", "0"], repeats
+    )
+    notes = [
+        f"whole processes, best of {repeats} after a warm-up run; `import torch` alone {torch_s:.2f} s; "
+        f"bf16 weights (--dtype auto on this CPU)"
+    ]
+    llama = None
+    if gguf is not None:
+        code = (
+            f"from llama_cpp import Llama; llm = Llama(model_path={str(gguf)!r}, n_ctx=1024, "
+            f"n_threads={torch.get_num_threads()}, verbose=False); "
+            "next(llm.generate([464], top_k=1, temp=0.0))"
+        )
+        llama = whole_process([py, "-c", code], repeats)
+        notes.append(f"llama.cpp f16, the same in a whole process: {llama:.2f} s")
+    return [
+        Result(
+            "first token, `gptcli sample -n 1`, GPT-2 124M, caches warm",
+            ours,
+            load_s,
+            "s",
+            "import torch + loading the weights",
+            "<= 1.5x",
+            ours / load_s <= 1.5,
+            notes,
+        )
+    ]
+
+
+def batches(model: GPT, prompt: list[int], n: int, bw: float, peak: float) -> list[Result]:
+    """Beams and a batch of 16, bf16, against this machine's limits: tokens/s at which the
+    weights stream at the measured bandwidth, or the products run at the bf16 peak."""
+    out = []
+    params = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    for name, rows in (("beam search B=4", 4), ("sampling a batch of 16", 16)):
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            if rows == 4:
+                beam_search(model, prompt, 4, n, end_ids=[])
+            else:
+                for _ in generate(
+                    model, prompt, n, num_samples=16, generator=torch.Generator().manual_seed(0)
+                ):
+                    pass
+            runs.append(n / (time.perf_counter() - t0))  # steps/s; each step is `rows` tokens
+        steps = statistics.median(runs)
+        by_bw = bw / weight_bytes(model)
+        by_flops = peak / (2 * params * rows)
+        limit = min(by_bw, by_flops)
+        out.append(
+            Result(
+                f"{name}, GPT-2 124M, bf16",
+                steps * rows,
+                limit * rows,
+                "tokens/s",
+                "the machine's limit",
+                ">= 80% of the binding limit",
+                steps >= 0.8 * limit,
+                [
+                    f"{steps:.1f} steps/s; bandwidth limit {by_bw:.0f} steps/s ({100 * steps / by_bw:.0f}%), "
+                    f"bf16 compute limit {by_flops:.0f} steps/s ({100 * steps / by_flops:.0f}%; "
+                    f"peak {peak / 1e9:.0f} GFLOP/s)"
+                ],
+            )
+        )
+    return out
+
+
+def run(args) -> list[Result]:
+    n = 50 if args.quick else 200
+    work = Path(tempfile.mkdtemp(prefix="gptcli-llama-"))
+    _, fp32 = gpt2_pair()
+    run_dir = save_run(fp32, work)
+    files, why_not = ggufs(fp32, work, getattr(args, "llama_convert", None))
+    models = {"fp32": fp32, "bf16": GPT(fp32.config), "int8": GPT(fp32.config)}
+    for kind in ("bf16", "int8"):
+        models[kind].load_state_dict(fp32.state_dict())
+        models[kind].eval().to(torch.bfloat16)
+    quantize(models["int8"])
+    for m in models.values():
+        kernels.use_fast_decode(m)
+    kernels.LIBRARY.wait()
+    prompt = torch.randint(0, 50257, (16,), generator=torch.Generator().manual_seed(1)).tolist()
+    llms = {}
+    if files:
+        from llama_cpp import Llama
+
+        for kind, path in files.items():
+            llms[kind] = Llama(
+                model_path=str(path),
+                n_ctx=1024,
+                n_threads=torch.get_num_threads(),
+                n_batch=512,
+                verbose=False,
+            )
+    for m in models.values():  # warm-up: first use of each model
+        ours_tps(m, prompt, 8)
+    ours_runs: dict[str, list[float]] = {k: [] for k in models}
+    peer_runs: dict[str, list[float]] = {k: [] for k in llms}
+    bws = []
+    for _ in range(args.repeats):
+        bws.append(memory_bandwidth())
+        for ours_kind, peer_kind in PAIRS:
+            ours_runs[ours_kind].append(ours_tps(models[ours_kind], prompt, n))
+            if peer_kind in llms:
+                peer_runs[peer_kind].append(llama_tps(llms[peer_kind], prompt, n)[0])
+    bw = statistics.median(bws)
+    results = []
+    targets = {
+        "bf16": (1.1, ">= 1.1x, >= 80% of bandwidth"),
+        "fp32": (1.0, ">= 1.0x"),
+        "int8": (1.0, ">= 1.0x, >= 1.6x gptcli bf16"),
+    }
+    for ours_kind, peer_kind in PAIRS:
+        ours = statistics.median(ours_runs[ours_kind])
+        peer = statistics.median(peer_runs[peer_kind]) if peer_runs.get(peer_kind) else None
+        share = ours * weight_bytes(models[ours_kind]) / bw
+        ratio_needed, target = targets[ours_kind]
+        met = None if peer is None else ours / peer >= ratio_needed
+        if ours_kind == "bf16" and met is not None:
+            met = met and share >= 0.8
+        if ours_kind == "int8":
+            vs_bf16 = ours / statistics.median(ours_runs["bf16"])
+            met = (met if met is not None else True) and vs_bf16 >= 1.6
+        notes = [
+            f"{n} new tokens from a 16-token prompt, greedy, {torch.get_num_threads()} threads; "
+            f"{100 * share:.0f}% of the bandwidth limit ({bw / 1e9:.1f} GB/s, "
+            f"{weight_bytes(models[ours_kind]) / 1e6:.0f} MB read per token)"
+        ]
+        if ours_kind == "int8":
+            notes.append(f"{vs_bf16:.2f}x gptcli bf16")
+        if why_not and ours_kind == "bf16":
+            notes.append(why_not)
+        results.append(
+            Result(
+                f"decoding on the CPU, GPT-2 124M, {ours_kind}",
+                ours,
+                peer,
+                "tokens/s",
+                f"llama.cpp {peer_kind}",
+                target,
+                met,
+                notes,
+            )
+        )
+    results += batches(models["bf16"], prompt, 30 if args.quick else 100, bw, bf16_peak())
+    results += first_token(run_dir, files.get("f16"), 2 if args.quick else 3)
+    return results
