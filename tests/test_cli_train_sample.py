@@ -110,6 +110,11 @@ def test_sample_several_with_seed_and_stop(trained):
         assert "." not in s["text"]
     plain = run(*args)
     assert plain.exit_code == 0 and "sample 3" in plain.output
+    # sample i draws from its own generator seeded 7 + i - 1: what that seed gives alone
+    for i in range(3):
+        alone = ["sample", "--ckpt", trained, "-p", "The", "-n", "40", "--seed", str(7 + i), "--json"]
+        with_stop = json.loads(run(*alone, "--stop", ".").output)["samples"][0]
+        assert with_stop == a["samples"][i]
 
 
 def test_sample_show_probs_marks_the_chosen_token(trained):

@@ -11,7 +11,7 @@ import torch
 
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
-from gptcli.infer.generate import SAMPLE, Sampling, beam_search, generate
+from gptcli.infer.generate import SAMPLE, Sampling, beam_search, generate, row_generators
 from gptcli.model import GPT
 
 
@@ -140,12 +140,7 @@ def complete(
 ) -> list[Sampled]:
     """Sample num_samples continuations of prompt as one batch; on_text(i, delta) receives
     each continuation's text as it becomes final (for streaming)."""
-    device = next(model.parameters()).device
-    generator = torch.Generator(device=device)
-    if seed is not None:
-        generator.manual_seed(seed)
-    else:
-        generator.seed()
+    generator = row_generators(seed, num_samples, next(model.parameters()).device)
     streams = [TextStream(tokenizer, stops) for _ in range(num_samples)]
     steps: list[list[TopK]] = [[] for _ in range(num_samples)]
     for step in generate(

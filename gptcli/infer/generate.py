@@ -72,11 +72,27 @@ class Sampling:
         scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
         return filter_logits(scaled, self.top_k, self.top_p).softmax(-1)
 
-    def draw(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Next token ids (B,) for logits (B, V)."""
+    def draw(self, logits: torch.Tensor, generator: Generators = None) -> torch.Tensor:
+        """Next token ids (B,) for logits (B, V); generator: one for the batch, or one per
+        row (each row's draws then depend on nothing but its own generator)."""
         if self.greedy:
             return logits.argmax(dim=-1)
-        return draw_from(self.distribution(logits), generator)
+        q = self.distribution(logits)
+        if isinstance(generator, Sequence):
+            return torch.cat([draw_from(q[i : i + 1], g) for i, g in enumerate(generator)])
+        return draw_from(q, generator)
+
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def row_generators(seed: int | None, n: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
+    """One generator per row: row i of a request seeded S draws from its own generator
+    seeded S + i (the rule `sample --num-samples` and the server share); unseeded, random."""
+    import secrets
+
+    base = secrets.randbits(62) if seed is None else seed
+    return [torch.Generator(device=device).manual_seed(base + i) for i in range(n)]
 
 
 def draw_from(q: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -209,7 +225,7 @@ def generate(
     *,
     num_samples: int = 1,
     sampling: Sampling = SAMPLE,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
     vocab_size: int | None = None,
     use_cache: bool = True,
     compile: bool = False,
