@@ -29,6 +29,7 @@ from gptcli.cli.inspect_attn import inspect_attn
 from gptcli.cli.inspect_lens import inspect_lens
 from gptcli.cli.pretrain import PRETRAIN_OVERRIDES, pretrain
 from gptcli.cli.sample import sample
+from gptcli.cli.serve import serve
 from gptcli.cli.tokenize import tokenize
 from gptcli.config import verbs
 from gptcli.errors import GptcliError, unforeseen
@@ -200,6 +201,7 @@ VERBS: dict[str, tuple[type, Any, tuple[Overrides, ...]]] = {
     "classify": (verbs.ClassifySettings, classify, ()),
     "eval": (verbs.EvalSettings, eval_, ()),
     "export": (verbs.ExportSettings, export, ()),
+    "serve": (verbs.ServeSettings, serve, ()),
 }
 for _name, (_settings, _run, _overrides) in VERBS.items():
     app.command(_name)(command(_settings, _run, _overrides))

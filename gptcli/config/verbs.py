@@ -245,6 +245,38 @@ class SampleSettings(Settings):
 
 
 @dataclass
+class ServeSettings(Settings):
+    ckpt: str | None = ckpt_knob()
+    base: Path | None = base_knob()
+    host: str = knob("127.0.0.1", flag="--host", help="Address to listen on (0.0.0.0: every interface)")
+    port: int = knob(8000, check=Range(0, 65535), flag="--port", help="Port to listen on (0: a free one)")
+    model_name: str | None = knob(
+        None, flag="--model-name", help="The model's name in the API", shown="the run directory's name"
+    )
+    api_key: str | None = knob(
+        None, flag="--api-key", help="Require 'Authorization: Bearer KEY'", shown="$GPTCLI_API_KEY, else none"
+    )
+    max_batch: int = knob(8, check=Range(1, 256), flag="--max-batch", help="Sequences decoded together")
+    max_queue: int = knob(
+        64, check=Range(0, 1 << 16), flag="--max-queue", help="Sequences waiting, beyond which 429"
+    )
+    max_tokens_limit: int | None = knob(
+        None,
+        check=POSITIVE,
+        flag="--max-tokens-limit",
+        help="The largest max_tokens a request may ask",
+        shown="block_size",
+    )
+    cors_origin: list[str] = knob(
+        [], flag="--cors-origin", help="Allow browsers from this origin (repeatable)"
+    )
+    device: str = device_knob()
+    dtype: str = dtype_knob()
+    quantize: str | None = quantize_knob()
+    json_out: bool = json_knob(help="Print one JSON line {url, model} once it is ready")
+
+
+@dataclass
 class BeamSettings(Settings):
     prompt: str = prompt_argument("Text to continue.")
     ckpt: str | None = ckpt_knob()

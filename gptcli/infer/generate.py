@@ -241,7 +241,7 @@ def generate(
         raise ValueError("generate needs at least one prompt token")
     device = next(model.parameters()).device
     seq = torch.tensor([list(prompt)], device=device)
-    ctx = _Context(model, seq, use_cache, _cache_dtype(model), compile)
+    ctx = _Context(model, seq, use_cache, cache_dtype(model), compile)
     logits = ctx.first()
     ctx.expand(num_samples)
     logits = logits.expand(num_samples, -1)
@@ -258,7 +258,8 @@ def generate(
             logits = ctx.push(tokens)
 
 
-def _cache_dtype(model: GPT) -> torch.dtype:
+def cache_dtype(model: GPT) -> torch.dtype:
+    """The KV cache's dtype for this model: its parameters' (int8 products keep theirs)."""
     return next(model.parameters()).dtype
 
 
@@ -336,7 +337,7 @@ def beam_search(
         )
     ends = set(end_ids)
     positions = len(prompt) + max_new_tokens
-    cache = KVCache(model.config, 1, positions, device, _cache_dtype(model), static=compile)
+    cache = KVCache(model.config, 1, positions, device, cache_dtype(model), static=compile)
     logits = model.next_logits(torch.tensor([list(prompt)], device=device), kv_cache=cache)
     cache.expand(beams)
     logits = logits.expand(beams, -1)

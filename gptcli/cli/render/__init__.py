@@ -4,7 +4,8 @@ Functions take plain data (lists, numbers, strings, gptcli.reports records) from
 modules and write to stdout (results) or stderr (progress, warnings, errors). By what is
 drawn: console.py (the consoles, messages, JSON, progress bars), tokens.py, training.py
 (the live view, the log, the summary), decoding.py (samples, probabilities, beams,
-predictions), heatmaps.py (attention maps), lens.py (the logit lens). Callers use
+predictions), heatmaps.py (attention maps), lens.py (the logit lens), serving.py (the
+server's banner). Callers use
 `from gptcli.cli import render`.
 """
 
@@ -28,6 +29,7 @@ from gptcli.cli.render.decoding import beam_table, predictions_table, probs_tabl
 from gptcli.cli.render.evals import eval_tables
 from gptcli.cli.render.heatmaps import attention_grid, attention_heatmap, token_labels
 from gptcli.cli.render.lens import lens_grid, lens_table
+from gptcli.cli.render.serving import serve_banner
 from gptcli.cli.render.tokens import token_table, tokenize_summary, visible_piece
 from gptcli.cli.render.training import (
     TrainLog,
@@ -42,7 +44,7 @@ __all__ = [
     "STDERR", "STDOUT", "Notes", "Stream", "TrainLog", "TrainView", "attention_grid",
     "attention_heatmap", "batch_line", "beam_table", "byte_progress", "carry_on_without_output",
     "count_progress", "err", "error", "eval_tables", "info", "lens_grid", "lens_table", "loss_chart",
-    "note", "out",
-    "predictions_table", "print_json", "probs_table", "sample_text", "stream_text", "token_labels",
+    "note", "out", "predictions_table", "print_json", "probs_table", "sample_text", "serve_banner",
+    "stream_text", "token_labels",
     "token_table", "tokenize_summary", "train_reporter", "train_summary", "visible_piece", "warning",
 ]  # fmt: skip

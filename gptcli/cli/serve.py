@@ -1,0 +1,130 @@
+"""`gptcli serve`: a model behind the OpenAI-compatible HTTP API, decoding every request
+in one continuous batch (gptcli/infer/engine.py, server.py). Its flags are
+config.verbs.ServeSettings."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from gptcli.cli import render
+from gptcli.cli.common import check_decoding_fits, load_model
+from gptcli.config.verbs import ServeSettings
+from gptcli.errors import UsageError, need
+
+
+def serve(s: ServeSettings) -> None:
+    """Serve a model over HTTP, as OpenAI's API (completions, streaming, logprobs).
+
+    gptcli serve                                   newest run, http://127.0.0.1:8000
+    gptcli serve --ckpt runs/demo --port 8080 --api-key KEY
+    curl http://127.0.0.1:8000/v1/completions -d '{"prompt": "The owl", "max_tokens": 20}'
+    """
+    need("fastapi", "serve", "gptcli serve")
+    uvicorn = need("uvicorn", "serve", "gptcli serve")
+    from gptcli.infer.engine import Engine
+    from gptcli.infer.server import Served, create_app
+
+    listener = _listen(s.host, s.port)  # before loading: a taken port fails at once
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
+    block = loaded.model.config.block_size
+    check_decoding_fits(loaded.model, s.max_batch, f"--max-batch {s.max_batch}")
+    if s.max_tokens_limit is not None and s.max_tokens_limit > 1 << 20:
+        raise UsageError("--max-tokens-limit over 1,048,576 is not a limit; give a smaller one")
+    api_key = s.api_key or os.environ.get("GPTCLI_API_KEY") or None
+    name = s.model_name or _model_name(s.ckpt, loaded.path)
+    engine = Engine(
+        loaded.model, max_batch=s.max_batch, max_queue=s.max_queue, vocab_size=loaded.tokenizer.vocab_size
+    )
+    served = Served(
+        engine,
+        loaded.tokenizer,
+        name,
+        block,
+        s.max_tokens_limit or block,
+        s.max_batch,
+        api_key,
+        list(s.cors_origin),
+    )
+    host, port = listener.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    if s.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        render.warning(
+            f"listening on {s.host} without an API key: anyone who can reach it can use it (--api-key)"
+        )
+    config = uvicorn.Config(
+        create_app(served), log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )
+    server = _server(config, engine)
+    # the signals are ours from before the ready line: a SIGTERM right after it stops cleanly
+    previous = {sig: signal.signal(sig, server.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if s.json_out:
+            render.print_json({"url": url, "model": name})
+        else:
+            render.serve_banner(url, name, api_key is not None)
+        server.run(sockets=[listener])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        engine.close()
+        listener.close()
+    if server.stopped_by == signal.SIGINT:
+        raise SystemExit(130)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket, so the port is known (--port 0) and taken before anything else."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UsageError(f"--host {host}: not an address this machine can listen on ({e.strerror})") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise UsageError(
+            f"cannot listen on {host}:{port} ({e.strerror}); try another --port, or 0 for a free one"
+        ) from None
+    sock.listen(128)
+    return sock
+
+
+def _model_name(ckpt: str | None, path: Path) -> str:
+    """The run directory's name (a checkpoint inside it counts as the run), the directory's
+    for Hugging Face, the hub name itself."""
+    if ckpt is not None and not Path(ckpt).exists():
+        return ckpt  # a hub name
+    path = Path(path)
+    return path.parent.name if path.name in ("best", "last") else path.name
+
+
+def _server(config, engine):
+    """uvicorn's server, stopped by SIGINT or SIGTERM (stop, the handler serve() installs):
+    the engine closes first (requests in flight end with a final event), then the port is
+    released; the signal is remembered."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stopped_by: int | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:  # serve() has put stop() in place
+            yield
+
+        def stop(self, sig: int, frame: object) -> None:
+            if self.stopped_by is not None:  # a second signal: stop waiting for requests
+                self.force_exit = True
+            self.stopped_by = sig
+            self.should_exit = True
+            threading.Thread(target=engine.close, daemon=True).start()
+
+    return Server(config)

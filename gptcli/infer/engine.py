@@ -1,0 +1,288 @@
+"""Continuous batching, the server's decoding loop (no HTTP here: server.py speaks it).
+
+One thread steps every active sequence together, one token each. A new sequence is
+prefilled alone and joins at the next step; a finished or cancelled one leaves at once.
+The batch shares one KV cache whose rows are right-aligned: row r holds its n_r tokens in
+the last n_r slots written, the slots before them masked, so each row's positions are its
+own (0, 1, ...). When the rows change, the cache is rebuilt from the rows' own slots (a
+copy of what they hold, with room for the next 32 tokens); a row that reaches the
+model's block slides its window as `sample` does (its last 3/4 block encoded afresh).
+
+Each sequence has its own sampling settings and its own generator, so what it draws does
+not depend on what else is in the batch: greedy tokens are `sample --temp 0`'s, a seeded
+request's tokens those of the same request sent alone. In fp32 that holds exactly (tested
+under load); in bf16 the products' rounding changes with the batch, so near-ties may differ.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from gptcli.infer.generate import Sampling, cache_dtype
+from gptcli.model import GPT, KVCache
+
+HEADROOM = 32  # slots a rebuilt cache leaves for the tokens to come
+
+
+@dataclass
+class Scored:
+    """One token and what the model gave it: its log-probability and the alternatives."""
+
+    id: int
+    logprob: float | None  # None: the first prompt token, which nothing predicts
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Event:
+    """What a sequence reports, in order: `prompt` (the prompt's scores, when asked), then
+    one `token` per generated token, then `done` (finish: stop | length | cancelled) or
+    `error` (message)."""
+
+    kind: str
+    scored: list[Scored] = field(default_factory=list)
+    finish: str | None = None
+    message: str | None = None
+
+
+class QueueFull(Exception):
+    """More sequences are waiting than the engine takes."""
+
+
+class Sequence:
+    """One continuation being decoded: its settings, its tokens, where its keys live."""
+
+    def __init__(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+        emit: Callable[[Event], None],
+        *,
+        logprobs: int | None = None,
+        score_prompt: bool = False,
+        end_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.tokens = list(prompt)
+        self.n_prompt = len(prompt)
+        self.max_tokens = max_tokens
+        self.sampling = sampling
+        self.generator = generator
+        self.emit = emit
+        self.logprobs = logprobs  # alternatives per token (None: no logprobs at all)
+        self.score_prompt = score_prompt
+        self.end_ids = end_ids
+        self.cancelled = False
+        self.logits: torch.Tensor | None = None  # (V,) the next token's, once known
+        self.own: KVCache | None = None  # its cache while it is not in the batch's
+        self.cached = 0  # tokens whose keys are stored (all but the newest)
+        self.row = -1  # its row in the batch cache
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+    def cancel(self) -> None:
+        """Stop decoding it (the client went away, or a stop string ended it)."""
+        self.cancelled = True
+
+
+class Engine:
+    """The decoding loop in a thread of its own: submit() sequences, read their events."""
+
+    def __init__(
+        self, model: GPT, *, max_batch: int = 8, max_queue: int = 64, vocab_size: int | None = None
+    ) -> None:
+        self.model = model
+        self.config = model.config
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.vocab_size = vocab_size or model.config.vocab_size
+        self.device = next(model.parameters()).device
+        self.cache_dtype = cache_dtype(model)
+        self.waiting: deque[Sequence] = deque()
+        self.active: list[Sequence] = []
+        self.cache: KVCache | None = None
+        self.lock = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._loop, name="gptcli-engine", daemon=True)
+        self.thread.start()
+
+    # --- the outside ---------------------------------------------------------------------
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        """Queue sequences (all or none); QueueFull when more than max_batch + max_queue would
+        be decoding or waiting."""
+        with self.lock:
+            if self.stopping:
+                raise QueueFull("the server is stopping")
+            busy = len(self.active) + len(self.waiting)
+            if busy + len(seqs) > self.max_batch + self.max_queue:
+                limits = f"--max-batch {self.max_batch}, --max-queue {self.max_queue}"
+                raise QueueFull(f"{busy} sequences are decoding or waiting ({limits})")
+            self.waiting.extend(seqs)
+            self.lock.notify()
+
+    def load(self) -> tuple[int, int]:
+        """(active, waiting) sequences."""
+        with self.lock:
+            return len(self.active), len(self.waiting)
+
+    def close(self) -> None:
+        """Finish: every sequence still waiting or active ends with finish "cancelled"."""
+        with self.lock:
+            self.stopping = True
+            self.lock.notify()
+        self.thread.join()
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self.lock:
+                    while not self.stopping and not self.waiting and not self.active:
+                        self.lock.wait()
+                    if self.stopping:
+                        break
+                    room = self.max_batch - len(self.active)
+                    joining = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+                try:
+                    self._iterate(joining)
+                except Exception as e:  # one failed step fails its sequences, not the server
+                    for seq in self.active + joining:
+                        seq.emit(Event("error", message=f"decoding failed: {e}"))
+                    self.active, self.cache = [], None
+        with self.lock:
+            for seq in list(self.waiting) + self.active:
+                seq.emit(Event("done", finish="cancelled"))
+            self.waiting.clear()
+            self.active = []
+
+    def _iterate(self, joining: list[Sequence]) -> None:
+        for seq in joining:
+            if not seq.cancelled:
+                self._prefill(seq)
+                if seq.max_tokens == 0:
+                    seq.emit(Event("done", finish="length"))
+                else:
+                    self.active.append(seq)
+        staying = []
+        for seq in self.active:
+            if seq.cancelled:
+                seq.emit(Event("done", finish="cancelled"))
+                continue
+            finish = self._draw(seq)
+            if finish is not None:
+                seq.emit(Event("done", finish=finish))
+                continue
+            if seq.cached + 1 > self.config.block_size:  # the window slides, as sample's does:
+                keep = max(2, self.config.block_size * 3 // 4)  # the last 3/4 block, newest token
+                self._encode_alone(seq, seq.tokens[-keep:-1])  # fed by the step below
+            staying.append(seq)
+        self.active = staying
+        if staying:
+            self._step(staying)
+
+    def _prefill(self, seq: Sequence) -> None:
+        """Encode the prompt alone: its keys in the sequence's own cache, the next logits,
+        and with score_prompt the prompt's own scores."""
+        logits = self._encode_alone(seq, seq.tokens, every_position=seq.score_prompt)
+        seq.logits = logits[-1]
+        if seq.score_prompt:
+            logp = F.log_softmax(self._visible(logits[:-1]), dim=-1)  # (T-1, V)
+            scored = [Scored(seq.tokens[0], None)]
+            for t, token in enumerate(seq.tokens[1:]):
+                scored.append(Scored(token, float(logp[t, token]), self._top(logp[t], seq.logprobs)))
+            seq.emit(Event("prompt", scored=scored))
+
+    def _encode_alone(self, seq: Sequence, ids: list[int], every_position: bool = False) -> torch.Tensor:
+        """ids encoded into a cache of the sequence's own; the logits after the last (1, V),
+        or after every one (T, V)."""
+        cache = KVCache(self.config, 1, len(ids), self.device, self.cache_dtype)
+        idx = torch.tensor([ids], device=self.device)
+        if every_position:
+            logits = self.model(idx, kv_cache=cache)[0][0]  # (T, V)
+        else:
+            logits = self.model.next_logits(idx, kv_cache=cache)  # (1, V)
+        seq.own, seq.cached = cache, len(ids)
+        return logits.float()
+
+    def _visible(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits with the ids beyond the tokenizer's vocabulary (embedding padding) at -inf."""
+        if self.vocab_size < logits.size(-1):
+            logits = logits.clone()
+            logits[..., self.vocab_size :] = float("-inf")
+        return logits
+
+    @staticmethod
+    def _top(logp: torch.Tensor, k: int | None) -> list[tuple[int, float]]:
+        if not k:
+            return []
+        values, ids = torch.topk(logp, k)
+        return list(zip(ids.tolist(), values.tolist(), strict=True))
+
+    def _draw(self, seq: Sequence) -> str | None:
+        """Choose the sequence's next token from its logits and report it; the finish
+        reason when it ends here."""
+        assert seq.logits is not None
+        logits = self._visible(seq.logits[None])
+        token = int(seq.sampling.draw(logits, seq.generator)[0])
+        seq.logits = None
+        if seq.logprobs is not None:
+            logp = F.log_softmax(logits[0], dim=-1)
+            scored = Scored(token, float(logp[token]), self._top(logp, seq.logprobs))
+        else:
+            scored = Scored(token, None)
+        seq.tokens.append(token)
+        seq.emit(Event("token", scored=[scored]))
+        if token in seq.end_ids:
+            return "stop"
+        return "length" if seq.generated >= seq.max_tokens else None
+
+    def _step(self, rows: list[Sequence]) -> None:
+        """The next logits of every row, after its newest token; rows fresh from an
+        encoding of their own (or a changed batch) go into a rebuilt batch cache first."""
+        cache = self.cache
+        if (
+            cache is None
+            or cache.pos >= cache.max_len
+            or any(s.own is not None for s in rows)
+            or [s.row for s in rows] != list(range(cache.batch_size))
+        ):
+            cache = self._rebuild(rows)
+        tokens = torch.tensor([[s.tokens[-1]] for s in rows], device=self.device)
+        logits = self.model.next_logits(tokens, kv_cache=cache).float()  # (B, V)
+        for i, s in enumerate(rows):
+            s.cached += 1
+            s.logits = logits[i]
+
+    def _rebuild(self, rows: list[Sequence]) -> KVCache:
+        """A batch cache holding each row's keys right-aligned at the same slot."""
+        old = self.cache
+        pos = max(s.cached for s in rows)
+        cache = KVCache(
+            self.config, len(rows), min(self.config.block_size, pos + HEADROOM), self.device, self.cache_dtype
+        )
+        valid = torch.ones(len(rows), cache.max_len, dtype=torch.bool, device=self.device)
+        for i, s in enumerate(rows):
+            n = s.cached
+            if s.own is not None:
+                k, v = s.own.k[:, 0, :, :n], s.own.v[:, 0, :, :n]
+            else:
+                assert old is not None
+                k, v = old.k[:, s.row, :, old.pos - n : old.pos], old.v[:, s.row, :, old.pos - n : old.pos]
+            cache.k[:, i, :, pos - n : pos] = k
+            cache.v[:, i, :, pos - n : pos] = v
+            valid[i, : pos - n] = False
+            s.own, s.row = None, i
+        cache.pos = pos
+        cache.key_mask = valid
+        self.cache = cache
+        return cache

@@ -1,0 +1,159 @@
+"""Continuous batching (gptcli/infer/engine.py): a sequence's tokens do not depend on what
+is decoded beside it, whenever it joins or leaves, through window slides; its own sampling
+and seed; scores of the prompt; failures and cancellation."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+import torch
+
+from gptcli.config import ModelConfig
+from gptcli.infer import kernels
+from gptcli.infer.engine import Engine, Event, QueueFull, Sequence
+from gptcli.infer.generate import GREEDY, SAMPLE, Sampling, generate, row_generators
+from gptcli.model import GPT
+
+
+def small_model(block: int = 24, fast: bool = True) -> GPT:
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=61, block_size=block, n_layer=2, n_head=2, n_embd=32)).eval()
+    if fast:
+        kernels.use_fast_decode(model)
+    return model
+
+
+def alone(
+    model: GPT, prompt: list[int], n: int, sampling: Sampling = GREEDY, seed: int | None = None
+) -> list[int]:
+    gens = row_generators(seed, 1) if seed is not None else None
+    with torch.no_grad():
+        return [int(s.tokens[0]) for s in generate(model, prompt, n, sampling=sampling, generator=gens)]
+
+
+class Collect:
+    """A sequence's events, waited for."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[Event] = queue.Queue()
+
+    def __call__(self, event: Event) -> None:
+        self.events.put(event)
+
+    def wait(self) -> tuple[list[int], str, list[Event]]:
+        tokens, seen = [], []
+        while True:
+            e = self.events.get(timeout=60)
+            seen.append(e)
+            if e.kind == "token":
+                tokens.append(e.scored[0].id)
+            elif e.kind in ("done", "error"):
+                return tokens, e.finish or e.message or "", seen
+
+
+def seq(prompt, n, sampling=GREEDY, seed=None, **kw) -> tuple[Sequence, Collect]:
+    c = Collect()
+    gen = row_generators(seed, 1)[0] if seed is not None else None
+    return Sequence(list(prompt), n, sampling, gen, c, **kw), c
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["c-step", "model-code"])
+def test_tokens_do_not_depend_on_the_batch_joining_leaving_or_sliding(fast):
+    model = small_model(block=24, fast=fast)
+    engine = Engine(model, max_batch=4, max_queue=16)
+    try:
+        # prompts of different lengths, greedy and seeded sampling, some long enough to slide
+        # the 24-token window, submitted in waves so they join a running batch
+        specs = [
+            ([1, 2, 3], 30, GREEDY, None),
+            ([5] * 20, 12, SAMPLE, 7),
+            ([9, 8], 5, Sampling(0.8, top_k=5), 3),
+            ([4, 4, 4, 4, 4, 4, 4], 40, GREEDY, None),
+            ([2], 25, SAMPLE, 11),
+            ([3, 1, 4, 1, 5, 9, 2, 6], 9, Sampling(1.3, top_p=0.9), 0),
+        ]
+        pending = []
+        for i, (prompt, n, sampling, seed) in enumerate(specs):
+            s, c = seq(prompt, n, sampling, seed)
+            engine.submit([s])
+            pending.append((prompt, n, sampling, seed, c))
+            if i % 2:
+                threading.Event().wait(0.05)
+        for prompt, n, sampling, seed, c in pending:
+            tokens, finish, _ = c.wait()
+            assert finish == "length"
+            assert tokens == alone(model, prompt, n, sampling, seed), (prompt, sampling)
+    finally:
+        engine.close()
+
+
+def test_prompt_scores_are_the_models_log_probabilities():
+    model = small_model()
+    engine = Engine(model)
+    try:
+        prompt = [3, 1, 4, 1, 5, 9]
+        s, c = seq(prompt, 0, logprobs=3, score_prompt=True)
+        engine.submit([s])
+        tokens, finish, events = c.wait()
+        assert tokens == [] and finish == "length"
+        scored = events[0].scored
+        assert events[0].kind == "prompt" and [x.id for x in scored] == prompt
+        with torch.no_grad():
+            logp = model(torch.tensor([prompt]))[0][0].log_softmax(-1)
+        assert scored[0].logprob is None
+        for t in range(1, len(prompt)):
+            assert scored[t].logprob == pytest.approx(float(logp[t - 1, prompt[t]]), abs=1e-5)
+            top = torch.topk(logp[t - 1], 3)
+            assert [i for i, _ in scored[t].top] == top.indices.tolist()
+    finally:
+        engine.close()
+
+
+def test_end_tokens_cancel_queue_limit_and_failures():
+    model = small_model()
+    engine = Engine(model, max_batch=2, max_queue=0)
+    try:
+        greedy = alone(model, [1, 2], 10)
+        s, c = seq([1, 2], 10, end_ids=(greedy[3],))
+        engine.submit([s])
+        tokens, finish, _ = c.wait()
+        assert finish == "stop" and tokens == greedy[: greedy.index(greedy[3]) + 1]
+        # a cancelled sequence ends at once, with "cancelled"
+        s, c = seq([1], 10_000)
+        engine.submit([s])
+        c.events.get(timeout=60)
+        s.cancel()
+        assert c.wait()[1] == "cancelled"
+        # more than the queue takes: refused whole
+        with pytest.raises(QueueFull):
+            engine.submit(
+                [seq([1], 1)[0] for _ in range(3)]
+            )  # 3 > max_batch + max_queue  # 3 > max_batch + max_queue
+        # a failing step fails its sequences; the engine serves the next one
+        real = model.next_logits
+        model.next_logits = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("injected"))
+        s, c = seq([1, 2], 5)
+        engine.submit([s])
+        tokens, message, _ = c.wait()
+        assert "decoding failed: injected" in message
+        model.next_logits = real
+        s, c = seq([1, 2], 5)
+        engine.submit([s])
+        assert c.wait()[0] == alone(model, [1, 2], 5)
+    finally:
+        engine.close()
+
+
+def test_close_ends_what_is_left():
+    model = small_model()
+    engine = Engine(model, max_batch=1)
+    s1, c1 = seq([1], 100_000)
+    s2, c2 = seq([2], 5)
+    engine.submit([s1, s2])
+    c1.events.get(timeout=60)
+    engine.close()
+    assert c1.wait()[1] == "cancelled" and c2.wait()[1] == "cancelled"
+    with pytest.raises(QueueFull):
+        engine.submit([seq([1], 1)[0]])

@@ -1,0 +1,254 @@
+"""`gptcli serve` judged by real clients: the official `openai` package (completions,
+token prompts, n and seeds, stop, echo + logprobs, streaming, errors as its own exception
+classes), raw HTTP for the SSE bytes and the limits, signals for stopping."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from gptcli.store.loading import load  # noqa: E402
+from tests.helpers import ROOT, run  # noqa: E402
+
+KEY = "sekrit"
+
+
+class Server:
+    """`gptcli serve --port 0 --json` in a process of its own, ready when it prints its URL."""
+
+    def __init__(self, ckpt, *args: str, key: str | None = KEY) -> None:
+        cmd = [sys.executable, "-m", "gptcli", "serve", "--ckpt", str(ckpt), "--port", "0", "--json", *args]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("GPTCLI_API_KEY", None)
+        if key is not None:
+            env["GPTCLI_API_KEY"] = key
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(self.proc.stderr.read())
+        ready = json.loads(line)
+        self.url, self.model = ready["url"], ready["model"]
+        self.client = openai.OpenAI(
+            base_url=self.url + "/v1", api_key=key or "none", max_retries=0, timeout=60
+        )
+
+    def post(self, path: str, body, key: str | None = KEY, **kw):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        data = body if isinstance(body, bytes | str) else json.dumps(body)
+        return httpx.post(self.url + path, content=data, headers=headers, timeout=60, **kw)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def server(trained):
+    s = Server(trained, "--max-batch", "4")
+    yield s
+    s.stop()
+
+
+def sample_json(trained, *args) -> dict:
+    result = run("sample", "--ckpt", trained, "--json", *args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_completions_through_the_openai_client_are_samples(trained, server):
+    c = server.client
+    assert [m.id for m in c.models.list().data] == [server.model] == ["run"]
+    # greedy: sample --temp 0's text, from a string and from token ids (through a window slide)
+    want = sample_json(trained, "-p", "The", "-n", "20", "--temp", "0")
+    r = c.completions.create(model=server.model, prompt="The", max_tokens=16, temperature=0)
+    assert r.choices[0].text == want["samples"][0]["text"][: len(r.choices[0].text)]
+    assert len(r.choices[0].text) == 16 and r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == 3 and r.usage.completion_tokens == 16
+    r = c.completions.create(model=server.model, prompt=want["prompt_ids"], max_tokens=16, temperature=0)
+    assert r.choices[0].text == want["samples"][0]["text"][:16]
+    # n with a seed: choice i is what sample --seed S+i gives alone
+    r = c.completions.create(model=server.model, prompt="The", max_tokens=12, n=3, seed=5)
+    for i, choice in enumerate(r.choices):
+        assert choice.index == i
+        assert (
+            choice.text
+            == sample_json(trained, "-p", "The", "-n", "12", "--seed", str(5 + i))["samples"][0]["text"]
+        )
+    # several prompts, a stop string
+    r = c.completions.create(
+        model=server.model, prompt=["The", "the"], max_tokens=16, temperature=0, stop=["."]
+    )
+    assert [ch.index for ch in r.choices] == [0, 1]
+    for ch in r.choices:
+        assert "." not in ch.text and (ch.finish_reason == "stop" or len(ch.text) == 16)
+
+
+def test_echo_logprobs_scores_the_prompt_as_the_model_does(trained, server):
+    prompt = "The fox dug a"
+    r = server.client.completions.create(
+        model=server.model, prompt=prompt, max_tokens=0, echo=True, logprobs=3
+    )
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == prompt and "".join(lp.tokens) == prompt
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset == list(range(len(prompt)))
+    model = load(trained)
+    ids = model.tokenizer.encode(prompt)
+    with torch.no_grad():
+        logp = model.model(torch.tensor([ids]))[0][0].log_softmax(-1)
+    for t in range(1, len(ids)):
+        assert lp.token_logprobs[t] == pytest.approx(float(logp[t - 1, ids[t]]), abs=1e-4)
+        assert (
+            len(lp.top_logprobs[t]) == 3 and max(lp.top_logprobs[t].values()) >= lp.token_logprobs[t] - 1e-6
+        )
+    # with generated tokens: the prompt's scores, then the new ones'
+    r = server.client.completions.create(
+        model=server.model, prompt="The", max_tokens=4, echo=True, logprobs=1, temperature=0
+    )
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 3 + 4 and r.choices[0].text.startswith("The")
+
+
+def test_streaming_gives_the_same_text_and_usage_last(server):
+    c = server.client
+    whole = (
+        c.completions.create(model=server.model, prompt="The", max_tokens=16, temperature=0).choices[0].text
+    )
+    chunks = list(
+        c.completions.create(
+            model=server.model,
+            prompt="The",
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+
+
+def test_the_stream_is_server_sent_events_ending_in_done(server):
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        json={"prompt": "The", "max_tokens": 5, "stream": True},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=60,
+    ) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(r.iter_raw()).decode()
+    events = raw.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    for e in events[:-2]:
+        assert re.fullmatch(r"data: \{.*\}", e), e
+        assert json.loads(e[6:])["object"] == "text_completion"
+
+
+def test_bad_requests_get_openais_errors_and_the_server_keeps_serving(server):
+    c = server.client
+    for kwargs, words in [
+        ({"temperature": -1}, "'temperature' must be at least 0"),
+        ({"logprobs": 21}, "'logprobs' must be between 0 and 20"),
+        ({"max_tokens": 17}, "'max_tokens' must be between 0 and 16"),
+        ({"n": 0}, "'n' must be between 1 and 4"),
+        ({"prompt": []}, "'prompt' must be"),
+        ({"prompt": [10**6]}, "token id 1000000 is outside the vocabulary"),
+        ({"prompt": "x" * 17}, "the prompt has 17 tokens; this model attends to at most 16"),
+        ({"prompt": "Ä"}, "not in this char tokenizer's vocabulary"),
+        ({"echo": True, "logprobs": 0, "max_tokens": 14}, "which scoring needs"),
+        ({"best_of": 3}, "'best_of' is not supported"),
+    ]:
+        args = {"model": server.model, "prompt": "The", **kwargs}
+        with pytest.raises(openai.BadRequestError, match=re.escape(words)):
+            c.completions.create(**args)
+    with pytest.raises(openai.NotFoundError, match="the model 'nope' does not exist"):
+        c.completions.create(model="nope", prompt="The")
+    wrong = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="a valid API key is needed"):
+        wrong.completions.create(model=server.model, prompt="The")
+    assert server.post("/v1/completions", {"prompt": "The"}, key=None).status_code == 401
+    with pytest.raises(openai.BadRequestError, match="has no chat template; use /v1/completions"):
+        c.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}])
+    # malformed bodies, an oversized one, an unknown path: OpenAI's error body every time
+    for body, status in [
+        (b"{bad", 400),
+        (b"[1, 2]", 400),
+        (b'{"prompt": "x", "n": "2"}', 400),
+        (b"x" * (1 << 20 | 1), 413),
+    ]:
+        r = server.post("/v1/completions", body)
+        assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert server.post("/v2/nothing", {}).status_code == 404
+    for i in range(100):
+        assert server.post("/v1/completions", b"{" * (i % 7 + 1)).status_code == 400
+    assert c.completions.create(model=server.model, prompt="The", max_tokens=2).choices[0].text
+
+
+def test_tokenize_and_detokenize(server):
+    ids = server.post("/tokenize", {"prompt": "The fox"}).json()
+    assert ids["count"] == 7 and ids["max_model_len"] == 16
+    assert server.post("/detokenize", {"tokens": ids["tokens"]}).json() == {"prompt": "The fox"}
+    assert server.post("/detokenize", {"tokens": [-1]}).status_code == 400
+
+
+def test_a_full_server_says_429_and_a_client_that_leaves_frees_its_slot(trained):
+    s = Server(trained, "--max-batch", "1", "--max-queue", "0", "--max-tokens-limit", "1000000", key=None)
+    try:
+        long = {"prompt": "The", "max_tokens": 1000000, "stream": True}
+        with httpx.stream("POST", s.url + "/v1/completions", json=long, timeout=60) as r:
+            chunks = r.iter_raw()  # kept: a dropped iterator closes the stream
+            next(chunks)  # decoding
+            busy = s.post("/v1/completions", {"prompt": "The", "max_tokens": 1}, key=None)
+            assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+            assert busy.json()["error"]["type"] == "rate_limit_error"
+        deadline = time.time() + 20  # the client went away: its sequence is cancelled
+        while httpx.get(s.url + "/health").json()["active"] and time.time() < deadline:
+            time.sleep(0.1)
+        assert httpx.get(s.url + "/health").json() == {
+            "status": "ok",
+            "model": "run",
+            "active": 0,
+            "waiting": 0,
+        }
+        assert s.post("/v1/completions", {"prompt": "The", "max_tokens": 1}, key=None).status_code == 200
+    finally:
+        assert s.stop(signal.SIGINT) == 130
+
+
+def test_sigterm_stops_it_cleanly_and_frees_the_port(trained):
+    s = Server(trained, key=None)
+    port = int(s.url.rsplit(":", 1)[1])
+    assert s.stop(signal.SIGTERM) == 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # released
+
+
+def test_serve_refuses_a_taken_port_and_says_which_extra_is_missing(trained, monkeypatch):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        result = run("serve", "--ckpt", trained, "--port", sock.getsockname()[1])
+    assert result.exit_code == 2 and "cannot listen on 127.0.0.1:" in result.output
+    monkeypatch.setitem(sys.modules, "fastapi", None)
+    result = run("serve", "--ckpt", trained)
+    assert result.exit_code == 2 and "pip install 'gptcli[serve]'" in result.output
