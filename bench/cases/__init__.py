@@ -8,6 +8,7 @@ CASES = {
     "decode-long": "decode_long",
     "decode-static": "decode_static",
     "llama-cpp": "llama_cpp",
+    "serve": "serve",
     "beam": "beam",
     "bpe": "bpe",
     "help": "help",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from gptcli.infer.generate import Sampling, cache_dtype
+from gptcli.infer.generate import Sampling, cache_dtype, row_generators
 from gptcli.model import GPT, KVCache
 
 HEADROOM = 32  # slots a rebuilt cache leaves for the tokens to come
@@ -126,6 +126,9 @@ class Engine:
             if busy + len(seqs) > self.max_batch + self.max_queue:
                 limits = f"--max-batch {self.max_batch}, --max-queue {self.max_queue}"
                 raise QueueFull(f"{busy} sequences are decoding or waiting ({limits})")
+            for seq in seqs:  # one of its own, so that rows can be drawn together
+                if seq.generator is None and not seq.sampling.greedy:
+                    seq.generator = row_generators(None, 1, self.device)[0]
             self.waiting.extend(seqs)
             self.lock.notify()
 
@@ -173,12 +176,14 @@ class Engine:
                     seq.emit(Event("done", finish="length"))
                 else:
                     self.active.append(seq)
-        staying = []
+        live = []
         for seq in self.active:
             if seq.cancelled:
                 seq.emit(Event("done", finish="cancelled"))
-                continue
-            finish = self._draw(seq)
+            else:
+                live.append(seq)
+        staying = []
+        for seq, finish in zip(live, self._draw(live), strict=True):
             if finish is not None:
                 seq.emit(Event("done", finish=finish))
                 continue
@@ -228,23 +233,38 @@ class Engine:
         values, ids = torch.topk(logp, k)
         return list(zip(ids.tolist(), values.tolist(), strict=True))
 
-    def _draw(self, seq: Sequence) -> str | None:
-        """Choose the sequence's next token from its logits and report it; the finish
-        reason when it ends here."""
-        assert seq.logits is not None
-        logits = self._visible(seq.logits[None])
-        token = int(seq.sampling.draw(logits, seq.generator)[0])
-        seq.logits = None
-        if seq.logprobs is not None:
-            logp = F.log_softmax(logits[0], dim=-1)
-            scored = Scored(token, float(logp[token]), self._top(logp, seq.logprobs))
-        else:
-            scored = Scored(token, None)
-        seq.tokens.append(token)
-        seq.emit(Event("token", scored=[scored]))
-        if token in seq.end_ids:
-            return "stop"
-        return "length" if seq.generated >= seq.max_tokens else None
+    def _draw(self, rows: list[Sequence]) -> list[str | None]:
+        """Choose each row's next token from its logits (rows that sample alike together,
+        each from its own generator) and report it; the finish reason of rows that end."""
+        if not rows:
+            return []
+        logits = self._visible(torch.stack([s.logits for s in rows if s.logits is not None]))  # (B, V)
+        tokens = [0] * len(rows)
+        groups: dict[Sampling, list[int]] = {}
+        for i, s in enumerate(rows):
+            groups.setdefault(s.sampling, []).append(i)
+        for sampling, idx in groups.items():
+            gens = [rows[i].generator for i in idx]
+            drawn = sampling.draw(logits[idx], None if sampling.greedy else gens)
+            for i, t in zip(idx, drawn.tolist(), strict=True):
+                tokens[i] = t
+        wanted = [i for i, s in enumerate(rows) if s.logprobs is not None]
+        logp = F.log_softmax(logits[wanted], dim=-1) if wanted else None
+        finishes: list[str | None] = []
+        for i, (seq, token) in enumerate(zip(rows, tokens, strict=True)):
+            seq.logits = None
+            if logp is not None and seq.logprobs is not None:
+                row = logp[wanted.index(i)]
+                scored = Scored(token, float(row[token]), self._top(row, seq.logprobs))
+            else:
+                scored = Scored(token, None)
+            seq.tokens.append(token)
+            seq.emit(Event("token", scored=[scored]))
+            if token in seq.end_ids:
+                finishes.append("stop")
+            else:
+                finishes.append("length" if seq.generated >= seq.max_tokens else None)
+        return finishes
 
     def _step(self, rows: list[Sequence]) -> None:
         """The next logits of every row, after its newest token; rows fresh from an

@@ -77,10 +77,7 @@ class Sampling:
         row (each row's draws then depend on nothing but its own generator)."""
         if self.greedy:
             return logits.argmax(dim=-1)
-        q = self.distribution(logits)
-        if isinstance(generator, Sequence):
-            return torch.cat([draw_from(q[i : i + 1], g) for i, g in enumerate(generator)])
-        return draw_from(q, generator)
+        return draw_from(self.distribution(logits), generator)
 
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -95,7 +92,7 @@ def row_generators(seed: int | None, n: int, device: torch.device | str = "cpu")
     return [torch.Generator(device=device).manual_seed(base + i) for i in range(n)]
 
 
-def draw_from(q: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_from(q: torch.Tensor, generator: Generators = None) -> torch.Tensor:
     """One id per row of q (B, V), drawn with probability q: the first id whose cumulative
     mass passes a uniform draw (inverse CDF). torch.multinomial does the same per row at
     about 1 ms per 50k-token row on a CPU, 18 ms for a batch of 16; this is ~40x faster.
@@ -103,7 +100,10 @@ def draw_from(q: torch.Tensor, generator: torch.Generator | None = None) -> torc
     keep their share; an id of probability 0 is never drawn."""
     wide = torch.float32 if q.device.type == "mps" else torch.float64
     cum = q.to(wide).cumsum(-1)  # (B, V)
-    u = torch.rand(q.size(0), 1, generator=generator, device=q.device, dtype=wide)
+    if isinstance(generator, Sequence):  # one uniform draw per row, each from its own generator
+        u = torch.cat([torch.rand(1, 1, generator=g, device=q.device, dtype=wide) for g in generator])
+    else:
+        u = torch.rand(q.size(0), 1, generator=generator, device=q.device, dtype=wide)
     ids = torch.searchsorted(cum, u * cum[:, -1:], right=True).clamp_(max=q.size(-1) - 1)  # (B, 1)
     # cum[id - 1] <= u * total < cum[id] means q[id] > 0; only a product rounded up to the
     # total itself can land past the end (about 1 in 2^53): the argmax then

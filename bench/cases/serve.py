@@ -1,0 +1,95 @@
+"""bench case: `gptcli serve` under 1, 4 and 16 concurrent clients, GPT-2 124M shape.
+
+A random GPT-2 124M saved as a run is served (`--max-batch 16`, the dtype `--dtype auto`
+picks); each client streams 128-token completions of its own prompt (temperature 1, its
+own seed) one after another. Measured: the aggregate tokens/s over all clients and the
+median time to the first streamed token, against one client alone. The peers the issue
+names (llama.cpp's servers) are not run here yet; the table says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.common import ROOT, Result, gpt2_pair
+
+TOKENS = 128
+
+
+def _client(url: str, seed: int, rounds: int, out: list[tuple[float, int, float]]) -> None:
+    import httpx
+
+    body = {"prompt": f"Request {seed}:", "max_tokens": TOKENS, "seed": seed, "stream": True}
+    for r in range(rounds):
+        body["seed"] = seed * 100 + r
+        t0 = time.perf_counter()
+        first, n = None, 0
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if chunk["choices"] and chunk["choices"][0]["text"]:
+                        first = first or time.perf_counter() - t0
+                        n += 1
+        out.append((first or 0.0, n, time.perf_counter() - t0))
+
+
+def measure(url: str, clients: int, rounds: int) -> tuple[float, float]:
+    """(aggregate tokens/s, median seconds to the first token) with `clients` at once."""
+    results: list[tuple[float, int, float]] = []
+    threads = [threading.Thread(target=_client, args=(url, i + 1, rounds, results)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return sum(n for _, n, _ in results) / wall, statistics.median(f for f, _, _ in results)
+
+
+def run(args) -> list[Result]:
+    from gptcli.data.tokenizer import gpt2_tokenizer
+    from gptcli.store.checkpoint import save_checkpoint
+
+    work = Path(tempfile.mkdtemp(prefix="gptcli-serve-"))
+    _, model = gpt2_pair()
+    save_checkpoint(work / "g124", "best", model, gpt2_tokenizer(), {"task": "lm"})
+    cmd = [sys.executable, "-m", "gptcli", "serve", "--ckpt", str(work / "g124"), "--port", "0"]
+    cmd += ["--json", "--max-batch", "16", "--max-queue", "64"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    try:
+        url = json.loads(proc.stdout.readline())["url"]
+        measure(url, 2, 1)  # warm-up: the decoding kernel, the first batch
+        rounds = 1 if args.quick else 2
+        one = measure(url, 1, rounds)
+        four = measure(url, 4, rounds)
+        sixteen = measure(url, 16, rounds)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    notes = [
+        f"{TOKENS}-token streamed completions, {rounds} per client; one client {one[0]:.1f} tokens/s, "
+        f"first token {one[1] * 1000:.0f} ms; 4 clients {four[0]:.1f} tokens/s ({four[0] / one[0]:.2f}x), "
+        f"first token {four[1] * 1000:.0f} ms",
+        "llama.cpp's servers (llama_cpp.server, llama-server --parallel 16) not run beside it yet",
+    ]
+    return [
+        Result(
+            "gptcli serve, 16 concurrent clients, GPT-2 124M: aggregate tokens/s",
+            sixteen[0], one[0], "tokens/s", "one client", ">= 6x", sixteen[0] >= 6 * one[0], notes,
+        ),
+        Result(
+            "gptcli serve, 16 concurrent clients: median time to the first token",
+            sixteen[1], one[1], "s", "one client", "<= 3x", sixteen[1] <= 3 * one[1], [],
+        ),
+    ]  # fmt: skip
