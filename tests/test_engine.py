@@ -89,6 +89,34 @@ def test_tokens_do_not_depend_on_the_batch_joining_leaving_or_sliding(fast):
         engine.close()
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["c-step", "model-code"])
+def test_prompts_that_join_together_are_encoded_together_as_if_alone(fast):
+    model = small_model(block=24, fast=fast)
+    engine = Engine(model, max_batch=8, max_queue=0)
+    try:
+        prompts = [[1, 2, 3], [7] * 11, [4], [5, 6, 5, 6, 5, 6]]
+        pairs = [
+            seq(p, 15, SAMPLE if i % 2 else GREEDY, seed=i if i % 2 else None) for i, p in enumerate(prompts)
+        ]
+        engine.submit([s for s, _ in pairs])  # one submit: prefilled in one padded batch
+        for i, (p, (_, c)) in enumerate(zip(prompts, pairs, strict=True)):
+            tokens, finish, _ = c.wait()
+            assert finish == "length"
+            assert tokens == alone(model, p, 15, SAMPLE if i % 2 else GREEDY, i if i % 2 else None)
+        # prompts to score, of different lengths, together: each as the model scores it alone
+        scored = [seq(p, 0, logprobs=1, score_prompt=True) for p in prompts]
+        engine.submit([s for s, _ in scored])
+        for p, (_, c) in zip(prompts, scored, strict=True):
+            events = c.wait()[2]
+            with torch.no_grad():
+                logp = model(torch.tensor([p]))[0][0].log_softmax(-1)
+            got = [x.logprob for x in events[0].scored[1:]]
+            want = [float(logp[t - 1, p[t]]) for t in range(1, len(p))]
+            assert got == pytest.approx(want, abs=1e-5)
+    finally:
+        engine.close()
+
+
 def test_prompt_scores_are_the_models_log_probabilities():
     model = small_model()
     engine = Engine(model)

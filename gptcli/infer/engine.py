@@ -1,7 +1,7 @@
 """Continuous batching, the server's decoding loop (no HTTP here: server.py speaks it).
 
-One thread steps every active sequence together, one token each. A new sequence is
-prefilled alone and joins at the next step; a finished or cancelled one leaves at once.
+One thread steps every active sequence together, one token each. New sequences are
+prefilled together (left-padded) and join at the next step; a finished or cancelled one leaves at once.
 The batch shares one KV cache whose rows are right-aligned: row r holds its n_r tokens in
 the last n_r slots written, the slots before them masked, so each row's positions are its
 own (0, 1, ...). When the rows change, the cache is rebuilt from the rows' own slots (a
@@ -81,9 +81,9 @@ class Sequence:
         self.end_ids = end_ids
         self.cancelled = False
         self.logits: torch.Tensor | None = None  # (V,) the next token's, once known
-        self.own: KVCache | None = None  # its cache while it is not in the batch's
+        self.own: KVCache | None = None  # the cache it was encoded into, until it joins the batch's
         self.cached = 0  # tokens whose keys are stored (all but the newest)
-        self.row = -1  # its row in the batch cache
+        self.row = -1  # its row in the batch cache (or in its own)
 
     @property
     def generated(self) -> int:
@@ -169,13 +169,15 @@ class Engine:
             self.active = []
 
     def _iterate(self, joining: list[Sequence]) -> None:
+        joining = [s for s in joining if not s.cancelled]
+        for group in ([s for s in joining if s.score_prompt], [s for s in joining if not s.score_prompt]):
+            if group:
+                self._prefill(group)
         for seq in joining:
-            if not seq.cancelled:
-                self._prefill(seq)
-                if seq.max_tokens == 0:
-                    seq.emit(Event("done", finish="length"))
-                else:
-                    self.active.append(seq)
+            if seq.max_tokens == 0:
+                seq.emit(Event("done", finish="length"))
+            else:
+                self.active.append(seq)
         live = []
         for seq in self.active:
             if seq.cancelled:
@@ -189,34 +191,47 @@ class Engine:
                 continue
             if seq.cached + 1 > self.config.block_size:  # the window slides, as sample's does:
                 keep = max(2, self.config.block_size * 3 // 4)  # the last 3/4 block, newest token
-                self._encode_alone(seq, seq.tokens[-keep:-1])  # fed by the step below
+                self._encode([seq], [seq.tokens[-keep:-1]])  # fed by the step below
             staying.append(seq)
         self.active = staying
         if staying:
             self._step(staying)
 
-    def _prefill(self, seq: Sequence) -> None:
-        """Encode the prompt alone: its keys in the sequence's own cache, the next logits,
-        and with score_prompt the prompt's own scores."""
-        logits = self._encode_alone(seq, seq.tokens, every_position=seq.score_prompt)
-        seq.logits = logits[-1]
-        if seq.score_prompt:
-            logp = F.log_softmax(self._visible(logits[:-1]), dim=-1)  # (T-1, V)
-            scored = [Scored(seq.tokens[0], None)]
-            for t, token in enumerate(seq.tokens[1:]):
-                scored.append(Scored(token, float(logp[t, token]), self._top(logp[t], seq.logprobs)))
-            seq.emit(Event("prompt", scored=scored))
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        """Encode the prompts together: their keys in a cache of their own, their next
+        logits, and with score_prompt the prompts' own scores."""
+        every = seqs[0].score_prompt
+        logits = self._encode(seqs, [s.tokens for s in seqs], every_position=every)
+        for r, seq in enumerate(seqs):
+            n = len(seq.tokens)
+            seq.logits = logits[r, -1]
+            if every:
+                logp = F.log_softmax(self._visible(logits[r, -n:-1]), dim=-1)  # (n-1, V)
+                scored = [Scored(seq.tokens[0], None)]
+                for t, token in enumerate(seq.tokens[1:]):
+                    scored.append(Scored(token, float(logp[t, token]), self._top(logp[t], seq.logprobs)))
+                seq.emit(Event("prompt", scored=scored))
 
-    def _encode_alone(self, seq: Sequence, ids: list[int], every_position: bool = False) -> torch.Tensor:
-        """ids encoded into a cache of the sequence's own; the logits after the last (1, V),
-        or after every one (T, V)."""
-        cache = KVCache(self.config, 1, len(ids), self.device, self.cache_dtype)
-        idx = torch.tensor([ids], device=self.device)
+    def _encode(
+        self, seqs: list[Sequence], ids: list[list[int]], every_position: bool = False
+    ) -> torch.Tensor:
+        """Each row of ids encoded, left-padded to the longest, into one cache the rows then
+        own (its rows right-aligned, as the batch cache's are); the logits (B, 1, V) after
+        each row's last token, or (B, T, V) after every position."""
+        T = max(len(row) for row in ids)
+        cache = KVCache(self.config, len(ids), T, self.device, self.cache_dtype)
+        idx = torch.tensor([[0] * (T - len(row)) + row for row in ids], device=self.device)
+        mask = None
+        if any(len(row) < T for row in ids):
+            mask = torch.tensor([[0] * (T - len(row)) + [1] * len(row) for row in ids], device=self.device)
         if every_position:
-            logits = self.model(idx, kv_cache=cache)[0][0]  # (T, V)
+            logits = self.model(idx, kv_cache=cache, attention_mask=mask)[0]  # (B, T, V)
+        elif mask is None:
+            logits = self.model.next_logits(idx, kv_cache=cache)[:, None]  # (B, 1, V)
         else:
-            logits = self.model.next_logits(idx, kv_cache=cache)  # (1, V)
-        seq.own, seq.cached = cache, len(ids)
+            logits = self.model.next_logits(idx, kv_cache=cache, attention_mask=mask)[:, None]
+        for r, (seq, row) in enumerate(zip(seqs, ids, strict=True)):
+            seq.own, seq.row, seq.cached = cache, r, len(row)
         return logits.float()
 
     def _visible(self, logits: torch.Tensor) -> torch.Tensor:
@@ -293,11 +308,9 @@ class Engine:
         valid = torch.ones(len(rows), cache.max_len, dtype=torch.bool, device=self.device)
         for i, s in enumerate(rows):
             n = s.cached
-            if s.own is not None:
-                k, v = s.own.k[:, 0, :, :n], s.own.v[:, 0, :, :n]
-            else:
-                assert old is not None
-                k, v = old.k[:, s.row, :, old.pos - n : old.pos], old.v[:, s.row, :, old.pos - n : old.pos]
+            src = s.own if s.own is not None else old  # rows are right-aligned in both
+            assert src is not None
+            k, v = src.k[:, s.row, :, src.pos - n : src.pos], src.v[:, s.row, :, src.pos - n : src.pos]
             cache.k[:, i, :, pos - n : pos] = k
             cache.v[:, i, :, pos - n : pos] = v
             valid[i, : pos - n] = False
