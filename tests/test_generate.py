@@ -128,6 +128,12 @@ def test_draw_from_matches_its_distribution_and_never_draws_zero_mass():
     q[0] = 0.99
     tail = (draws(q, 20000) > 0).float().mean().item()
     assert 0.0075 < tail < 0.0125
+    # a vocabulary that is not a whole number of 1,024-id blocks, mass on the blocks' edges
+    q = torch.zeros(3001)
+    q[[1023, 1024, 3000]] = torch.tensor([0.25, 0.25, 0.5])
+    freq = torch.bincount(draws(q, 20000), minlength=3001) / 20000
+    torch.testing.assert_close(freq[[1023, 1024, 3000]], q[[1023, 1024, 3000]], atol=0.015, rtol=0)
+    assert freq.sum() == 1 and freq[[1023, 1024, 3000]].sum() == 1
     # one-hot rows always give their id; the same seed, the same draws
     assert draw_from(torch.eye(5), g).tolist() == [0, 1, 2, 3, 4]
     rows = torch.softmax(torch.randn(4, 100, generator=g), -1)
