@@ -26,7 +26,7 @@ STAMP := $(VENV)/.gptcli-installed-$(EXTRAS)
 DEMO_STAMP := $(VENV)/.gptcli-installed-$(DEMO_EXTRAS)
 DOCS_STAMP := $(VENV)/.gptcli-installed-docs
 
-.PHONY: install test test-oldest-typer lint demo gpu-check docs docs-serve docs-figures tour clean
+.PHONY: install test test-lm-eval test-oldest-typer lint demo gpu-check docs docs-serve docs-figures tour clean
 
 install: $(STAMP)
 
@@ -47,6 +47,13 @@ PYTEST_ARGS ?= -n 2
 
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# lm-evaluation-harness's local-completions model against gptcli serve (lm-eval is heavy:
+# installed here, not a dev dependency; pip's registry is all it needs)
+LM_EVAL ?= lm-eval[api]==0.4.13
+test-lm-eval: $(STAMP)
+	$(BIN)/python -m pip install -q "$(LM_EVAL)"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m lm_eval tests/test_lm_eval.py
 
 # the CLI's tests again with the oldest Typer (and Click) pyproject allows, put in front
 # of the installed one: the lower bound is checked, not guessed
