@@ -26,7 +26,7 @@ STAMP := $(VENV)/.gptcli-installed-$(EXTRAS)
 DEMO_STAMP := $(VENV)/.gptcli-installed-$(DEMO_EXTRAS)
 DOCS_STAMP := $(VENV)/.gptcli-installed-docs
 
-.PHONY: install test test-lm-eval test-oldest-typer lint demo gpu-check docs docs-serve docs-figures tour clean
+.PHONY: install test test-lm-eval test-browser test-oldest-typer lint demo gpu-check docs docs-serve docs-figures tour clean
 
 install: $(STAMP)
 
@@ -54,6 +54,13 @@ LM_EVAL ?= lm-eval[api]==0.4.13
 test-lm-eval: $(STAMP)
 	$(BIN)/python -m pip install -q "$(LM_EVAL)"
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m lm_eval tests/test_lm_eval.py
+
+# the playground page in a real browser: Playwright (the package only, never its browsers)
+# driving the system's chromium
+PLAYWRIGHT ?= playwright>=1.40
+test-browser: $(STAMP)
+	$(BIN)/python -m pip install -q "$(PLAYWRIGHT)"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/test_playground.py
 
 # the CLI's tests again with the oldest Typer (and Click) pyproject allows, put in front
 # of the installed one: the lower bound is checked, not guessed

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API over the engine (engine.py): /v1/completions (streamed
-or not, echo and logprobs for scoring), /v1/models, /health, /tokenize, /detokenize.
+or not, echo and logprobs for scoring), /v1/models, /health, /tokenize, /detokenize, and
+the playground page at / (playground.html).
 
 Requests are checked here, field by field, and every refusal is OpenAI's error body with
 its status. Built on FastAPI (the `serve` extra), imported only when a server is made.
@@ -15,6 +16,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gptcli.data.tokenizer import Tokenizer
@@ -23,6 +25,7 @@ from gptcli.infer.completion import TextStream, encode_prompt
 from gptcli.infer.engine import Engine, Event, QueueFull, Scored, Sequence
 from gptcli.infer.generate import Sampling, row_generators
 
+PLAYGROUND = Path(__file__).with_name("playground.html")
 MAX_LOGPROBS = 20  # OpenAI allows 5; lm-evaluation-harness and the playground ask for more
 MAX_STOPS = 16
 MAX_BODY = 1 << 20  # bytes
@@ -377,7 +380,7 @@ class Run:
 def create_app(served: Served) -> Any:
     """The FastAPI app serving `served`."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException
 
     app = FastAPI(title="gptcli", docs_url=None, redoc_url=None, openapi_url=None)
@@ -428,6 +431,12 @@ def create_app(served: Served) -> Any:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+
+    @app.get("/")
+    async def playground() -> HTMLResponse:
+        """The playground: one self-contained page (no CDN) that streams completions."""
+        csp = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
+        return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"), headers={"Content-Security-Policy": csp})
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
