@@ -252,3 +252,35 @@ def test_serve_refuses_a_taken_port_and_says_which_extra_is_missing(trained, mon
     monkeypatch.setitem(sys.modules, "fastapi", None)
     result = run("serve", "--ckpt", trained)
     assert result.exit_code == 2 and "pip install 'gptcli[serve]'" in result.output
+
+
+def test_a_client_that_sends_half_a_body_and_hangs_blocks_no_one(server):
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as hung:
+        hung.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{"prompt":')
+        r = server.client.completions.create(model=server.model, prompt="The", max_tokens=3, temperature=0)
+        assert len(r.choices[0].text) == 3
+
+
+def test_a_request_that_fails_inside_is_a_500_and_the_next_one_is_served(trained):
+    """In process (an injected failure in the model), through the app itself."""
+    from fastapi.testclient import TestClient
+
+    from gptcli.infer.engine import Engine
+    from gptcli.infer.server import Served, create_app
+
+    loaded = load(trained)
+    model = loaded.model.eval()
+    engine = Engine(model, max_batch=2)
+    served = Served(engine, loaded.tokenizer, "run", 16, 16, 2)
+    try:
+        client = TestClient(create_app(served))
+        real = model.next_logits
+        model.next_logits = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("injected"))
+        r = client.post("/v1/completions", json={"prompt": "The", "max_tokens": 3})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert "decoding failed: injected" in r.json()["error"]["message"]
+        model.next_logits = real
+        r = client.post("/v1/completions", json={"prompt": "The", "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200 and len(r.json()["choices"][0]["text"]) == 3
+    finally:
+        engine.close()
