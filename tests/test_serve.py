@@ -284,3 +284,30 @@ def test_a_request_that_fails_inside_is_a_500_and_the_next_one_is_served(trained
         assert r.status_code == 200 and len(r.json()["choices"][0]["text"]) == 3
     finally:
         engine.close()
+
+
+def test_cors_is_off_unless_origins_are_named(trained):
+    from fastapi.testclient import TestClient
+
+    from gptcli.infer.engine import Engine
+    from gptcli.infer.server import Served, create_app
+
+    loaded = load(trained)
+    engine = Engine(loaded.model.eval(), max_batch=1)
+    try:
+        preflight = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"}
+        closed = TestClient(create_app(Served(engine, loaded.tokenizer, "run", 16, 16, 1)))
+        r = closed.options("/v1/completions", headers=preflight)
+        assert "access-control-allow-origin" not in r.headers
+        assert (
+            "access-control-allow-origin"
+            not in closed.get("/health", headers={"Origin": "http://ui.example"}).headers
+        )
+        served = Served(engine, loaded.tokenizer, "run", 16, 16, 1, cors_origins=["http://ui.example"])
+        opened = TestClient(create_app(served))
+        r = opened.options("/v1/completions", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example"
+        other = opened.options("/v1/completions", headers={**preflight, "Origin": "http://evil.example"})
+        assert other.headers.get("access-control-allow-origin") != "http://evil.example"
+    finally:
+        engine.close()
