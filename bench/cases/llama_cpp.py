@@ -53,7 +53,9 @@ def save_run(model: GPT, work: Path) -> Path:
     return run
 
 
-def ggufs(model: GPT, work: Path, convert: Path | None) -> tuple[dict[str, Path], str | None]:
+def ggufs(
+    model: GPT, work: Path, convert: Path | None, kinds: tuple[str, ...] = ("f16", "f32", "q8_0")
+) -> tuple[dict[str, Path], str | None]:
     """The model in llama.cpp's formats, or why not."""
     try:
         import llama_cpp  # noqa: F401
@@ -68,7 +70,7 @@ def ggufs(model: GPT, work: Path, convert: Path | None) -> tuple[dict[str, Path]
     export_hf(model, gpt2_tokenizer(), hf_dir)
     out = {}
     env = {**os.environ, "PYTHONPATH": str(convert.parent / "gguf-py")}
-    for kind in ("f16", "f32", "q8_0"):
+    for kind in kinds:
         out[kind] = work / f"g124-{kind}.gguf"
         cmd = [sys.executable, str(convert), str(hf_dir), "--outtype", kind, "--outfile", str(out[kind])]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)

@@ -3,14 +3,17 @@
 A random GPT-2 124M saved as a run is served (`--max-batch 16`, the dtype `--dtype auto`
 picks); each client streams 128-token completions of its own prompt (temperature 1, its
 own seed) one after another. Measured: the aggregate tokens/s over all clients and the
-median time to the first streamed token, against one client alone. The peers the issue
-names (llama.cpp's servers) are not run here yet; the table says so.
+median time to the first streamed token, against one client alone; and with --llama-convert
+(llama-cpp-python installed with its server's packages: sse-starlette, starlette-context,
+pydantic-settings), llama-cpp-python's OpenAI server (`python -m llama_cpp.server`) on the
+same weights in f16, under the same 16 clients. llama.cpp's own `llama-server` is not run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -55,22 +58,54 @@ def measure(url: str, clients: int, rounds: int) -> tuple[float, float]:
     return sum(n for _, n, _ in results) / wall, statistics.median(f for f, _, _ in results)
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float]:
+    """llama-cpp-python's OpenAI server on gguf, under `clients` at once."""
+    import httpx
+    import torch
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--n_threads", str(torch.get_num_threads()), "--n_ctx", "1024"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        measure(url, 1, 1)  # warm-up
+        return measure(url, clients, rounds)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 def run(args) -> list[Result]:
+    from bench.cases.llama_cpp import ggufs
     from gptcli.data.tokenizer import gpt2_tokenizer
     from gptcli.store.checkpoint import save_checkpoint
 
     work = Path(tempfile.mkdtemp(prefix="gptcli-serve-"))
     _, model = gpt2_pair()
     save_checkpoint(work / "g124", "best", model, gpt2_tokenizer(), {"task": "lm"})
+    files, why_not = ggufs(model, work, getattr(args, "llama_convert", None), kinds=("f16",))
     cmd = [sys.executable, "-m", "gptcli", "serve", "--ckpt", str(work / "g124"), "--port", "0"]
     cmd += ["--json", "--max-batch", "16", "--max-queue", "64"]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
+    rounds = 1 if args.quick else 2
     try:
         url = json.loads(proc.stdout.readline())["url"]
         measure(url, 2, 1)  # warm-up: the decoding kernel, the first batch
-        rounds = 1 if args.quick else 2
         one = measure(url, 1, rounds)
         four = measure(url, 4, rounds)
         sixteen = measure(url, 16, rounds)
@@ -81,9 +116,9 @@ def run(args) -> list[Result]:
         f"{TOKENS}-token streamed completions, {rounds} per client; one client {one[0]:.1f} tokens/s, "
         f"first token {one[1] * 1000:.0f} ms; 4 clients {four[0]:.1f} tokens/s ({four[0] / one[0]:.2f}x), "
         f"first token {four[1] * 1000:.0f} ms",
-        "llama.cpp's servers (llama_cpp.server, llama-server --parallel 16) not run beside it yet",
+        "llama.cpp's own llama-server --parallel 16 not run beside it",
     ]
-    return [
+    results = [
         Result(
             "gptcli serve, 16 concurrent clients, GPT-2 124M: aggregate tokens/s",
             sixteen[0], one[0], "tokens/s", "one client", ">= 6x", sixteen[0] >= 6 * one[0], notes,
@@ -93,3 +128,16 @@ def run(args) -> list[Result]:
             sixteen[1], one[1], "s", "one client", "<= 3x", sixteen[1] <= 3 * one[1], [],
         ),
     ]  # fmt: skip
+    if files:
+        peer = llama_server(files["f16"], 16, rounds)
+        results.append(
+            Result(
+                "gptcli serve against llama-cpp-python's server (f16), 16 concurrent clients",
+                sixteen[0], peer[0], "tokens/s", "python -m llama_cpp.server", ">= 3x",
+                sixteen[0] >= 3 * peer[0],
+                [f"llama_cpp.server's median first token {peer[1]:.2f} s; gptcli's {sixteen[1]:.2f} s"],
+            )
+        )  # fmt: skip
+    else:
+        notes.append(f"llama-cpp-python's server not run: {why_not}")
+    return results
