@@ -172,6 +172,8 @@ def test_bad_requests_get_openais_errors_and_the_server_keeps_serving(server):
         ({"max_tokens": 17}, "'max_tokens' must be between 0 and 16"),
         ({"n": 0}, "'n' must be between 1 and 4"),
         ({"prompt": []}, "'prompt' must be"),
+        ({"prompt": ["The"] * 5}, "5 prompts in one request; at most 4 (--max-batch)"),
+        ({"prompt": ["The"] * 2, "n": 3}, "n x prompts is 6; at most 4"),
         ({"prompt": [10**6]}, "token id 1000000 is outside the vocabulary"),
         ({"prompt": "x" * 17}, "the prompt has 17 tokens; this model attends to at most 16"),
         ({"prompt": "Ä"}, "not in this char tokenizer's vocabulary"),
@@ -191,6 +193,7 @@ def test_bad_requests_get_openais_errors_and_the_server_keeps_serving(server):
         c.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}])
     # malformed bodies, an oversized one, an unknown path: OpenAI's error body every time
     for body, status in [
+        (b"[" * 100_000 + b"]" * 100_000, 400),
         (b"{bad", 400),
         (b"[1, 2]", 400),
         (b'{"prompt": "x", "n": "2"}', 400),

@@ -141,6 +141,10 @@ def _prompts(body: dict, served: Served) -> list[list[int]]:
         raise ApiError(
             400, "'prompt' must be a string, a list of strings or a non-empty list of token ids", "prompt"
         )
+    if len(items) > served.max_batch:  # before encoding any of them
+        raise ApiError(
+            400, f"{len(items)} prompts in one request; at most {served.max_batch} (--max-batch)", "prompt"
+        )
     out = []
     for item in items:
         if isinstance(item, str):
@@ -169,10 +173,6 @@ def _prompts(body: dict, served: Served) -> list[list[int]]:
                 "context_length_exceeded",
             )
         out.append(ids)
-    if len(out) > served.max_batch:
-        raise ApiError(
-            400, f"{len(out)} prompts in one request; at most {served.max_batch} (--max-batch)", "prompt"
-        )
     return out
 
 
@@ -431,6 +431,8 @@ def create_app(served: Served) -> Any:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+        except RecursionError:
+            raise ApiError(400, "the request body nests JSON too deeply") from None
 
     @app.get("/")
     async def playground() -> HTMLResponse:
