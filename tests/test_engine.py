@@ -185,3 +185,24 @@ def test_close_ends_what_is_left():
     assert c1.wait()[1] == "cancelled" and c2.wait()[1] == "cancelled"
     with pytest.raises(QueueFull):
         engine.submit([seq([1], 1)[0]])
+
+
+def test_a_listener_that_fails_does_not_stop_the_engine_and_alternatives_stay_in_the_vocabulary():
+    model = small_model()
+    engine = Engine(model, max_batch=2, vocab_size=40)  # ids 40 to 60: embedding padding
+    try:
+
+        def broken(event: Event) -> None:
+            raise RuntimeError("the event loop is closed")
+
+        engine.submit([Sequence([1, 2], 50, GREEDY, None, broken)])
+        s, c = seq([1, 2], 6, logprobs=50, score_prompt=True)  # more alternatives than ids
+        engine.submit([s])
+        tokens, finish, events = c.wait()
+        assert finish == "length" and len(tokens) == 6 and max(tokens) < 40
+        for e in events:
+            for x in e.scored:
+                assert len(x.top) <= 40 and all(i < 40 and v > float("-inf") for i, v in x.top)
+        assert engine.thread.is_alive()
+    finally:
+        engine.close()

@@ -119,7 +119,18 @@ def test_echo_logprobs_scores_the_prompt_as_the_model_does(trained, server):
         assert (
             len(lp.top_logprobs[t]) == 3 and max(lp.top_logprobs[t].values()) >= lp.token_logprobs[t] - 1e-6
         )
-    # with generated tokens: the prompt's scores, then the new ones'
+    # echo without logprobs: the prompt's text first, streamed or not
+    r = server.client.completions.create(
+        model=server.model, prompt="The", max_tokens=4, echo=True, temperature=0
+    )
+    assert (
+        r.choices[0].text.startswith("The") and len(r.choices[0].text) == 7 and r.choices[0].logprobs is None
+    )
+    chunks = server.client.completions.create(
+        model=server.model, prompt="The", max_tokens=4, echo=True, temperature=0, stream=True
+    )
+    assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text
+    # with generated tokens: the prompt's scores, then the new ones
     r = server.client.completions.create(
         model=server.model, prompt="The", max_tokens=4, echo=True, logprobs=1, temperature=0
     )
@@ -179,6 +190,7 @@ def test_bad_requests_get_openais_errors_and_the_server_keeps_serving(server):
         ({"prompt": "Ä"}, "not in this char tokenizer's vocabulary"),
         ({"echo": True, "logprobs": 0, "max_tokens": 14}, "which scoring needs"),
         ({"best_of": 3}, "'best_of' is not supported"),
+        ({"stop": ["x" * 257]}, "each of at most 256 characters"),
     ]:
         args = {"model": server.model, "prompt": "The", **kwargs}
         with pytest.raises(openai.BadRequestError, match=re.escape(words)):
@@ -212,6 +224,7 @@ def test_tokenize_and_detokenize(server):
     assert ids["count"] == 7 and ids["max_model_len"] == 16
     assert server.post("/detokenize", {"tokens": ids["tokens"]}).json() == {"prompt": "The fox"}
     assert server.post("/detokenize", {"tokens": [-1]}).status_code == 400
+    assert server.post("/tokenize", {"prompt": "Ä"}).status_code == 400
 
 
 def test_a_full_server_says_429_and_a_client_that_leaves_frees_its_slot(trained):
@@ -314,3 +327,30 @@ def test_cors_is_off_unless_origins_are_named(trained):
         assert other.headers.get("access-control-allow-origin") != "http://evil.example"
     finally:
         engine.close()
+
+
+def test_a_completion_cut_by_the_server_stopping_is_a_503(trained):
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from gptcli.infer.engine import Engine
+    from gptcli.infer.server import Served, create_app
+
+    loaded = load(trained)
+    engine = Engine(loaded.model.eval(), max_batch=1)
+    client = TestClient(create_app(Served(engine, loaded.tokenizer, "run", 16, 10**6, 1)))
+    got = {}
+    body = {"prompt": "The", "max_tokens": 10**6}
+    worker = threading.Thread(target=lambda: got.setdefault("r", client.post("/v1/completions", json=body)))
+    worker.start()
+    deadline = time.time() + 30
+    while engine.load()[0] == 0 and time.time() < deadline:
+        time.sleep(0.05)
+    engine.close()
+    worker.join(30)
+    r = got["r"]
+    assert (
+        r.status_code == 503
+        and "the server is stopping; the completion was cut" in r.json()["error"]["message"]
+    )

@@ -80,6 +80,7 @@ class Sequence:
         self.score_prompt = score_prompt
         self.end_ids = end_ids
         self.cancelled = False
+        self.ended = False  # its done or error event was reported
         self.logits: torch.Tensor | None = None  # (V,) the next token's, once known
         self.own: KVCache | None = None  # the cache it was encoded into, until it joins the batch's
         self.cached = 0  # tokens whose keys are stored (all but the newest)
@@ -92,6 +93,17 @@ class Sequence:
     def cancel(self) -> None:
         """Stop decoding it (the client went away, or a stop string ended it)."""
         self.cancelled = True
+
+    def report(self, event: Event) -> None:
+        """Hand an event to whoever waits for it; nothing after its end, and a listener that
+        fails (its event loop closed) cancels the sequence instead of stopping the engine."""
+        if self.ended:
+            return
+        self.ended = event.kind in ("done", "error")
+        try:
+            self.emit(event)
+        except Exception:
+            self.cancelled = True
 
 
 class Engine:
@@ -108,6 +120,7 @@ class Engine:
         self.cache_dtype = cache_dtype(model)
         self.waiting: deque[Sequence] = deque()
         self.active: list[Sequence] = []
+        self.joining: list[Sequence] = []  # taken from waiting, being encoded
         self.cache: KVCache | None = None
         self.lock = threading.Condition()
         self.stopping = False
@@ -120,9 +133,9 @@ class Engine:
         """Queue sequences (all or none); QueueFull when more than max_batch + max_queue would
         be decoding or waiting."""
         with self.lock:
-            if self.stopping:
+            if self.stopping or not self.thread.is_alive():
                 raise QueueFull("the server is stopping")
-            busy = len(self.active) + len(self.waiting)
+            busy = len(self.active) + len(self.joining) + len(self.waiting)
             if busy + len(seqs) > self.max_batch + self.max_queue:
                 limits = f"--max-batch {self.max_batch}, --max-queue {self.max_queue}"
                 raise QueueFull(f"{busy} sequences are decoding or waiting ({limits})")
@@ -135,7 +148,7 @@ class Engine:
     def load(self) -> tuple[int, int]:
         """(active, waiting) sequences."""
         with self.lock:
-            return len(self.active), len(self.waiting)
+            return len(self.active) + len(self.joining), len(self.waiting)
 
     def close(self) -> None:
         """Finish: every sequence still waiting or active ends with finish "cancelled"."""
@@ -155,39 +168,47 @@ class Engine:
                     if self.stopping:
                         break
                     room = self.max_batch - len(self.active)
-                    joining = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+                    self.joining = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
                 try:
-                    self._iterate(joining)
+                    self._iterate(self.joining)
                 except Exception as e:  # one failed step fails its sequences, not the server
-                    for seq in self.active + joining:
-                        seq.emit(Event("error", message=f"decoding failed: {e}"))
+                    for seq in self.active + self.joining:
+                        seq.report(Event("error", message=f"decoding failed: {e}"))
                     self.active, self.cache = [], None
+                with self.lock:
+                    self.joining = []
         with self.lock:
             for seq in list(self.waiting) + self.active:
-                seq.emit(Event("done", finish="cancelled"))
+                seq.report(Event("done", finish="cancelled"))
             self.waiting.clear()
             self.active = []
 
     def _iterate(self, joining: list[Sequence]) -> None:
+        for seq in joining:
+            if seq.cancelled:
+                seq.report(Event("done", finish="cancelled"))
         joining = [s for s in joining if not s.cancelled]
-        for group in ([s for s in joining if s.score_prompt], [s for s in joining if not s.score_prompt]):
+        # prompts to score one at a time (their logits at every position: T x V floats each),
+        # the others together
+        groups = [[s] for s in joining if s.score_prompt] + [[s for s in joining if not s.score_prompt]]
+        for group in groups:
             if group:
                 self._prefill(group)
         for seq in joining:
             if seq.max_tokens == 0:
-                seq.emit(Event("done", finish="length"))
+                seq.report(Event("done", finish="length"))
             else:
                 self.active.append(seq)
         live = []
         for seq in self.active:
             if seq.cancelled:
-                seq.emit(Event("done", finish="cancelled"))
+                seq.report(Event("done", finish="cancelled"))
             else:
                 live.append(seq)
         staying = []
         for seq, finish in zip(live, self._draw(live), strict=True):
             if finish is not None:
-                seq.emit(Event("done", finish=finish))
+                seq.report(Event("done", finish=finish))
                 continue
             if seq.cached + 1 > self.config.block_size:  # the window slides, as sample's does:
                 keep = max(2, self.config.block_size * 3 // 4)  # the last 3/4 block, newest token
@@ -210,7 +231,7 @@ class Engine:
                 scored = [Scored(seq.tokens[0], None)]
                 for t, token in enumerate(seq.tokens[1:]):
                     scored.append(Scored(token, float(logp[t, token]), self._top(logp[t], seq.logprobs)))
-                seq.emit(Event("prompt", scored=scored))
+                seq.report(Event("prompt", scored=scored))
 
     def _encode(
         self, seqs: list[Sequence], ids: list[list[int]], every_position: bool = False
@@ -241,11 +262,10 @@ class Engine:
             logits[..., self.vocab_size :] = float("-inf")
         return logits
 
-    @staticmethod
-    def _top(logp: torch.Tensor, k: int | None) -> list[tuple[int, float]]:
+    def _top(self, logp: torch.Tensor, k: int | None) -> list[tuple[int, float]]:
         if not k:
             return []
-        values, ids = torch.topk(logp, k)
+        values, ids = torch.topk(logp, min(k, self.vocab_size))  # never the -inf padding ids
         return list(zip(ids.tolist(), values.tolist(), strict=True))
 
     def _draw(self, rows: list[Sequence]) -> list[str | None]:
@@ -274,7 +294,7 @@ class Engine:
             else:
                 scored = Scored(token, None)
             seq.tokens.append(token)
-            seq.emit(Event("token", scored=[scored]))
+            seq.report(Event("token", scored=[scored]))
             if token in seq.end_ids:
                 finishes.append("stop")
             else:

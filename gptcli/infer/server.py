@@ -28,6 +28,7 @@ from gptcli.infer.generate import Sampling, row_generators
 PLAYGROUND = Path(__file__).with_name("playground.html")
 MAX_LOGPROBS = 20  # OpenAI allows 5; lm-evaluation-harness and the playground ask for more
 MAX_STOPS = 16
+MAX_STOP_CHARS = 256
 MAX_BODY = 1 << 20  # bytes
 SEED_MAX = 2**63 - 1
 
@@ -210,15 +211,20 @@ def check_completion(body: Any, served: Served) -> Completion:
         )
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOPS:
-        raise ApiError(400, f"'stop' must be a string or a list of at most {MAX_STOPS} strings", "stop")
+    if (
+        not isinstance(stops, list)
+        or not all(isinstance(s, str) and len(s) <= MAX_STOP_CHARS for s in stops)
+        or len(stops) > MAX_STOPS
+    ):
+        each = f"at most {MAX_STOPS}, each of at most {MAX_STOP_CHARS} characters"
+        raise ApiError(400, f"'stop' must be a string or a list of strings, {each}", "stop")
     seed = _int(body, "seed", None, 0, SEED_MAX)
     stream = _bool(body, "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", "stream_options")
     echo = _bool(body, "echo")
-    logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
+    logprobs = _int(body, "logprobs", None, 0, min(MAX_LOGPROBS, served.tokenizer.vocab_size))
     if echo and logprobs is not None:  # scoring: every token must be seen in one window
         for ids in prompts:
             if len(ids) + max_tokens > served.block_size:
@@ -254,65 +260,65 @@ class Choice:
 
     def __init__(self, index: int, served: Served, prompt: list[int], req: Completion) -> None:
         self.index, self.served, self.req = index, served, req
+        self.ids = list(prompt)  # the prompt's ids, then the generated ones (for text_offset)
         self.prompt_text = served.tokenizer.decode(prompt)
         self.text = TextStream(served.tokenizer, req.stops)
+        self.echoed = not req.echo  # the prompt's text is handed out first, once, with echo
         self.finish: str | None = None
         self.generated = 0
-        self.offset = len(self.prompt_text)
         self.logprobs: dict[str, list[Any]] = {
-            "tokens": [],
-            "token_logprobs": [],
-            "top_logprobs": [],
-            "text_offset": [],
+            k: [] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")
         }
         self.seq: Sequence | None = None
 
-    def _score(self, scored: list[Scored], offset: int) -> dict[str, list[Any]]:
+    def _score(self, scored: list[Scored], start: int) -> dict[str, list[Any]]:
+        """The logprobs fields for tokens ids[start:start + len(scored)]; a token's offset is
+        where its text starts in the prompt's text followed by the completion's."""
         tok = self.served.tokenizer
-        part: dict[str, list[Any]] = {
-            "tokens": [],
-            "token_logprobs": [],
-            "top_logprobs": [],
-            "text_offset": [],
-        }
-        for s in scored:
-            text = token_text(tok, s.id)
-            part["tokens"].append(text)
+        part: dict[str, list[Any]] = {k: [] for k in self.logprobs}
+        for i, s in enumerate(scored):
+            part["tokens"].append(token_text(tok, s.id))
             part["token_logprobs"].append(s.logprob)
             part["top_logprobs"].append(
-                None if s.logprob is None else {token_text(tok, i): lp for i, lp in s.top}
+                None if s.logprob is None else {token_text(tok, t): lp for t, lp in s.top}
             )
-            part["text_offset"].append(offset)
-            offset += len(tok.piece(s.id))
-        for key, values in part.items():
-            self.logprobs[key].extend(values)
+            part["text_offset"].append(len(tok.decode(self.ids[: start + i])))
+        if not self.req.stream:
+            for key, values in part.items():
+                self.logprobs[key].extend(values)
         return part
 
     def on_event(self, event: Event) -> tuple[str, dict[str, list[Any]] | None]:
         """The text this event makes final, and the scores it brings."""
-        scores = None
+        prefix, scores = "", None
+        if not self.echoed:
+            prefix, self.echoed = self.prompt_text, True
         if event.kind == "prompt":
             if self.req.echo and self.req.logprobs is not None:
                 scores = self._score(event.scored, 0)
-            return (self.prompt_text if self.req.echo else ""), scores
+            return prefix, scores
         if self.finish is not None:
-            return "", None
+            return prefix, None
         if event.kind == "token":
             token = event.scored[0].id
             self.generated += 1
+            self.ids.append(token)
             delta = self.text.push(token)
             if self.req.logprobs is not None and token != self.served.tokenizer.eot_id:
-                scores = self._score(event.scored, self.offset)
-                self.offset += len(self.served.tokenizer.piece(token))
+                scores = self._score(event.scored, len(self.ids) - 1)
             if self.text.done:
                 self.finish = "stop"
                 if self.seq is not None:
                     self.seq.cancel()
-            return delta, scores
+            return prefix + delta, scores
+        if event.kind == "done" and event.finish == "cancelled":  # not by us: the server stops
+            raise ApiError(
+                503, f"the server is stopping; the completion was cut after {self.generated} tokens"
+            )
         if event.kind == "done":
             delta = self.text.close("length")
-            self.finish = self.finish or ("stop" if event.finish == "stop" else "length")
-            return delta, None
+            self.finish = "stop" if event.finish == "stop" else "length"
+            return prefix + delta, None
         raise ApiError(500, event.message or "decoding failed")
 
 
@@ -326,7 +332,11 @@ class Run:
         seqs = []
         eot = served.tokenizer.eot_id
         for p, prompt in enumerate(req.prompts):
-            gens = row_generators(req.seed, req.n) if not req.sampling.greedy else [None] * req.n
+            gens = (
+                row_generators(req.seed, req.n, served.engine.device)
+                if not req.sampling.greedy
+                else [None] * req.n
+            )
             for j in range(req.n):
                 index = p * req.n + j
                 choice = Choice(index, served, prompt, req)
@@ -336,11 +346,11 @@ class Run:
 
                 choice.seq = Sequence(
                     prompt, req.max_tokens, req.sampling, gens[j], emit,
-                    logprobs=req.logprobs, score_prompt=req.echo, end_ids=(eot,) if eot is not None else (),
+                    logprobs=req.logprobs, score_prompt=req.echo and req.logprobs is not None,
+                    end_ids=(eot,) if eot is not None else (),
                 )  # fmt: skip
                 self.choices.append(choice)
                 seqs.append(choice.seq)
-        self.pending = len(seqs)
         self.prompt_tokens = sum(len(p) for p in req.prompts)
         try:
             served.engine.submit(seqs)
@@ -355,15 +365,19 @@ class Run:
                 c.seq.cancel()
 
     async def events(self) -> AsyncIterator[tuple[Choice, str, dict | None, bool]]:
-        """(choice, text, scores, finished) as the engine reports them."""
-        while self.pending:
+        """(choice, text, scores, finished) as the engine reports them, until every choice
+        has ended (each counted once)."""
+        ended: set[int] = set()
+        while len(ended) < len(self.choices):
             index, event = await self.queue.get()
+            if index in ended:
+                continue
             choice = self.choices[index]
             text, scores = choice.on_event(event)
-            ended = event.kind in ("done", "error")
-            if ended:
-                self.pending -= 1
-            yield choice, text, scores, ended
+            done = event.kind in ("done", "error")
+            if done:
+                ended.add(index)
+            yield choice, text, scores, done
 
     def usage(self) -> dict[str, int]:
         completion = sum(c.generated for c in self.choices)
@@ -458,7 +472,10 @@ def create_app(served: Served) -> Any:
         body = await read_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
             raise ApiError(400, "'prompt' must be a string", "prompt")
-        ids = served.tokenizer.encode_prompt(body["prompt"]) if body["prompt"] else []
+        try:
+            ids = served.tokenizer.encode_prompt(body["prompt"]) if body["prompt"] else []
+        except UsageError as e:  # text the tokenizer cannot encode
+            raise ApiError(400, str(e), "prompt") from None
         return {"tokens": ids, "count": len(ids), "max_model_len": served.block_size}
 
     @app.post("/detokenize")
