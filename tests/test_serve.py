@@ -246,6 +246,20 @@ def test_a_full_server_says_429_and_a_client_that_leaves_frees_its_slot(trained)
             "active": 0,
             "waiting": 0,
         }
+        # the same for a request that is not streamed: its client leaves before the answer
+        port = int(s.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as gone:
+            body = json.dumps({"prompt": "The", "max_tokens": 1000000}).encode()
+            head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            gone.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            deadline = time.time() + 20
+            while not httpx.get(s.url + "/health").json()["active"] and time.time() < deadline:
+                time.sleep(0.05)
+            assert httpx.get(s.url + "/health").json()["active"] == 1
+        deadline = time.time() + 20
+        while httpx.get(s.url + "/health").json()["active"] and time.time() < deadline:
+            time.sleep(0.1)
+        assert httpx.get(s.url + "/health").json()["active"] == 0
         assert s.post("/v1/completions", {"prompt": "The", "max_tokens": 1}, key=None).status_code == 200
     finally:
         assert s.stop(signal.SIGINT) == 130

@@ -510,10 +510,12 @@ def create_app(served: Served) -> Any:
             return StreamingResponse(
                 _stream(run, head), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
+        watcher = asyncio.create_task(_cancel_when_gone(request, run))
         try:
             async for _ in run.events():
                 pass
         finally:
+            watcher.cancel()
             run.cancel()
         choices = []
         for c in run.choices:
@@ -523,6 +525,13 @@ def create_app(served: Served) -> Any:
         return {**head, "choices": choices, "usage": run.usage()}
 
     return app
+
+
+async def _cancel_when_gone(request: Any, run: Run) -> None:
+    """A client that disconnects before its (unstreamed) completion is ready cancels it."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.25)
+    run.cancel()
 
 
 def _sse(obj: Any) -> bytes:
