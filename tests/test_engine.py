@@ -206,3 +206,22 @@ def test_a_listener_that_fails_does_not_stop_the_engine_and_alternatives_stay_in
         assert engine.thread.is_alive()
     finally:
         engine.close()
+
+
+def test_load_counts_each_sequence_once():
+    model = small_model()
+    engine = Engine(model, max_batch=1, max_queue=0)
+    try:
+        s, c = seq([1, 2], 100_000)
+        engine.submit([s])
+        seen = set()
+        for _ in range(500):  # while it joins, is encoded and decodes
+            seen.add(engine.load())
+            threading.Event().wait(0.002)
+        assert seen <= {(0, 1), (1, 0)} and (1, 0) in seen
+        with pytest.raises(QueueFull):  # one is decoding: the batch and the queue are full
+            engine.submit([seq([1], 1)[0]])
+        s.cancel()
+        assert c.wait()[1] == "cancelled"
+    finally:
+        engine.close()

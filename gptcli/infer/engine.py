@@ -194,11 +194,13 @@ class Engine:
         for group in groups:
             if group:
                 self._prefill(group)
-        for seq in joining:
-            if seq.max_tokens == 0:
-                seq.report(Event("done", finish="length"))
-            else:
-                self.active.append(seq)
+        with self.lock:  # from joining to active at once: load() counts each sequence once
+            for seq in joining:
+                if seq.max_tokens == 0:
+                    seq.report(Event("done", finish="length"))
+                else:
+                    self.active.append(seq)
+            self.joining = []
         live = []
         for seq in self.active:
             if seq.cancelled:
