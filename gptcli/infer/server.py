@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gptcli.config.knobs import SEED_MAX
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.infer.completion import TextStream, encode_prompt
@@ -30,7 +31,6 @@ MAX_LOGPROBS = 20  # OpenAI allows 5; lm-evaluation-harness and the playground a
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 MAX_BODY = 1 << 20  # bytes
-SEED_MAX = 2**63 - 1
 
 
 class ApiError(Exception):
