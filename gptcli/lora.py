@@ -15,6 +15,10 @@ rename every weight (base_model.model...base_layer.weight) and pull in its depen
 
 For inference, merge() folds each adapter into its weight, W + (alpha / r) B A, and puts
 back a plain nn.Linear: every decoding path then reads ordinary weights.
+
+Tokens a LoRA run adds (the chat template's) have no trained row in the frozen base: their
+rows of the tied embedding learn as `transformer.wte.token_rows` (TokenRows), saved beside
+the adapters and written into the grown base's embedding when merged.
 """
 
 from __future__ import annotations
@@ -134,7 +138,58 @@ def describe(model: nn.Module, settings: LoRASettings) -> str:
 
 def is_trained(name: str) -> bool:
     """Whether a LoRA run trains (and saves) the parameter of this name."""
-    return name.endswith((".lora_A", ".lora_B")) or name.startswith(TRAINED_WITH_ADAPTERS)
+    return name.endswith((".lora_A", ".lora_B")) or name.startswith(TRAINED_WITH_ADAPTERS) or name == ROWS
+
+
+ROWS = "transformer.wte.token_rows"  # a LoRA run's new tokens' rows, (n, C)
+
+
+class TokenRows(nn.Module):
+    """The tied embedding (wte and lm_head) with the rows of ids first .. first + n - 1
+    taken from a trainable (n, C) tensor instead of the frozen weight. It stands in for
+    wte; its `head` stands in for lm_head and shares the rows."""
+
+    def __init__(self, weight: nn.Parameter, first: int, n: int) -> None:
+        super().__init__()
+        self.weight, self.first = weight, first  # the frozen (V, C) base
+        self.token_rows = nn.Parameter(weight.detach()[first : first + n].clone().float())  # (n, C)
+        self.head = _Head(self)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        n = self.token_rows.size(0)
+        new = (idx >= self.first) & (idx < self.first + n)  # (B, T)
+        rows = F.embedding((idx - self.first).clamp(0, n - 1), self.token_rows)  # (B, T, C)
+        return torch.where(new[..., None], rows.to(self.weight.dtype), F.embedding(idx, self.weight))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        base = F.linear(h, self.weight.to(h.dtype))  # (B, T, V)
+        new = F.linear(h, self.token_rows.to(h.dtype))  # (B, T, n)
+        end = self.first + self.token_rows.size(0)
+        return torch.cat([base[..., : self.first], new, base[..., end:]], dim=-1)
+
+    def merged(self) -> torch.Tensor:
+        """The weight with the learnt rows written in."""
+        with torch.no_grad():
+            w = self.weight.detach().clone()
+            w[self.first : self.first + self.token_rows.size(0)] = self.token_rows.to(w.dtype)
+        return w
+
+
+class _Head(nn.Module):
+    """lm_head's stand-in: logits through TokenRows (kept unregistered: the rows are saved once)."""
+
+    def __init__(self, rows: TokenRows) -> None:
+        super().__init__()
+        self._rows = (rows,)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self._rows[0].logits(h)
+
+
+def train_token_rows(model: nn.Module, ids: Sequence[int]) -> None:
+    """Let the rows of ids (new tokens, contiguous) learn beside the adapters."""
+    rows = TokenRows(model.lm_head.weight, min(ids), len(ids))
+    model.transformer.wte, model.lm_head = rows, rows.head
 
 
 def has_adapters(model: nn.Module) -> bool:
@@ -151,13 +206,21 @@ def hold_base_in(model: nn.Module, dtype: torch.dtype) -> None:
 
 def merge(model: nn.Module) -> None:
     """Fold every adapter into its weight, leaving a plain GPT (for inference and export)."""
+    rows = model.transformer.wte
+    if isinstance(rows, TokenRows):
+        weight = nn.Parameter(rows.merged(), requires_grad=False)
+        model.transformer.wte = nn.Embedding(*weight.shape, _weight=weight, _freeze=True)
+        model.lm_head = nn.Linear(weight.size(1), weight.size(0), bias=False, device="meta")
+        model.lm_head.weight = model.transformer.wte.weight
     for name, m in list(model.named_modules()):
         if isinstance(m, LoRALinear):
             parent_name, attr = name.rsplit(".", 1)
             setattr(model.get_submodule(parent_name), attr, m.merged())
 
 
-def planned_shapes(model: nn.Module, settings: LoRASettings, n_classes: int) -> dict[str, tuple[int, ...]]:
+def planned_shapes(
+    model: nn.Module, settings: LoRASettings, n_classes: int, new_tokens: int = 0
+) -> dict[str, tuple[int, ...]]:
     """What a LoRA checkpoint of these settings on this (plain) model holds, computed from
     the base's shapes without building anything: so that the sizes a checkpoint claims
     (rank, classes) are checked against its file before adapters of that size exist."""
@@ -168,6 +231,8 @@ def planned_shapes(model: nn.Module, settings: LoRASettings, n_classes: int) -> 
         shapes[f"{name}.lora_B"] = (base.out_features, settings.rank)
     if n_classes:
         shapes |= {"classifier.weight": (n_classes, model.config.n_embd), "classifier.bias": (n_classes,)}
+    if new_tokens:
+        shapes[ROWS] = (new_tokens, model.config.n_embd)
     return shapes
 
 

@@ -12,6 +12,7 @@ nh heads, hs head size (C // nh), V vocabulary.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -307,6 +308,22 @@ class GPT(nn.Module):
             raise ValueError(f"block_size {block_size}: must be between 1 and {self.config.block_size}")
         self.config.block_size = block_size
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+
+    def add_token_rows(self, ids: Sequence[int]) -> None:
+        """Make ids (new tokens, such as a chat template's) rows of the tied embedding, growing
+        it if they lie past its end, each set to the mean embedding of the tokens before the
+        first of them: an input the model has seen the like of, and an output neither
+        favoured nor ruled out. The other tokens' rows, and so their logits, stay as they were."""
+        w = self.lm_head.weight  # (V, C), W_e
+        first, vocab = min(ids), max(w.size(0), max(ids) + 1)
+        with torch.no_grad():
+            grown = torch.empty(vocab, w.size(1), dtype=w.dtype, device=w.device)
+            grown[: w.size(0)] = w
+            grown[list(ids)] = w[:first].float().mean(0).to(w.dtype)
+        weight = nn.Parameter(grown, requires_grad=w.requires_grad)
+        self.lm_head.weight = self.transformer.wte.weight = weight
+        self.lm_head.out_features = self.transformer.wte.num_embeddings = vocab
+        self.config.vocab_size = vocab
 
     def set_classifier(self, n_classes: int) -> None:
         """A new classification head of n_classes (none for 0), on the model's device."""

@@ -20,6 +20,7 @@ from typer.core import TyperGroup, TyperOption
 from gptcli import __version__
 from gptcli.cli import render
 from gptcli.cli.beam import beam
+from gptcli.cli.chat import chat
 from gptcli.cli.classify import classify
 from gptcli.cli.declare import Overrides, command
 from gptcli.cli.eval import eval_
@@ -202,6 +203,7 @@ VERBS: dict[str, tuple[type, Any, tuple[Overrides, ...]]] = {
     "eval": (verbs.EvalSettings, eval_, ()),
     "export": (verbs.ExportSettings, export, ()),
     "serve": (verbs.ServeSettings, serve, ()),
+    "chat": (verbs.ChatSettings, chat, ()),
 }
 for _name, (_settings, _run, _overrides) in VERBS.items():
     app.command(_name)(command(_settings, _run, _overrides))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptcli.cli import render
+from gptcli.config.run import TEXT_TASKS
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -85,6 +86,22 @@ def text_arg(text: str, what: str = "the text") -> str:
     return text
 
 
+# what a verb loads when --ckpt is left out: the newest run trained for one of these tasks
+NEWEST = {
+    "text": (
+        TEXT_TASKS,
+        "model that writes text",
+        "train one with `gptcli pretrain CORPUS` (or `make demo`)",
+    ),
+    "classifier": (
+        ("classify", "choice"),
+        "classifier",
+        "make one with `gptcli finetune --ckpt RUN DATA --task classify`",
+    ),
+    "chat": (("chat",), "chat model", "make one with `gptcli finetune --ckpt RUN DATA --task chat`"),
+}
+
+
 def load_model(
     ckpt: str | None,
     device: str = "auto",
@@ -93,9 +110,10 @@ def load_model(
     classifier: bool = False,
     base: Path | None = None,
     quantize: str | None = None,
+    chat: bool = False,
 ) -> Loaded:
     """Load --ckpt, or the newest run under ./runs that fits the verb (one that writes
-    text, or with classifier a classify/choice run) and say which, onto the device in the
+    text; with classifier a classify/choice run; with chat a chat run) and say which, onto the device in the
     dtype for inference, its weights quantized if asked (--quantize); say where it runs and
     why. decode: the verb generates token by token, so CPU models decode through the C step
     (gptcli/infer/kernels.py). A LoRA run comes merged into its base (base: where that is
@@ -104,23 +122,19 @@ def load_model(
     from gptcli.infer.quantize import quantize as quantize_weights
     from gptcli.runtime import pick_device, pick_inference_dtype
     from gptcli.store import loading
-    from gptcli.store.checkpoint import TEXT_TASKS, newest_run
+    from gptcli.store.checkpoint import newest_run
 
     if ckpt is None:
-        tasks = ("classify", "choice") if classifier else TEXT_TASKS
+        kind = "classifier" if classifier else "chat" if chat else "text"
+        tasks, what, hint = NEWEST[kind]
         run = newest_run(tasks=tasks)
         if run is None:
             other = newest_run()
-            if classifier:
-                hint = "make one with `gptcli finetune --ckpt RUN DATA --task classify`, or pass --ckpt"
-            else:
-                hint = "train one with `gptcli pretrain CORPUS` (or `make demo`), or pass --ckpt"
-            found = f" ({other} is a {'language model' if classifier else 'classifier'})" if other else ""
-            want = "classifier" if classifier else "model that writes text"
-            raise UsageError(f"no {want} found under ./runs{found}; {hint}")
+            found = f" ({other} is not one)" if other else ""
+            raise UsageError(f"no {what} found under ./runs{found}; {hint}, or pass --ckpt")
         skipped = newest_run()
         also = f" (the newer {skipped} is not one)" if skipped is not None and skipped != run else ""
-        render.info(f"using the newest {'classifier' if classifier else 'run'}: {run}{also}")
+        render.info(f"using the newest {'run' if kind == 'text' else what}: {run}{also}")
         ckpt = str(run)
     dev, why_device = pick_device(device)
     loaded = loading.load(ckpt, dev, base=base)

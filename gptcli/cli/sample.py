@@ -100,13 +100,19 @@ def _show_steps(tok: Tokenizer, prompt_ids: list[int], result: Sampled, sampling
     """One probability table per generated token: the lecture's 'The rabbit dug a -> hole 0.45'."""
     context = list(prompt_ids)
     for step in result.steps:
-        qs = step.q if step.q is not None else [None] * len(step.ids)
-        rows = [
-            (rank, render.visible_piece(tok.token_bytes(i)), p, i == step.chosen, q)
-            for rank, (i, p, q) in enumerate(zip(step.ids, step.probs, qs, strict=True), 1)
-        ]
-        if step.chosen not in step.ids:
-            piece = render.visible_piece(tok.token_bytes(step.chosen))
-            rows.append((step.chosen_rank, piece, step.chosen_prob, True, step.chosen_q))
-        render.probs_table(tok.decode(context), rows, sampling=sampling if step.q is not None else None)
+        show_step(tok, tok.decode(context), step, sampling)
         context.append(step.chosen)
+
+
+def show_step(tok: Tokenizer, context: str, step: TopK, sampling: str) -> None:
+    """The probability table of one step after the text context: the k likeliest tokens and
+    the chosen one (sampling: how the distribution was reshaped, shown where it was)."""
+    qs = step.q if step.q is not None else [None] * len(step.ids)
+    rows = [
+        (rank, render.visible_piece(tok.token_bytes(i)), p, i == step.chosen, q)
+        for rank, (i, p, q) in enumerate(zip(step.ids, step.probs, qs, strict=True), 1)
+    ]
+    if step.chosen not in step.ids:
+        piece = render.visible_piece(tok.token_bytes(step.chosen))
+        rows.append((step.chosen_rank, piece, step.chosen_prob, True, step.chosen_q))
+    render.probs_table(context, rows, sampling=sampling if step.q is not None else None)

@@ -302,7 +302,8 @@ FINETUNE_DEFAULTS = TrainConfig(
 # muon_warmup_iters existed iterated torch's 5 times and warmed Muon's rate up with AdamW's
 # (checkpoint.json keeps every key from then on)
 SAVED_BEFORE = TrainConfig(optimizer="adamw", muon_ns_steps=5, muon_warmup_iters=None)
-FINETUNE_TASKS = ("lm", "classify", "choice", "sft")
+FINETUNE_TASKS = ("lm", "classify", "choice", "sft", "chat")
+TEXT_TASKS = ("lm", "sft", "chat")  # runs whose model writes text; classify and choice runs score options
 LORA_TARGETS = ("attn", "proj", "mlp")  # attn.c_attn; attn.c_proj; mlp.c_fc and mlp.c_proj (gptcli/lora.py)
 
 
@@ -312,7 +313,7 @@ class FinetuneSettings:
 
     data: list[str]  # lm: text files/dirs or a tokenized dir; otherwise one JSONL (or CSV) file
     base: str  # the checkpoint it starts from (--ckpt)
-    task: str = knob("lm", flag="--task", help="lm | classify | choice | sft", panel=TASK)
+    task: str = knob("lm", flag="--task", help="lm | classify | choice | sft | chat", panel=TASK)
     val_data: str | None = knob(
         None,
         flag="--val-data",

@@ -24,7 +24,8 @@ TOP_P = Range(0, 1, lo_open=True)  # (0, 1]: a nucleus of some mass
 
 def ckpt_knob(**kw: Any) -> Any:
     help = kw.pop("help", "A run dir (its best/ checkpoint), a checkpoint dir such as RUN/last")
-    return knob(None, flag="--ckpt", help=help, shown="the newest run under ./runs", complete="runs", **kw)
+    shown = kw.pop("shown", "the newest run under ./runs")
+    return knob(None, flag="--ckpt", help=help, shown=shown, complete="runs", **kw)
 
 
 def base_knob(**kw: Any) -> Any:
@@ -241,6 +242,66 @@ class SampleSettings(Settings):
         check_fields(self)
         if self.prompt is not None and self.prompt_file is not None:
             raise UsageError("give --prompt or --prompt-file, not both")
+        return self
+
+
+@dataclass
+class ChatSettings(Settings):
+    ckpt: str | None = ckpt_knob(shown="the newest chat run under ./runs")
+    base: Path | None = base_knob()
+    system: str | None = knob(
+        None, flag="--system", help="A system message that opens the conversation", shown="none"
+    )
+    message: str | None = knob(
+        None,
+        flag="--message",
+        short="-m",
+        help="Answer this one user message and exit",
+        shown="a conversation",
+    )
+    messages: Path | None = knob(
+        None,
+        flag="--messages",
+        help="Answer the last user turn of a JSON file of {role, content} messages and exit",
+        shown="none",
+    )
+    max_new_tokens: int = knob(
+        200, check=POSITIVE, flag="--max-new-tokens", short="-n", help="Most tokens per reply"
+    )
+    temp: float = knob(
+        1.0,
+        check=NON_NEGATIVE,
+        flag="--temp",
+        help="Temperature: sample from q ∝ p^(1/temp); 0 = greedy (argmax)",
+    )
+    top_k: int | None = knob(
+        None, check=POSITIVE, flag="--top-k", help="Sample only among the k likeliest tokens"
+    )
+    top_p: float | None = knob(
+        None, check=TOP_P, flag="--top-p", help="Sample only within the smallest set of mass top-p"
+    )
+    show_probs: int = knob(
+        0,
+        check=NON_NEGATIVE,
+        flag="--show-probs",
+        metavar="K",
+        help="Before each reply, show the K likeliest first tokens",
+        shown="off",
+    )
+    seed: int | None = knob(
+        None, check=Range(0, SEED_MAX), flag="--seed", help="Seed for reproducible replies", shown="random"
+    )
+    device: str = device_knob()
+    dtype: str = dtype_knob()
+    quantize: str | None = quantize_knob()
+    json_out: bool = json_knob("With --message or --messages: print the prompt ids and the reply as JSON")
+
+    def validate(self) -> ChatSettings:
+        check_fields(self)
+        if self.message is not None and self.messages is not None:
+            raise UsageError("give --message or --messages, not both")
+        if self.json_out and self.message is None and self.messages is None:
+            raise UsageError("--json goes with --message or --messages (a one-off answer)")
         return self
 
 

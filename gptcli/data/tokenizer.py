@@ -6,6 +6,12 @@
 - `bpe:N`: byte-level BPE with N tokens (including `<|endoftext|>`) trained on your corpus
   with rustbpe, then encoded and decoded by tiktoken.
 
+Every kind can carry special tokens (format 2 saves them as a `special_tokens` map): the
+BPEs' `<|endoftext|>`, and the chat template's `<|im_start|>` / `<|im_end|>`, which
+`with_chat_tokens` appends after the vocabulary. `encode` never produces a special id:
+text that spells one out stays text. Only the chat template (gptcli/data/chat.py) emits
+them.
+
 Never pickle: a tokenizer file is JSON, and loading it runs no code.
 """
 
@@ -17,7 +23,7 @@ import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,8 +38,12 @@ if TYPE_CHECKING:
 TOKENIZER_FILE = "tokenizer.json"
 GPTCLI_TOKENIZER_FILE = "gptcli_tokenizer.json"  # beside Hugging Face's tokenizer.json in an export
 FORMAT = "gptcli-tokenizer"
-VERSION = 1
+VERSION = 2  # 2: every kind saves its special_tokens (1 had them for bpe:N only)
 ENDOFTEXT = "<|endoftext|>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"  # ChatML's turn markers (gptcli/data/chat.py)
+CHAT_TOKENS = (IM_START, IM_END)
+# the characters the chat template writes as text: a char tokenizer learns those it lacks
+CHAT_TEMPLATE_CHARS = "systemuserassistant\n"
 
 # tiktoken's published hashes of GPT-2's BPE files (tiktoken_ext/openai_public.py)
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -47,6 +57,36 @@ class Tokenizer(ABC):
     name: str
     vocab_size: int
     eot_id: int | None  # end-of-text token (document separator, decoding stop), if any
+    special_tokens: dict[str, int]  # every special token's text and id (end-of-text included)
+
+    @cached_property
+    def end_ids(self) -> tuple[int, ...]:
+        """The ids that end a generation: end-of-text and the chat template's end of turn."""
+        return tuple(self.special_tokens[t] for t in (ENDOFTEXT, IM_END) if t in self.special_tokens)
+
+    @property
+    def has_chat(self) -> bool:
+        """Whether the chat template's tokens are part of this tokenizer (a chat model's)."""
+        return all(t in self.special_tokens for t in CHAT_TOKENS)
+
+    def special_text(self, token_id: int) -> str | None:
+        """The text of a special token id, or None for an ordinary token."""
+        if not hasattr(self, "_special_text"):
+            self._special_text = {i: t for t, i in self.special_tokens.items()}
+        return self._special_text.get(token_id)
+
+    def with_chat_tokens(self) -> Tokenizer:
+        """This tokenizer with ChatML's <|im_start|> and <|im_end|> appended after its
+        vocabulary (itself if it has them). Ordinary ids keep their meaning."""
+        if self.has_chat:
+            return self
+        if not hasattr(self, "_with_chat"):  # GPT-2's takes a moment to build: once
+            self._with_chat = self._extended()
+        return self._with_chat
+
+    @abstractmethod
+    def _extended(self) -> Tokenizer:
+        """A copy with the chat tokens appended (see with_chat_tokens)."""
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -76,12 +116,12 @@ class Tokenizer(ABC):
         return self._max_token_bytes
 
     def byte_lengths(self) -> np.ndarray:
-        """(vocab_size,) UTF-8 bytes of text each token stands for; 0 for end-of-text, which
-        is no text (to measure bits per byte)."""
+        """(vocab_size,) UTF-8 bytes of text each token stands for; 0 for the special
+        tokens, which are no text (to measure bits per byte)."""
         if not hasattr(self, "_byte_lengths"):
             lengths = np.array([len(self.token_bytes(i)) for i in range(self.vocab_size)], dtype=np.int64)
-            if self.eot_id is not None:
-                lengths[self.eot_id] = 0
+            for i in self.special_tokens.values():
+                lengths[i] = 0
             self._byte_lengths = lengths
         return self._byte_lengths
 
@@ -113,13 +153,16 @@ class Tokenizer(ABC):
 class CharTokenizer(Tokenizer):
     """One token per character; the vocabulary is the sorted set of the corpus's characters."""
 
-    def __init__(self, chars: Sequence[str]) -> None:
+    def __init__(self, chars: Sequence[str], special_tokens: Sequence[str] = ()) -> None:
         if not chars or any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
             raise UsageError("a char tokenizer needs a non-empty list of distinct single characters")
         self.chars = list(chars)
         self.name = "char"
-        self.vocab_size = len(self.chars)
+        # special tokens follow the characters, in order
+        self.special_tokens = {t: len(self.chars) + i for i, t in enumerate(special_tokens)}
+        self.vocab_size = len(self.chars) + len(self.special_tokens)
         self.eot_id = None
+        self._pieces = self.chars + list(self.special_tokens)
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         # code point -> id lookup table, so encoding is a numpy gather rather than a Python loop
         self._lut = np.full(max(ord(c) for c in self.chars) + 1, -1, dtype=np.int64)
@@ -158,13 +201,24 @@ class CharTokenizer(Tokenizer):
         return self.encode_array(text).tolist()
 
     def decode(self, ids: Iterable[int]) -> str:
-        return "".join(self.chars[i] for i in ids)
+        return "".join(self._pieces[i] for i in ids)
 
     def token_bytes(self, token_id: int) -> bytes:
-        return self.chars[token_id].encode("utf-8")
+        return self._pieces[token_id].encode("utf-8")
+
+    def _extended(self) -> CharTokenizer:
+        # the template's own text (role names, newline) must be encodable: missing characters
+        # join the vocabulary, after the existing ones
+        missing = sorted(set(CHAT_TEMPLATE_CHARS) - set(self.chars))
+        return CharTokenizer(self.chars + missing, [*self.special_tokens, *CHAT_TOKENS])
 
     def to_dict(self) -> dict:
-        return {"kind": "char", "vocab_size": self.vocab_size, "chars": self.chars}
+        return {
+            "kind": "char",
+            "vocab_size": self.vocab_size,
+            "chars": self.chars,
+            "special_tokens": self.special_tokens,
+        }
 
 
 class TiktokenTokenizer(Tokenizer):
@@ -175,7 +229,8 @@ class TiktokenTokenizer(Tokenizer):
         self.name = name
         self.vocab_size = enc.n_vocab
         self.eot_id = payload["eot_id"]
-        self._payload = payload
+        self.special_tokens = dict(enc._special_tokens)
+        self._payload = {**payload, "vocab_size": enc.n_vocab, "special_tokens": self.special_tokens}
 
     def encode(self, text: str) -> list[int]:
         return self.enc.encode_ordinary(text)
@@ -192,6 +247,20 @@ class TiktokenTokenizer(Tokenizer):
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.enc.decode_single_token_bytes(token_id)
+
+    def _extended(self) -> TiktokenTokenizer:
+        import tiktoken
+
+        specials = dict(self.special_tokens)
+        for t in CHAT_TOKENS:
+            specials[t] = self.vocab_size + len(specials) - len(self.special_tokens)
+        enc = tiktoken.Encoding(
+            name=f"{self.enc.name}+chat",
+            pat_str=self.enc._pat_str,
+            mergeable_ranks=self.enc._mergeable_ranks,
+            special_tokens=specials,
+        )
+        return TiktokenTokenizer(enc, self.name, self._payload)
 
     def to_dict(self) -> dict:
         return dict(self._payload)
@@ -352,21 +421,59 @@ def tokenizer_from_dict(d: dict, source: str = "tokenizer") -> Tokenizer:
         )
     kind = d.get("kind")
     try:
+        chat = _chat_specials(d, source)
         if kind == "char":
-            return CharTokenizer(d["chars"])
-        if kind == "gpt2":
-            return gpt2_tokenizer()
-        if kind == "bpe":
+            tok: Tokenizer = CharTokenizer(d["chars"])
+        elif kind == "gpt2":
+            tok = gpt2_tokenizer()
+        elif kind == "bpe":
             ranks = [base64.b64decode(r, validate=True) for r in d["ranks"]]
-            _check_ranks(ranks, d.get("vocab_size"), source)
+            n_chat = len(CHAT_TOKENS) if chat else 0
+            vocab = d.get("vocab_size")
+            _check_ranks(ranks, None if vocab is None else vocab - n_chat, source)
             if not isinstance(d["pattern"], str) or not d["pattern"].strip():
                 raise ValueError("its pattern is not a regular expression")
-            return _checked(_bpe_from_ranks(ranks, d["pattern"]), source)
+            tok = _checked(_bpe_from_ranks(ranks, d["pattern"]), source)
+        else:
+            raise UsageError(f"{source} has unknown tokenizer kind {kind!r}")
+        if chat:
+            tok = _with_chat_as_saved(tok, d)
     except KeyError as e:
         raise UsageError(f"{source} is corrupted (it has no '{e.args[0]}'); re-create it") from None
     except (TypeError, ValueError) as e:
         raise UsageError(f"{source} is corrupted ({e}); re-create it") from None
-    raise UsageError(f"{source} has unknown tokenizer kind {kind!r}")
+    saved = d.get("special_tokens")
+    if saved is not None and saved != tok.special_tokens:
+        raise UsageError(
+            f"{source} is corrupted (its special tokens {saved} are not where gptcli puts them: "
+            f"{tok.special_tokens}); re-create it"
+        )
+    return tok
+
+
+def _chat_specials(d: dict, source: str) -> bool:
+    """Whether a tokenizer file declares the chat tokens; any special token gptcli does not
+    know is refused (a file's specials are data, checked against what gptcli would build)."""
+    specials = d.get("special_tokens")
+    if specials is None:
+        return False
+    if not isinstance(specials, dict) or not all(isinstance(v, int) for v in specials.values()):
+        raise ValueError("'special_tokens' must map token text to ids")
+    unknown = sorted(set(specials) - {ENDOFTEXT, *CHAT_TOKENS})
+    if unknown:
+        raise ValueError(f"unknown special tokens {', '.join(map(repr, unknown[:5]))}")
+    present = [t in specials for t in CHAT_TOKENS]
+    if any(present) and not all(present):
+        raise ValueError(f"it has one of {' and '.join(CHAT_TOKENS)} without the other")
+    return all(present)
+
+
+def _with_chat_as_saved(tok: Tokenizer, d: dict) -> Tokenizer:
+    """A loaded tokenizer with its chat tokens; a char tokenizer's file already lists the
+    characters the template added, so its chat tokens only follow them."""
+    if isinstance(tok, CharTokenizer):
+        return CharTokenizer(tok.chars, [*tok.special_tokens, *CHAT_TOKENS])
+    return tok.with_chat_tokens()
 
 
 def _check_ranks(ranks: list[bytes], vocab_size: object, source: str) -> None:

@@ -84,7 +84,7 @@ class TextStream:
 
     def push(self, token: int) -> str:
         """Add one token; return the text that became final."""
-        if token == self.tokenizer.eot_id:
+        if token in self.tokenizer.end_ids:  # end of text, or a chat model's end of turn
             return self.close("eot")
         self.ids.append(token)
         text = self.tokenizer.decode(self.ids)
@@ -136,10 +136,12 @@ def complete(
     stops: Sequence[str] = (),
     show_probs: int = 0,
     on_text: Callable[[int, str], None] | None = None,
+    on_step: Callable[[int, TopK], None] | None = None,
     compile: bool = False,
 ) -> list[Sampled]:
     """Sample num_samples continuations of prompt as one batch; on_text(i, delta) receives
-    each continuation's text as it becomes final (for streaming)."""
+    each continuation's text as it becomes final (for streaming), on_step(i, top) each
+    step's probabilities (with show_probs) before its text."""
     generator = row_generators(seed, num_samples, next(model.parameters()).device)
     streams = [TextStream(tokenizer, stops) for _ in range(num_samples)]
     steps: list[list[TopK]] = [[] for _ in range(num_samples)]
@@ -161,6 +163,8 @@ def complete(
                 continue
             if probs is not None:
                 steps[i].append(top_k_of(probs[i], show_probs, token, None if q is None else q[i]))
+                if on_step is not None:
+                    on_step(i, steps[i][-1])
             delta = stream.push(token)
             if delta and on_text is not None:
                 on_text(i, delta)
@@ -187,8 +191,9 @@ class Beam:
 
 
 def end_token_ids(tokenizer: Tokenizer, eos: Sequence[str] = ()) -> list[int]:
-    """The end-of-text token and each --eos text, which must be exactly one token."""
-    ids = [tokenizer.eot_id] if tokenizer.eot_id is not None else []
+    """The end-of-text token (and a chat model's end of turn) and each --eos text, which
+    must be exactly one token."""
+    ids = list(tokenizer.end_ids)
     for text in eos:
         encoded = tokenizer.encode(text)
         if len(encoded) != 1:

@@ -330,8 +330,12 @@ def use_fast_decode(model: nn.Module) -> bool:
     """Decode through the C step when the model is on the CPU (fp32, bf16 or int8 weights);
     starts building the kernel if this machine has none yet. Returns whether it applies."""
     p = next(model.parameters())
-    if p.device.type != "cpu" or not isinstance(model, GPT):
-        return False
+    if (
+        p.device.type != "cpu"
+        or not isinstance(model, GPT)
+        or type(model.transformer.wte) is not nn.Embedding
+    ):
+        return False  # (a LoRA run's learning token rows: the model's own code)
     linears = [m for m in model.modules() if hasattr(m, "weight") and isinstance(m, nn.Linear | _Quantized)]
     if any(m.weight.dtype not in _DTYPES or not m.weight.is_contiguous() for m in linears):
         return False  # weights it cannot read: the model's own code

@@ -304,7 +304,7 @@ class Choice:
             self.generated += 1
             self.ids.append(token)
             delta = self.text.push(token)
-            if self.req.logprobs is not None and token != self.served.tokenizer.eot_id:
+            if self.req.logprobs is not None and token not in self.served.tokenizer.end_ids:
                 scores = self._score(event.scored, len(self.ids) - 1)
             if self.text.done:
                 self.finish = "stop"
@@ -330,7 +330,6 @@ class Run:
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.choices: list[Choice] = []
         seqs = []
-        eot = served.tokenizer.eot_id
         for p, prompt in enumerate(req.prompts):
             gens = (
                 row_generators(req.seed, req.n, served.engine.device)
@@ -347,7 +346,7 @@ class Run:
                 choice.seq = Sequence(
                     prompt, req.max_tokens, req.sampling, gens[j], emit,
                     logprobs=req.logprobs, score_prompt=req.echo and req.logprobs is not None,
-                    end_ids=(eot,) if eot is not None else (),
+                    end_ids=served.tokenizer.end_ids,
                 )  # fmt: skip
                 self.choices.append(choice)
                 seqs.append(choice.seq)

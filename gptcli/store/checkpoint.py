@@ -225,9 +225,6 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     )
 
 
-TEXT_TASKS = ("lm", "sft")  # runs whose model writes text; classify and choice runs score options
-
-
 def newest_run(runs_dir: Path = RUNS_DIR, tasks: tuple[str, ...] | None = None) -> Path | None:
     """The run under runs_dir whose latest checkpoint was written most recently; with
     tasks, the newest run trained for one of them (a run's task is in its checkpoint.json)."""
@@ -246,7 +243,7 @@ def newest_run(runs_dir: Path = RUNS_DIR, tasks: tuple[str, ...] | None = None) 
 
 
 def run_task(run: Path) -> str | None:
-    """What a run was trained for (lm, sft, classify, choice), or None if unreadable."""
+    """What a run was trained for (lm, sft, chat, classify, choice), or None if unreadable."""
     for name in (LAST, BEST):
         meta = try_read_json(run / name / META_FILE)
         if meta is None:

@@ -101,6 +101,9 @@ def _load_lora(
         )
     config = model_config(ckpt, meta)
     model = loaded_base.model
+    added = _added_tokens(ckpt, meta, model.config.vocab_size)
+    if added:  # the tokens the run added (chat's): the base grows the rows the run learnt
+        model.add_token_rows(added)
     mismatch = [k for k in ("vocab_size", "n_layer", "n_head", "n_embd", "bias")
                 if getattr(model.config, k) != getattr(config, k)]  # fmt: skip
     if mismatch or config.block_size > model.config.block_size:
@@ -110,17 +113,39 @@ def _load_lora(
         )
     settings = lora.LoRASettings.of(meta)
     # the rank and the head the metadata claims, against the file, before they are built
-    check_tensors(ckpt / MODEL_FILE, lora.planned_shapes(model, settings, config.n_classes))
+    check_tensors(ckpt / MODEL_FILE, lora.planned_shapes(model, settings, config.n_classes, len(added)))
     if config.block_size < model.config.block_size:
         model.crop_block_size(config.block_size)
     model.set_dropout(config.dropout)
     model.set_classifier(config.n_classes)  # the run's head, or none (the base may have had one)
     lora.add_adapters(model, settings)
+    if added:
+        lora.train_token_rows(model, added)
     model.load_state_dict(read_tensors(ckpt / MODEL_FILE, lora.adapter_shapes(model)), strict=False)
     if merge:
         lora.merge(model)
     model.to(device).eval()
     return Loaded(ckpt, model, load_tokenizer(ckpt / TOKENIZER_FILE), meta)
+
+
+def _added_tokens(ckpt: Path, meta: dict[str, Any], base_vocab: int) -> list[int]:
+    """The ids a LoRA run added to its base's vocabulary ([first, count] in its metadata),
+    checked to be a few rows at most one past the base's end."""
+    value = meta.get("added_tokens")
+    if value is None:
+        return []
+    ok = (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and 0 < value[1] <= 64
+        and 0 < value[0] <= base_vocab
+    )
+    if not ok:
+        raise UsageError(
+            f"{ckpt / META_FILE}: 'added_tokens' is {value!r}, not [first id, count]; it is damaged"
+        )
+    return list(range(value[0], value[0] + value[1]))
 
 
 def _load_hf(path: Path, device: torch.device | str) -> Loaded:

@@ -3,8 +3,8 @@
 The training loop draws example indices and hands them to a Task (base.py); it knows
 nothing else about the data. Pretraining is LMTask (lm.py): next-token prediction on
 random windows of a token stream. Finetuning adds GPT-1's supervised tasks (supervised.py,
-read by classify.py and choice.py) and instruction tuning (sft.py); predict.py uses a
-finetuned classifier.
+read by classify.py and choice.py), instruction tuning (sft.py) and conversations
+(chat.py); predict.py uses a finetuned classifier.
 
 A new finetuning task is a module with a build(Source) function, one line in FINETUNE
 below, and its name in config.FINETUNE_TASKS.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from gptcli.data.records import read_records
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
-from gptcli.tasks import choice, classify, sft
+from gptcli.tasks import chat, choice, classify, sft
 from gptcli.tasks.base import Batch, NextTokenTask, Source, Task, to_device
 from gptcli.tasks.lm import LMTask
 from gptcli.tasks.predict import Prediction, accuracy, predict_records
@@ -30,6 +30,7 @@ FINETUNE: dict[str, Callable[[Source], tuple[Task, int, dict]]] = {
     "classify": classify.build,
     "choice": choice.build,
     "sft": sft.build,
+    "chat": chat.build,
 }
 
 

@@ -176,6 +176,12 @@ def finetune_trainer(
     notes, settings = notes or Notes(), settings.validate()
     loaded = loading.load(settings.base)
     base_block = loaded.model.config.block_size
+    tokenizer, added = loaded.tokenizer, []
+    if settings.task == "chat" and not tokenizer.has_chat:  # the template's tokens join the vocabulary
+        tokenizer = tokenizer.with_chat_tokens()
+        added = list(range(loaded.tokenizer.vocab_size, tokenizer.vocab_size))
+        loaded.model.add_token_rows(added)
+        notes.info(f"chat: {describe_added(tokenizer, added)}")
     config = _finetune_config(loaded, config_path, flags or {})
     for text in config.train.unused((flags or {}).get("train", {})):
         notes.warning(text)
@@ -192,7 +198,7 @@ def finetune_trainer(
 
     def prepare() -> tuple[Path, Task, dict[str, Any]]:
         run_dir = new_run_dir(out, f"{Path(settings.data[0]).stem}-{settings.task}")
-        return (run_dir, *_finetune_task(settings, loaded.tokenizer, config, notes))
+        return (run_dir, *_finetune_task(settings, tokenizer, config, notes))
 
     run_dir, task, extra = shared_setup(config.train.device, prepare, config.train.dist_timeout)
     run_dir = broadcast_from_main(run_dir)  # the same run dir for every process of a torchrun job
@@ -205,9 +211,19 @@ def finetune_trainer(
     adapters = lora.LoRASettings.of(meta)
     if adapters is not None:  # the run saves its adapters and refers to this base, by path and hash
         lora.add_adapters(model, adapters)
+        if added:  # rows the base has no trained value for learn beside the adapters
+            lora.train_token_rows(model, added)
+            meta["added_tokens"] = [added[0], len(added)]
         meta |= {"base_checkpoint": str(loaded.path.resolve()), "base_sha256": loading.weights_sha256(loaded)}
         notes.info(f"LoRA: {lora.describe(model, adapters)}")
-    return Trainer(model, loaded.tokenizer, task, config, run_dir, meta=meta)
+    return Trainer(model, tokenizer, task, config, run_dir, meta=meta)
+
+
+def describe_added(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """One line: the tokens the chat template added, and where."""
+    shown = ", ".join(f"{tokenizer.special_text(i) or repr(tokenizer.decode([i]))} = {i}" for i in ids)
+    where = f"the {tokenizer.name} vocabulary"
+    return f"{len(ids)} token(s) added to {where} ({shown}), rows set to the mean embedding"
 
 
 def _finetune_config(loaded: Loaded, config_path: str | Path | None, flags: Flags) -> Config:
@@ -332,6 +348,11 @@ def _finetune_task(
     seed = config.train.seed
     task, config.model.n_classes, extra = supervised_task(asdict(settings), tok, block, seed, labels, split)
     extra["data_sha256"] = content_sha256([settings.data[0], settings.val_data])
+    if extra.get("chat_cut"):
+        notes.warning(
+            f"chat: {extra['chat_cut']} conversation(s) longer than the block of {block} tokens lost "
+            f"their {extra['chat_turns_dropped']} oldest turn(s) (system messages kept)"
+        )
     if settings.task == "classify":
         notes.info(
             f"classify: {task.num_examples('train')} training and {task.num_examples('val')} "
