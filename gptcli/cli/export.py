@@ -58,6 +58,11 @@ def _export_adapters(ckpt: str, out: Path, base: Path | None, json_out: bool) ->
             "--adapters-only: PEFT's format holds a language model's adapters, and this run's "
             "classification head has no place in it; export the merged model without --adapters-only"
         )
+    if loaded.meta.get("added_tokens"):
+        raise UsageError(
+            "--adapters-only: this run added the chat template's tokens to its base, and their "
+            "embedding rows have no place in PEFT's adapters; export the merged model without --adapters-only"
+        )
     written = export_peft(loaded.model, settings, str(loaded.meta.get("base", "")), out)
     if json_out:
         render.print_json({"out": str(out), "format": "peft", "files": written})

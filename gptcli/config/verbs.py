@@ -464,7 +464,7 @@ class EvalSettings(Settings):
     task: str | None = knob(
         None,
         flag="--task",
-        help="text | lambada | choice",
+        help="text | lambada | choice | chat",
         shown="from the file, or the head of a finetuned classifier",
     )
     stride: int | None = knob(

@@ -2,7 +2,8 @@
 of a finetuned head.
 
 text.py (perplexity, bits per byte and per character, sliding windows), lambada.py (last
-word accuracy and perplexity), choice.py (zero-shot multiple choice), heads.py (a
+word accuracy and perplexity), choice.py (zero-shot multiple choice), chat.py (a chat
+model's assistant turns), heads.py (a
 finetuned classify/choice model's own head); all score tokens through scoring.py.
 
 A new evaluation is a module with a function (model, tokenizer, path, limit, progress) ->
@@ -22,6 +23,7 @@ from gptcli.data.inputs import check_input
 from gptcli.data.records import read_records
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
+from gptcli.evals.chat import evaluate_chat
 from gptcli.evals.choice import evaluate_choice
 from gptcli.evals.heads import evaluate_head
 from gptcli.evals.lambada import evaluate_lambada
@@ -34,17 +36,21 @@ ZERO_SHOT: dict[str, Callable[..., Result]] = {
     "text": evaluate_text,
     "lambada": evaluate_lambada,
     "choice": evaluate_choice,
+    "chat": evaluate_chat,
 }
 HEADS = ("classify", "choice")  # finetuned tasks whose head eval uses
 
 
 def guess_task(path: Path) -> str:
-    """text for plain text and JSONL documents; choice for JSONL with choices (never lambada)."""
+    """text for plain text and JSONL documents; choice for JSONL with choices, chat for
+    conversations (never lambada)."""
     if path.suffix.lower() not in (".jsonl", ".csv"):
         return "text"
     fields = read_records(path)[0].fields
     if "choices" in fields or "endings" in fields:
         return "choice"
+    if "messages" in fields:
+        return "chat"
     if "label" in fields:
         raise UsageError(
             f"{path} holds labelled examples: score them with a model finetuned with --task classify, "

@@ -37,7 +37,8 @@ HUB_MODELS = {
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # every file export may write
 EXPORTED = ("config.json", "model.safetensors", "vocab.json", "merges.txt", "special_tokens_map.json",
-            "tokenizer_config.json", "tokenizer.json", "gptcli_tokenizer.json")  # fmt: skip
+            "tokenizer_config.json", "tokenizer.json", "gptcli_tokenizer.json",
+            "generation_config.json")  # fmt: skip
 GPTCLI_TOKENIZER = GPTCLI_TOKENIZER_FILE  # our tokenizer, beside Hugging Face's
 
 # Hugging Face's GPT-2 stores these projections as Conv1D, i.e. weight (in, out): the
@@ -289,7 +290,7 @@ def export_peft(model: GPT, settings: Any, base_name: str, out: Path) -> list[st
 def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
     """Write out/ so that transformers.GPT2LMHeadModel.from_pretrained(out) gives the same
     logits. Returns the files written."""
-    from gptcli.store.hf_tokenizer import hf_tokenizer_files
+    from gptcli.store.hf_tokenizer import chat_template, hf_tokenizer_files, special_tokens_map
 
     c = model.config
     if not c.bias:
@@ -297,6 +298,8 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
             "this model has no biases (--no-bias); GPT-2's format needs them, so it cannot be exported"
         )
     eot = tokenizer.eot_id if tokenizer.eot_id is not None else 0
+    # a chat model's reply ends at <|im_end|>: generate() stops at any of these
+    ends = list(reversed(tokenizer.end_ids)) if tokenizer.has_chat else eot
     config = {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -317,7 +320,7 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
         "tie_word_embeddings": True,
         "use_cache": True,
         "bos_token_id": eot,
-        "eos_token_id": eot,
+        "eos_token_id": ends,
         "torch_dtype": "float32",
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -325,19 +328,22 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
     state = gptcli_to_hf_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
     files.save_tensors(state, out / "model.safetensors", metadata={"format": "pt"})
     contents: dict[str, str | bytes] = {"config.json": json.dumps(config, indent=2)}
+    if tokenizer.has_chat:
+        generation = {"bos_token_id": eot, "eos_token_id": ends}
+        contents["generation_config.json"] = json.dumps(generation, indent=2)
     # Hugging Face's tokenizer.json (and its config) for every tokenizer, so AutoTokenizer loads it
     contents |= hf_tokenizer_files(tokenizer, c.block_size)
     if tokenizer.name == "gpt2":
         data = _gpt2_data_dir()
-        special = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT, "unk_token": ENDOFTEXT}
+        special = {**special_tokens_map(tokenizer), "unk_token": ENDOFTEXT}
         tok_cfg = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": c.block_size, **special}
         contents |= {
             "vocab.json": (data / "encoder.json").read_bytes(),
             "merges.txt": (data / "vocab.bpe").read_bytes(),
             "special_tokens_map.json": json.dumps(special, indent=2),
-            "tokenizer_config.json": json.dumps(tok_cfg, indent=2),
+            "tokenizer_config.json": json.dumps(tok_cfg | chat_template(tokenizer), indent=2),
         }
-    else:  # and gptcli's own, which gptcli reads back exactly
+    if tokenizer.name != "gpt2" or tokenizer.has_chat:  # and gptcli's own, which gptcli reads back exactly
         contents[GPTCLI_TOKENIZER] = tokenizer.dumps()
     for name, content in contents.items():
         files.write_file(out / name, content)

@@ -8,13 +8,18 @@ lm-evaluation-harness load an exported model with the ids gptcli gives it.
   <|endoftext|> is a special token.
 - char: one token per character (a WordLevel model over single characters), no special
   token: text such as "<|endoftext|>" stays characters.
+
+A chat model's <|im_start|> and <|im_end|> are special tokens of every kind, and its
+template (ChatML, gptcli/data/chat.py) is `chat_template` in tokenizer_config.json, with
+<|im_end|> as the end of sequence: `apply_chat_template` gives the ids gptcli feeds.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gptcli.data.tokenizer import ENDOFTEXT, CharTokenizer, TiktokenTokenizer, Tokenizer
+from gptcli.data.chat import CHATML_JINJA
+from gptcli.data.tokenizer import CHAT_TOKENS, ENDOFTEXT, IM_END, CharTokenizer, TiktokenTokenizer, Tokenizer
 from gptcli.errors import UsageError, need
 
 
@@ -60,7 +65,7 @@ def hf_tokenizer(tokenizer: Tokenizer) -> Any:
         hf = HFTokenizer(models.WordLevel(vocab, unk_token=ENDOFTEXT))  # no unk: unknown characters fail
         hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         hf.decoder = decoders.Fuse()
-        return hf
+        return _with_specials(hf, tokenizer, AddedToken)
     if not isinstance(tokenizer, TiktokenTokenizer):
         raise UsageError(f"cannot write a {tokenizer.name} tokenizer in Hugging Face's format")
     ranks: dict[bytes, int] = tokenizer.enc._mergeable_ranks
@@ -80,10 +85,33 @@ def hf_tokenizer(tokenizer: Tokenizer) -> Any:
         ]
     )
     hf.decoder = decoders.ByteLevel()
-    hf.add_special_tokens([AddedToken(ENDOFTEXT, special=True, normalized=False)])
-    if hf.token_to_id(ENDOFTEXT) != tokenizer.eot_id:
-        raise UsageError(f"{ENDOFTEXT} would get id {hf.token_to_id(ENDOFTEXT)}, not {tokenizer.eot_id}")
+    return _with_specials(hf, tokenizer, AddedToken)
+
+
+def _with_specials(hf: Any, tokenizer: Tokenizer, AddedToken: Any) -> Any:
+    """The special tokens, in id order, checked to get gptcli's ids."""
+    for text, i in sorted(tokenizer.special_tokens.items(), key=lambda kv: kv[1]):
+        hf.add_special_tokens([AddedToken(text, special=True, normalized=False, lstrip=False, rstrip=False)])
+        if hf.token_to_id(text) != i:
+            raise UsageError(f"{text} would get id {hf.token_to_id(text)}, not {i}")
     return hf
+
+
+def special_tokens_map(tokenizer: Tokenizer) -> dict[str, Any]:
+    """tokenizer_config.json's special tokens: end-of-text as bos and eos; for a chat model,
+    <|im_end|> as eos (a reply ends there) and the template's tokens as additional ones."""
+    special: dict[str, Any] = (
+        {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT} if tokenizer.eot_id is not None else {}
+    )
+    if tokenizer.has_chat:
+        special["eos_token"] = IM_END
+        special["additional_special_tokens"] = list(CHAT_TOKENS)
+    return special
+
+
+def chat_template(tokenizer: Tokenizer) -> dict[str, str]:
+    """The chat_template entry of tokenizer_config.json, for a chat model."""
+    return {"chat_template": CHATML_JINJA} if tokenizer.has_chat else {}
 
 
 def hf_tokenizer_files(tokenizer: Tokenizer, block_size: int) -> dict[str, str]:
@@ -91,12 +119,13 @@ def hf_tokenizer_files(tokenizer: Tokenizer, block_size: int) -> dict[str, str]:
     import json
 
     hf = hf_tokenizer(tokenizer)
-    special = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT} if tokenizer.eot_id is not None else {}
+    special = special_tokens_map(tokenizer)
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": block_size,
         "clean_up_tokenization_spaces": False,  # decode gives back the text, spaces as they were
         **special,
+        **chat_template(tokenizer),
     }
     return {
         "tokenizer.json": hf.to_str(),

@@ -26,12 +26,20 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     ],
     "choice": [("n", "n", ","), ("acc", "acc", ".4f"), ("acc_norm", "acc_norm", ".4f")],
     "classify": [("n", "n", ","), ("acc", "acc", ".4f"), ("f1", "macro-F1", ".4f")],
+    "chat": [
+        ("n", "n", ","),
+        ("tokens", "tokens", ","),
+        ("loss", "loss", ".4f"),
+        ("ppl", "ppl", ".3f"),
+        ("acc", "acc", ".4f"),
+    ],
 }
 TITLES = {
     "text": "text: perplexity per token, bits per byte and per character",
     "lambada": "lambada: last-word accuracy and perplexity",
     "choice": "multiple choice: accuracy (acc_norm: per character)",
     "classify": "classification with the finetuned head",
+    "chat": "chat: the assistant turns' loss, perplexity and top-1 accuracy",
 }
 
 
