@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, make_corpus, run
+from tests.helpers import TINY, make_conversations, make_corpus, run
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +56,45 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     finally:
         mp.undo()
     return tmp / "run"
+
+
+@pytest.fixture(scope="session")
+def chat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small char-level chat model: pretrained on make_corpus, then finetuned with --task
+    chat on make_conversations until it answers them (greedy replies end at <|im_end|>)."""
+    tmp = tmp_path_factory.mktemp("chat")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPTCLI_CACHE_DIR", str(tmp / "cache"))
+    fast = [
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--optimizer",
+        "adamw",
+        "--eval-iters",
+        "2",
+        "--log-interval",
+        "50",
+    ]
+    try:
+        corpus = make_corpus(tmp / "animals.txt", n_sentences=600)
+        result = run(
+            "pretrain", corpus, "--out", tmp / "pre", "--n-layer", "2", "--n-head", "2", "--n-embd", "48",
+            "--block-size", "96", "--batch-size", "16", "--max-iters", "150", "--eval-interval", "150",
+            "--lr", "3e-3", "--warmup-iters", "10", *fast,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        talk = make_conversations(tmp / "talk.jsonl")
+        result = run(
+            "finetune", "--ckpt", tmp / "pre", talk, "--task", "chat", "--out", tmp / "chat",
+            "--max-iters", "200", "--eval-interval", "200", "--batch-size", "16", "--lr", "3e-3",
+            "--warmup-iters", "10", *fast,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+    finally:
+        mp.undo()
+    return tmp / "chat"
 
 
 @pytest.fixture(scope="session")

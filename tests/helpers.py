@@ -30,11 +30,11 @@ TINY = [
 _runner = CliRunner()
 
 
-def run(*args: object) -> Result:
-    """gptcli in this process (arguments may be paths or numbers)."""
+def run(*args: object, input: str | None = None) -> Result:
+    """gptcli in this process (arguments may be paths or numbers; input: its stdin)."""
     from gptcli.cli.app import app
 
-    return _runner.invoke(app, [str(a) for a in args])
+    return _runner.invoke(app, [str(a) for a in args], input=input)
 
 
 def gptcli(args: list[str], cwd: Path, procs: int = 1, **env: str) -> subprocess.CompletedProcess:
@@ -97,6 +97,32 @@ def make_corpus(path: Path, n_sentences: int = 400, seed: int = 0) -> Path:
         for _ in range(n_sentences)
     ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# what each animal of make_corpus's grammar does, as a chat model is taught to answer it
+ANSWERS = {
+    "rabbit": "dug a hole", "fox": "dug a den", "badger": "built a burrow",
+    "mole": "found a nest", "otter": "left a den", "hedgehog": "built a nest",
+}  # fmt: skip
+
+
+def make_conversations(path: Path, n: int = 300, seed: int = 0) -> Path:
+    """Conversations in make_corpus's words (JSONL of {"messages"}): the user names an
+    animal, the assistant says what it did; some open with a system message, some hold two
+    exchanges."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        messages = [{"role": "system", "content": "be brief"}] if i % 3 == 0 else []
+        for _ in range(1 + (i % 4 == 1)):
+            animal = rng.choice(sorted(ANSWERS))
+            messages += [
+                {"role": "user", "content": f"the {animal}"},
+                {"role": "assistant", "content": f"The {animal} {ANSWERS[animal]}."},
+            ]
+        rows.append(json.dumps({"messages": messages}))
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     return path
 
 

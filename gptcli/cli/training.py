@@ -50,7 +50,9 @@ def run_trainer(trainer: Trainer, resume: bool, verb: str, json_out: bool = Fals
             f"Continue with: {command_line(verb, '--resume', '--out', trainer.run_dir)}"
         )
         raise typer.Exit(130)
-    next_verb = "classify" if trainer.meta.get("task") in ("classify", "choice") else "sample"
+    next_verb = {"classify": "classify", "choice": "classify", "chat": "chat"}.get(
+        trainer.meta.get("task"), "sample"
+    )
     render.info(f"next: {command_line(next_verb, '--ckpt', trainer.run_dir)}")
 
 

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API over the engine (engine.py): /v1/completions (streamed
-or not, echo and logprobs for scoring), /v1/models, /health, /tokenize, /detokenize, and
-the playground page at / (playground.html).
+or not, echo and logprobs for scoring), /v1/chat/completions (a chat model's template,
+gptcli/infer/conversation.py, makes the prompt), /v1/models, /health, /tokenize,
+/detokenize, and the playground page at / (playground.html).
 
 Requests are checked here, field by field, and every refusal is OpenAI's error body with
 its status. Built on FastAPI (the `serve` extra), imported only when a server is made.
@@ -20,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from gptcli.config.knobs import SEED_MAX
+from gptcli.data.chat import check_messages
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.infer.completion import TextStream, encode_prompt
+from gptcli.infer.conversation import chat_prompt
 from gptcli.infer.engine import Engine, Event, QueueFull, Scored, Sequence
 from gptcli.infer.generate import Sampling, row_generators
 
@@ -85,6 +88,7 @@ class Completion:
     include_usage: bool
     echo: bool
     logprobs: int | None
+    chat: bool = False  # a /v1/chat/completions request: its answers take chat's shapes
 
 
 def _int(body: dict, name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -242,6 +246,71 @@ def check_completion(body: Any, served: Served) -> Completion:
     )  # fmt: skip
 
 
+def check_chat(body: Any, served: Served) -> Completion:
+    """A checked /v1/chat/completions request: the messages rendered by the chat template
+    (as `gptcli chat` renders them) become the prompt of a completion."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    if not served.tokenizer.has_chat:
+        raise ApiError(
+            400,
+            f"the model '{served.name}' has no chat template; use /v1/completions (or finetune "
+            "it with --task chat)",
+            "messages",
+        )
+    messages = body.get("messages")
+    if isinstance(messages, list):  # OpenAI's other shapes of the same thing
+        messages = [_plain_message(m) for m in messages]
+    try:
+        messages = check_messages(messages, "'messages'")
+    except UsageError as e:
+        raise ApiError(400, str(e), "messages") from None
+    if body.get("echo") or body.get("prompt") is not None:
+        raise ApiError(400, "'echo' and 'prompt' belong to /v1/completions", "messages")
+    limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _int(body, limit_name, served.max_tokens_limit, 1, served.max_tokens_limit)
+    assert max_tokens is not None
+    try:
+        fitted = chat_prompt(served.tokenizer, messages, served.block_size, max_tokens)
+    except UsageError as e:  # text the tokenizer cannot encode, a system message too long
+        raise ApiError(400, str(e), "messages", "context_length_exceeded") from None
+    if fitted.cut:
+        raise ApiError(
+            400,
+            f"the last message is {fitted.cut} tokens too long for this model's context "
+            f"({served.block_size} tokens, with room for max_tokens {max_tokens})",
+            "messages",
+            "context_length_exceeded",
+        )
+    logprobs = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", None, 0, min(MAX_LOGPROBS, served.tokenizer.vocab_size))
+    if top is not None and not logprobs:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    rest = {k: v for k, v in body.items() if k not in ("messages", "max_completion_tokens", "top_logprobs")}
+    rest |= {
+        "prompt": fitted.rendered.ids,
+        "max_tokens": max_tokens,
+        "logprobs": (top or 0) if logprobs else None,
+    }
+    req = check_completion(rest, served)
+    req.chat = True
+    return req
+
+
+def _plain_message(m: Any) -> Any:
+    """A message whose content is OpenAI's list of text parts, or whose role is 'developer'
+    (OpenAI's newer name for system), as {role, content}; anything else as it came."""
+    if not isinstance(m, dict):
+        return m
+    m = dict(m)
+    if m.get("role") == "developer":
+        m["role"] = "system"
+    content = m.get("content")
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        m["content"] = "".join(str(p.get("text", "")) for p in content)
+    return m
+
+
 # --- running one --------------------------------------------------------------------------------
 
 
@@ -266,17 +335,27 @@ class Choice:
         self.echoed = not req.echo  # the prompt's text is handed out first, once, with echo
         self.finish: str | None = None
         self.generated = 0
-        self.logprobs: dict[str, list[Any]] = {
-            k: [] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")
-        }
+        keys = ("content",) if req.chat else ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+        self.logprobs: dict[str, list[Any]] = {k: [] for k in keys}
         self.seq: Sequence | None = None
+        self.started = False  # a streamed chat choice's first chunk carries the role
 
     def _score(self, scored: list[Scored], start: int) -> dict[str, list[Any]]:
         """The logprobs fields for tokens ids[start:start + len(scored)]; a token's offset is
-        where its text starts in the prompt's text followed by the completion's."""
+        where its text starts in the prompt's text followed by the completion's. A chat
+        request's are OpenAI's chat shape: {"content": [{token, logprob, bytes, top_logprobs}]}."""
         tok = self.served.tokenizer
         part: dict[str, list[Any]] = {k: [] for k in self.logprobs}
+
+        def entry(t: int, lp: float | None) -> dict[str, Any]:
+            return {"token": token_text(tok, t), "logprob": lp, "bytes": list(tok.token_bytes(t))}
+
         for i, s in enumerate(scored):
+            if self.req.chat:
+                part["content"].append(
+                    {**entry(s.id, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
+                )
+                continue
             part["tokens"].append(token_text(tok, s.id))
             part["token_logprobs"].append(s.logprob)
             part["top_logprobs"].append(
@@ -489,23 +568,24 @@ def create_app(served: Served) -> Any:
         return {"prompt": served.tokenizer.decode(ids)}
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> None:
-        await read_body(request)
-        raise ApiError(
-            400, f"the model '{served.name}' has no chat template; use /v1/completions", "messages"
-        )
+    async def chat(request: Request) -> Any:
+        return await answer(request, check_chat(await read_body(request), served))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        req = check_completion(await read_body(request), served)
+        return await answer(request, check_completion(await read_body(request), served))
+
+    async def answer(request: Request, req: Completion) -> Any:
         run = Run(served, req, asyncio.get_running_loop())
         head = {
-            "id": f"cmpl-{secrets.token_hex(12)}",
-            "object": "text_completion",
+            "id": f"{'chatcmpl' if req.chat else 'cmpl'}-{secrets.token_hex(12)}",
+            "object": "chat.completion" if req.chat else "text_completion",
             "created": int(time.time()),
             "model": served.name,
         }
         if req.stream:
+            if req.chat:
+                head["object"] = "chat.completion.chunk"
             return StreamingResponse(
                 _stream(run, head), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
@@ -518,8 +598,14 @@ def create_app(served: Served) -> Any:
             run.cancel()
         choices = []
         for c in run.choices:
-            text = (c.prompt_text if req.echo else "") + c.text.text
             logprobs = c.logprobs if req.logprobs is not None else None
+            if req.chat:
+                message = {"role": "assistant", "content": c.text.text}
+                choices.append(
+                    {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": c.finish}
+                )
+                continue
+            text = (c.prompt_text if req.echo else "") + c.text.text
             choices.append({"text": text, "index": c.index, "logprobs": logprobs, "finish_reason": c.finish})
         return {**head, "choices": choices, "usage": run.usage()}
 
@@ -545,7 +631,12 @@ async def _stream(run: Run, head: dict[str, Any]) -> AsyncIterator[bytes]:
             finish = choice.finish if ended else None
             if not text and scores is None and finish is None:
                 continue
-            chunk = {"text": text, "index": choice.index, "logprobs": scores, "finish_reason": finish}
+            if run.req.chat:  # a delta of the assistant's message, the role in the first
+                delta = {"content": text} if choice.started else {"role": "assistant", "content": text}
+                choice.started = True
+                chunk = {"index": choice.index, "delta": delta, "logprobs": scores, "finish_reason": finish}
+            else:
+                chunk = {"text": text, "index": choice.index, "logprobs": scores, "finish_reason": finish}
             yield _sse({**head, "choices": [chunk]})
         if run.req.include_usage:
             yield _sse({**head, "choices": [], "usage": run.usage()})

@@ -181,7 +181,6 @@ def finetune_trainer(
         tokenizer = tokenizer.with_chat_tokens()
         added = list(range(loaded.tokenizer.vocab_size, tokenizer.vocab_size))
         loaded.model.add_token_rows(added)
-        notes.info(f"chat: {describe_added(tokenizer, added)}")
     config = _finetune_config(loaded, config_path, flags or {})
     for text in config.train.unused((flags or {}).get("train", {})):
         notes.warning(text)
@@ -202,6 +201,8 @@ def finetune_trainer(
 
     run_dir, task, extra = shared_setup(config.train.device, prepare, config.train.dist_timeout)
     run_dir = broadcast_from_main(run_dir)  # the same run dir for every process of a torchrun job
+    if added:
+        notes.info(f"chat: {describe_added(tokenizer, added)}")
     seed_everything(config.train.seed)
     model = GPT(config.model)
     loaded.model.crop_block_size(config.model.block_size)
@@ -288,6 +289,8 @@ def resume_finetuning(
     if settings.lora_rank:  # the same base (checked by hash on loading), perhaps in a new place
         where = Path(moved_base).resolve() if moved_base is not None else meta["base_checkpoint"]
         extra |= {"base_checkpoint": str(where), "base_sha256": meta["base_sha256"]}
+        if "added_tokens" in meta:  # and the same tokens added to it
+            extra["added_tokens"] = meta["added_tokens"]
     meta = {**asdict(settings), **extra}
     run_dir = loaded.path.parent
     return Trainer(loaded.model, loaded.tokenizer, task, config, run_dir, meta, _resume_point(loaded))
