@@ -1,6 +1,7 @@
 # gptcli developer tasks. Everything runs inside .venv, created on first use.
 #
 #   make test                 ruff + pytest (installs torch, then gptcli[dev,plot])
+#   make test-hf-chat         the chat template against Hugging Face's (CI runs it)
 #   make test-oldest-typer    the CLI tests with the oldest Typer pyproject allows (CI runs it)
 #   make gpu-check            on a GPU machine: everything bench/gpu_check.py measures, one
 #                             report (NANOGPT=DIR to run nanoGPT beside; DRY_RUN=1: tiny, CPU)
@@ -26,7 +27,7 @@ STAMP := $(VENV)/.gptcli-installed-$(EXTRAS)
 DEMO_STAMP := $(VENV)/.gptcli-installed-$(DEMO_EXTRAS)
 DOCS_STAMP := $(VENV)/.gptcli-installed-docs
 
-.PHONY: install test test-lm-eval test-browser test-oldest-typer lint demo gpu-check docs docs-serve docs-figures tour clean
+.PHONY: install test test-lm-eval test-browser test-hf-chat test-oldest-typer lint demo gpu-check docs docs-serve docs-figures tour clean
 
 install: $(STAMP)
 
@@ -61,6 +62,11 @@ PLAYWRIGHT ?= playwright>=1.40
 test-browser: $(STAMP)
 	$(BIN)/python -m pip install -q "$(PLAYWRIGHT)"
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/test_playground.py
+
+# the chat template against Hugging Face's apply_chat_template (100 conversations per
+# tokenizer) and its text-generation pipeline (transformers is a dev dependency)
+test-hf-chat: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m hf_chat tests/test_chat_hf.py
 
 # the CLI's tests again with the oldest Typer (and Click) pyproject allows, put in front
 # of the installed one: the lower bound is checked, not guessed

@@ -368,3 +368,55 @@ def test_a_completion_cut_by_the_server_stopping_is_a_503(trained):
         r.status_code == 503
         and "the server is stopping; the completion was cut" in r.json()["error"]["message"]
     )
+
+
+def test_chat_completions_answer_as_gptcli_chat_does(chat_run):
+    """/v1/chat/completions through the openai client, streamed and not, equal `gptcli chat
+    --temp 0`; logprobs in chat's shape; what it refuses."""
+    s = Server(chat_run, "--max-batch", "4")
+    try:
+        c = s.client
+        for convo in (
+            [{"role": "user", "content": "the mole"}],
+            [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the fox"}],
+            [
+                {"role": "user", "content": "the otter"},
+                {"role": "assistant", "content": "The otter left a den."},
+                {"role": "user", "content": "the badger"},
+            ],
+        ):
+            path = chat_run.parent / f"convo-{len(convo)}.json"
+            path.write_text(json.dumps(convo))
+            result = run("chat", "--ckpt", chat_run, "--messages", path, "--temp", "0", "--json", "-n", "40")
+            ours = json.loads(result.stdout)["reply"]
+            r = c.chat.completions.create(model=s.model, messages=convo, temperature=0, max_tokens=40)
+            assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+            assert r.choices[0].message.content == ours["text"] and r.choices[0].finish_reason == "stop"
+            assert r.usage.completion_tokens == len(ours["ids"]) + 1  # and the end of turn
+            chunks = list(
+                c.chat.completions.create(
+                    model=s.model, messages=convo, temperature=0, max_tokens=40, stream=True
+                )
+            )
+            assert chunks[0].choices[0].delta.role == "assistant"
+            assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == ours["text"]
+            assert chunks[-1].choices[0].finish_reason == "stop"
+        r = c.chat.completions.create(
+            model=s.model, messages=convo, temperature=0, max_tokens=40, logprobs=True, top_logprobs=3
+        )
+        content = r.choices[0].logprobs.content
+        assert "".join(t.token for t in content) == r.choices[0].message.content
+        assert all(
+            len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in content
+        )
+        for kwargs, words in [
+            ({"messages": []}, "'messages' must be a non-empty list"),
+            ({"messages": [{"role": "bot", "content": "x"}]}, "has role 'bot'"),
+            ({"messages": [{"role": "user", "content": "Ä"}]}, "not in this char tokenizer's vocabulary"),
+            ({"messages": [{"role": "user", "content": "the " * 200}]}, "too long for this model's context"),
+            ({"messages": convo, "top_logprobs": 2}, "needs 'logprobs': true"),
+        ]:
+            with pytest.raises(openai.BadRequestError, match=re.escape(words)):
+                c.chat.completions.create(model=s.model, **kwargs)
+    finally:
+        assert s.stop() == 0
