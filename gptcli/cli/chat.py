@@ -89,8 +89,8 @@ def _read_messages(path: Path) -> list[Message]:
 class _Callbacks:
     """What a reply shows as it is made: the first token's table, the text, the history cut."""
 
-    def __init__(self, convo: Conversation, s: ChatSettings, stream: bool, sampling: str) -> None:
-        self.convo, self.s, self.stream, self.sampling = convo, s, stream, sampling
+    def __init__(self, convo: Conversation, stream: bool, sampling: str) -> None:
+        self.convo, self.stream, self.sampling = convo, stream, sampling
         self.warned, self.started, self.context = False, False, ""
 
     def fit(self, fitted: Fitted) -> None:
@@ -120,9 +120,9 @@ class _Callbacks:
 
 
 def _reply(
-    model: Any, convo: Conversation, text: str, s: ChatSettings, sampling: Any, stream: bool
+    model: Any, convo: Conversation, text: str, s: ChatSettings, sampling: Any, calls: _Callbacks
 ) -> Sampled:
-    calls = _Callbacks(convo, s, stream, sampling.describe())
+    calls.started = False
     return convo.reply(
         model,
         text,
@@ -141,7 +141,7 @@ def _answer_once(model: Any, convo: Conversation, text: str, s: ChatSettings, sa
     from gptcli.infer.conversation import chat_prompt
 
     stream = render.out.is_terminal and not s.json_out
-    result = _reply(model, convo, text, s, sampling, stream)
+    result = _reply(model, convo, text, s, sampling, _Callbacks(convo, stream, sampling.describe()))
     if s.json_out:
         prompt = chat_prompt(convo.tokenizer, convo.messages[:-1], convo.block_size, s.max_new_tokens)
         finish = "length" if result.finish == "length" else "stop"
@@ -156,6 +156,7 @@ def _answer_once(model: Any, convo: Conversation, text: str, s: ChatSettings, sa
 def _talk(model: Any, convo: Conversation, s: ChatSettings, sampling: Any, name: str) -> None:
     """The conversation in the terminal, until /exit or Ctrl-D."""
     interactive = sys.stdin.isatty()
+    calls = _Callbacks(convo, True, sampling.describe())  # one for the conversation: it warns once
     if interactive:
         render.info(f"chatting with {name}: /help lists the commands, Ctrl-C stops a reply, Ctrl-D leaves")
     while True:
@@ -177,7 +178,7 @@ def _talk(model: Any, convo: Conversation, s: ChatSettings, sampling: Any, name:
                 if _command(convo, text.strip()):
                     return
                 continue
-            _reply(model, convo, text, s, sampling, stream=True)
+            _reply(model, convo, text, s, sampling, calls)
             render.stream_text("\n")
         except KeyboardInterrupt:
             render.stream_text("\n")

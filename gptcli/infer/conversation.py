@@ -16,8 +16,10 @@ from gptcli.model import GPT
 
 
 def reply_room(block_size: int, max_new_tokens: int) -> int:
-    """The tokens of the context kept free for the reply: max_new_tokens, at most half the block."""
-    return min(max_new_tokens, block_size // 2)
+    """The tokens of the context kept free for the reply: max_new_tokens, at most an eighth
+    of the block, so that the history keeps as much as it can (a longer reply slides the
+    window past its oldest tokens, as sample does)."""
+    return max(1, min(max_new_tokens, block_size // 8))
 
 
 def chat_prompt(
