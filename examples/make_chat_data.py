@@ -6,7 +6,8 @@ make a chat model from runs/demo in about a minute on a CPU.
 The user asks what an animal did and then why; the assistant answers in the corpus's own
 words ("The fox dug a den." / "Because winter was coming."). Some conversations open with
 a system message instead of asking why: every conversation fits the demo model's block of
-64 tokens (at most 57 with its tokenizer). Deterministic: the same seed writes the same files.
+64 tokens (at most 63 with its tokenizer and the two chat tokens). Deterministic: the same
+seed writes the same files.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ changing old logits, LoRA learning the new rows, `gptcli chat` in both modes, ev
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from gptcli.data.tokenizer import (
 )
 from gptcli.errors import UsageError
 from gptcli.infer.completion import Prompt, complete
+from gptcli.infer.conversation import Conversation
 from gptcli.infer.generate import Sampling
 from gptcli.model import GPT
 from gptcli.store.loading import load
@@ -191,6 +193,9 @@ def test_a_conversation_in_the_terminal_with_its_commands(chat_run, tmp_path, mo
         "/save second.json",
         "/reset",
         "/save third.json",
+        "the mole",
+        "the badger",
+        "the rabbit",
         "/exit",
         "never read",
     ]
@@ -207,6 +212,58 @@ def test_a_conversation_in_the_terminal_with_its_commands(chat_run, tmp_path, mo
     second = json.loads((tmp_path / "second.json").read_text())["messages"]
     assert second[0] == {"role": "system", "content": "be brief"} and second[3]["content"] == "the\notter"
     assert json.loads((tmp_path / "third.json").read_text())["messages"] == [second[0]]
+    assert "The mole found a nest." in result.stdout
+    # two exchanges fill this model's context: the oldest turns go, and it says so once
+    assert result.output.count("no longer fits the model's context") == 1
+
+
+def test_ctrl_c_stops_a_reply_and_keeps_what_was_said(chat_run):
+    loaded = load(chat_run)
+    convo = Conversation(loaded.tokenizer, loaded.model.config.block_size)
+    heard = []
+
+    def listen(delta: str) -> None:
+        heard.append(delta)
+        if len("".join(heard)) >= 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convo.reply(loaded.model, "the fox", max_new_tokens=40, sampling=Sampling(0.0), on_text=listen)
+    assert convo.turns == [
+        {"role": "user", "content": "the fox"},
+        {"role": "assistant", "content": "".join(heard)},
+    ]
+    assert "The fox dug a den.".startswith("".join(heard))
+    # the conversation goes on from there
+    convo.reply(loaded.model, "the mole", max_new_tokens=40, sampling=Sampling(0.0))
+    assert [t["role"] for t in convo.turns] == ["user", "assistant", "user", "assistant"]
+
+
+def test_chat_from_gpt2_weights_full_and_lora(hf_gpt2, tmp_path):
+    """An HF GPT-2 directory (GPT-2's BPE, 50257 tokens): the vocabulary grows to 50259."""
+    hf_gpt2(n_layer=1, n_head=2, n_embd=16, vocab_size=50257, n_positions=64).save_pretrained(tmp_path / "hf")
+    talk = make_conversations(tmp_path / "talk.jsonl", n=20)
+    fast = [
+        "--task",
+        "chat",
+        "--max-iters",
+        "2",
+        "--eval-interval",
+        "2",
+        "--eval-iters",
+        "1",
+        "--device",
+        "cpu",
+    ]
+    fast += ["--dtype", "fp32", "--optimizer", "adamw", "--batch-size", "4"]
+    for name, extra in (("full", []), ("lora", ["--lora-rank", "2"])):
+        result = run("finetune", "--ckpt", tmp_path / "hf", talk, "--out", tmp_path / name, *fast, *extra)
+        assert result.exit_code == 0, result.output
+        assert "<|im_start|> = 50257, <|im_end|> = 50258" in result.output
+        loaded = load(tmp_path / name)
+        assert loaded.model.config.vocab_size == 50259 and loaded.tokenizer.end_ids == (50256, 50258)
+        result = run("chat", "--ckpt", tmp_path / name, "-m", "the fox", "--json", "-n", "4", "--seed", "1")
+        assert result.exit_code == 0, result.output
 
 
 def test_bad_conversation_records_name_their_line(chat_run, tmp_path):
@@ -290,3 +347,63 @@ def test_eval_scores_held_out_conversations(chat_run, tmp_path):
     doc = json.loads(result.stdout.strip().splitlines()[-1])
     assert doc["task"] == "chat" and doc["n"] == 20 and doc["acc"] > 0.9 and doc["loss"] < 0.5
     assert_usage_error(run("eval", "--ckpt", chat_run.parent / "pre", held), "no chat template")
+
+
+def test_a_hugging_face_chat_model_keeps_a_chatml_template_and_only_that(tmp_path):
+    from gptcli.store.hf import export_hf
+
+    tok = tokenizers()["gpt2"]
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=8, block_size=32, vocab_size=tok.vocab_size))
+    export_hf(model, tok, tmp_path)
+    for name in ("config.json", "generation_config.json"):  # a reply ends at either
+        assert json.loads((tmp_path / name).read_text())["eos_token_id"] == [50258, 50256]
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == IM_END
+    (tmp_path / "gptcli_tokenizer.json").unlink()  # as another program would write it: no gptcli file
+    assert load(tmp_path).tokenizer.special_tokens == tok.special_tokens
+    config_file = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    for template in (
+        config["chat_template"].replace("'\\n' + message['content']", "': ' + message['content']"),
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",  # a sandbox refuses it
+        "{% for m in messages %}",  # does not parse
+    ):
+        config_file.write_text(json.dumps({**config, "chat_template": template}))
+        assert not load(tmp_path).tokenizer.has_chat
+
+
+def test_show_probs_the_newest_chat_run_and_a_conversation_cut_in_training(chat_run, tmp_path, monkeypatch):
+    import shutil
+
+    result = run("chat", "--ckpt", chat_run, "-m", "the fox", "--temp", "0", "--show-probs", "3")
+    assert result.exit_code == 0, result.output
+    table, reply = result.stdout.split("\n", 1)[0], result.stdout
+    assert table.startswith("the fox →") and "◀" in reply and reply.rstrip().endswith("The fox dug a den.")
+    tok = load_tokenizer(chat_run)
+    assert tok.byte_lengths()[[tok.special_tokens[IM_START], tok.special_tokens[IM_END]]].tolist() == [0, 0]
+    # without --ckpt: the newest chat run, passing over a newer run that is not one
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(chat_run, tmp_path / "runs" / "talk")
+    shutil.copytree(chat_run.parent / "pre", tmp_path / "runs" / "plain")
+    for meta in (tmp_path / "runs" / "plain").glob("*/checkpoint.json"):
+        meta.touch()
+    result = run("chat", "-m", "the mole", "--temp", "0")
+    assert result.exit_code == 0, result.output
+    assert "using the newest chat model: runs/talk (the newer runs/plain is not one)" in result.output
+    assert result.stdout == "The mole found a nest.\n"
+    # a conversation longer than the block keeps its latest turns, and the run says so
+    talk = make_conversations(tmp_path / "talk.jsonl", n=40)
+    args = [
+        "--task",
+        "chat",
+        "--block-size",
+        "60",
+        "--max-iters",
+        "1",
+        "--eval-iters",
+        "1",
+        "--device",
+        "cpu",
+    ]
+    result = run("finetune", "--ckpt", chat_run.parent / "pre", talk, "--out", tmp_path / "cut", *args)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"chat: \d+ conversation\(s\) longer than the block of 60 tokens lost", result.output)

@@ -116,6 +116,12 @@ def generation_prompt(tokenizer: Tokenizer) -> list[int]:
     return [_special(tokenizer, IM_START), *tokenizer.encode("assistant\n")]
 
 
+def render_text(messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
+    """The conversation as ChatML text (what CHATML_JINJA renders)."""
+    text = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
+    return text + (f"{IM_START}assistant\n" if add_generation_prompt else "")
+
+
 def render(
     tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False
 ) -> Rendered:

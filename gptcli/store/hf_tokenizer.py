@@ -16,9 +16,10 @@ template (ChatML, gptcli/data/chat.py) is `chat_template` in tokenizer_config.js
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from gptcli.data.chat import CHATML_JINJA
+from gptcli.data.chat import CHATML_JINJA, render_text
 from gptcli.data.tokenizer import CHAT_TOKENS, ENDOFTEXT, IM_END, CharTokenizer, TiktokenTokenizer, Tokenizer
 from gptcli.errors import UsageError, need
 
@@ -112,6 +113,55 @@ def special_tokens_map(tokenizer: Tokenizer) -> dict[str, Any]:
 def chat_template(tokenizer: Tokenizer) -> dict[str, str]:
     """The chat_template entry of tokenizer_config.json, for a chat model."""
     return {"chat_template": CHATML_JINJA} if tokenizer.has_chat else {}
+
+
+# conversations on which an imported template must render exactly as ChatML does
+PROBES = [
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi\nthere "},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": ""},
+    ],
+    [{"role": "user", "content": " 日本語 🙂\t"}, {"role": "assistant", "content": "  "}],
+]
+
+
+def chat_from_hf(path: Path, tokenizer: Tokenizer) -> Tokenizer:
+    """tokenizer with the chat tokens, when a Hugging Face directory's chat template is
+    ChatML (it renders as gptcli's on PROBES, in a sandbox: the template is data) and its
+    tokenizer.json gives <|im_start|> and <|im_end|> the ids gptcli gives them; else
+    tokenizer as it is (a model without a template gptcli can use)."""
+    from gptcli.data.inputs import try_read_json
+
+    config = try_read_json(path / "tokenizer_config.json")
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(template, list):  # several named templates: the default one
+        named = [t for t in template if isinstance(t, dict) and t.get("name") == "default"]
+        template = named[0].get("template") if named else None
+    if not isinstance(template, str) or len(template) > 1 << 16:
+        return tokenizer
+    chat_tok = tokenizer.with_chat_tokens()
+    hf = try_read_json(path / "tokenizer.json")
+    added = hf.get("added_tokens") if isinstance(hf, dict) else None
+    ids = {t.get("content"): t.get("id") for t in added or [] if isinstance(t, dict)}
+    if any(ids.get(t) != chat_tok.special_tokens[t] for t in CHAT_TOKENS):
+        return tokenizer
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # as transformers renders
+        compiled = env.from_string(template)
+        for messages in PROBES:
+            for generation in (False, True):
+                text = compiled.render(
+                    messages=messages, add_generation_prompt=generation, bos_token="", eos_token=""
+                )
+                if text != render_text(messages, generation):
+                    return tokenizer
+    except Exception:  # a template that does not parse or render: not one gptcli can use
+        return tokenizer
+    return chat_tok
 
 
 def hf_tokenizer_files(tokenizer: Tokenizer, block_size: int) -> dict[str, str]:

@@ -29,6 +29,7 @@ from gptcli.store.checkpoint import (
     read_meta,
     resolve_checkpoint,
 )
+from gptcli.store.hf_tokenizer import chat_from_hf
 from gptcli.store.validate import check_tensors, read_tensors
 
 
@@ -152,7 +153,8 @@ def _load_hf(path: Path, device: torch.device | str) -> Loaded:
     model, meta = hf.load_hf(path, device)
     # a model exported by gptcli with its own tokenizer keeps it beside the weights
     own = path / hf.GPTCLI_TOKENIZER
-    tokenizer = load_tokenizer(own) if own.is_file() else gpt2_tokenizer()
+    # else GPT-2's, with the chat tokens when the directory's template is ChatML
+    tokenizer = load_tokenizer(own) if own.is_file() else chat_from_hf(path, gpt2_tokenizer())
     if tokenizer.vocab_size > model.config.vocab_size:
         raise UsageError(
             f"{path}: the model has {model.config.vocab_size} token embeddings, fewer than the "
