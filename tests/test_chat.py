@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -111,8 +112,22 @@ def test_a_long_conversation_loses_its_oldest_turns_and_keeps_the_system_message
     fitted = chat.fit(tok, long, 30, add_generation_prompt=True)
     assert len(fitted.rendered) == 30 and fitted.cut > 0
     assert tok.decode(fitted.rendered.ids).endswith("word word<|im_end|>\n<|im_start|>assistant\n")
-    with pytest.raises(UsageError, match="shorten the system message"):
+    with pytest.raises(UsageError, match="the system message, the template's markers"):
         chat.fit(tok, [{"role": "system", "content": "x " * 50}, *turns[:1]], 20)
+    # the user turn a reply answers is never dropped: it is cut instead, and in training the
+    # reply is learnt as far as it fits
+    exchange = [system, {"role": "user", "content": "word " * 20}, {"role": "assistant", "content": "Fine."}]
+    fitted = chat.fit(tok, exchange, len(chat.render(tok, exchange)) - 5, training=True)
+    assert [m["role"] for m in fitted.messages] == ["system", "user", "assistant"] and fitted.cut == 5
+    assert tok.decode([i for i, t in zip(fitted.rendered.ids, fitted.rendered.trained, strict=True) if t]) == (
+        "Fine.<|im_end|>"
+    )
+    fitted = chat.fit(tok, exchange, 12, training=True)
+    assert len(fitted.rendered) == 12 and fitted.messages[1]["role"] == "user"
+    # an assistant's greeting first is kept while everything fits
+    greeting = [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Hi"}]
+    fitted = chat.fit(tok, greeting, 100, add_generation_prompt=True)
+    assert fitted.messages == greeting and fitted.dropped == 0
 
 
 def test_new_token_rows_leave_the_old_tokens_logits_as_they_were():
@@ -184,6 +199,7 @@ def test_a_conversation_in_the_terminal_with_its_commands(chat_run, tmp_path, mo
         "the fox",
         "/save first.json",
         "/save taken.json",
+        "/save " + "a" * 300 + ".json",  # a name the file system refuses: said, and the talk goes on
         '"""',
         "the",
         "otter",
@@ -203,6 +219,7 @@ def test_a_conversation_in_the_terminal_with_its_commands(chat_run, tmp_path, mo
     assert result.exit_code == 0, result.output
     assert "The fox dug a den." in result.stdout
     assert "taken.json already exists" in result.output and "unknown command /bogus" in result.output
+    assert "File name too long" in result.output
     assert json.loads((tmp_path / "taken.json").read_text()) == {}
     first = json.loads((tmp_path / "first.json").read_text())["messages"]
     assert first == [
@@ -366,9 +383,13 @@ def test_a_hugging_face_chat_model_keeps_a_chatml_template_and_only_that(tmp_pat
         config["chat_template"].replace("'\\n' + message['content']", "': ' + message['content']"),
         "{{ ''.__class__.__mro__[1].__subclasses__() }}",  # a sandbox refuses it
         "{% for m in messages %}",  # does not parse
+        "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",  # endless
+        "{% set s = 'x' * 2000000000 %}{{ s | length }}",  # gigabytes
     ):
         config_file.write_text(json.dumps({**config, "chat_template": template}))
+        started = time.monotonic()
         assert not load(tmp_path).tokenizer.has_chat
+        assert time.monotonic() - started < 30
 
 
 def test_show_probs_the_newest_chat_run_and_a_conversation_cut_in_training(chat_run, tmp_path, monkeypatch):

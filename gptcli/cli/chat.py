@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from gptcli.cli import render
 from gptcli.cli.common import load_model, text_arg
 from gptcli.config.verbs import ChatSettings
-from gptcli.errors import UsageError
+from gptcli.errors import GptcliError, UsageError
 
 if TYPE_CHECKING:
     from gptcli.data.chat import Fitted, Message
@@ -91,11 +91,11 @@ class _Callbacks:
 
     def __init__(self, convo: Conversation, stream: bool, sampling: str) -> None:
         self.convo, self.stream, self.sampling = convo, stream, sampling
-        self.warned, self.started, self.context = False, False, ""
+        self.started, self.context = False, ""
 
     def fit(self, fitted: Fitted) -> None:
-        if fitted.dropped and not self.warned:
-            self.warned = True
+        if fitted.dropped and not self.convo.warned:
+            self.convo.warned = True
             render.warning(
                 f"the conversation no longer fits the model's context ({self.convo.block_size} tokens, "
                 f"room kept for the reply): its oldest turns are left out from now on (the system "
@@ -183,8 +183,10 @@ def _talk(model: Any, convo: Conversation, s: ChatSettings, sampling: Any, name:
         except KeyboardInterrupt:
             render.stream_text("\n")
             render.info("reply stopped")
-        except UsageError as e:  # a message the model cannot take: say why, carry on
+        except GptcliError as e:  # a message the model cannot take, a file /save cannot write
             render.error(str(e))
+        except OSError as e:
+            render.error(f"{e.strerror or e}: {e.filename or ''}".rstrip(": "))
 
 
 def _read_turn(prompt: str) -> str:
@@ -218,6 +220,7 @@ def _command(convo: Conversation, line: str) -> bool:
             render.info(f"{usage:<14} {what}")
     elif name == "/reset":
         convo.turns.clear()
+        convo.warned = False
         render.info("the conversation starts again" + (" (the system message stays)" if convo.system else ""))
     elif name == "/system":
         convo.system = arg or None

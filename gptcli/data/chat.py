@@ -145,37 +145,55 @@ class Fitted:
     cut: int = 0  # tokens cut from the left of the last message, when even it did not fit alone
 
 
+class TooLong(UsageError):
+    """A conversation that cannot be cut to fit (the server answers it with
+    context_length_exceeded)."""
+
+
 def fit(
-    tokenizer: Tokenizer, messages: Sequence[Message], limit: int, add_generation_prompt: bool = False
+    tokenizer: Tokenizer,
+    messages: Sequence[Message],
+    limit: int,
+    add_generation_prompt: bool = False,
+    training: bool = False,
 ) -> Fitted:
-    """The conversation in at most limit tokens: the oldest turns go first (the system
-    message stays), so that what is kept starts with a user turn; if the system message and
-    the last message alone are too long, the last message loses content from its left."""
+    """The conversation in at most limit tokens. The oldest turns go first (the system
+    message stays), whole exchanges at a time, so that what is kept starts with a user turn;
+    the last user turn and what follows it always stay. If they are still too long, the
+    last user turn loses content from its left; then, in training, the end of the sequence
+    is cut (the reply is learnt as far as it fits); otherwise that is an error (TooLong)."""
     parts = [render_message(tokenizer, m) for m in messages]
-    tail = generation_prompt(tokenizer) if add_generation_prompt else []
+    tail = Rendered(generation_prompt(tokenizer) if add_generation_prompt else [])
+    tail.trained = [False] * len(tail.ids)
     system = 1 if messages and messages[0]["role"] == "system" else 0
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    last_user = users[-1] if users else len(messages) - 1
+
+    def size(chosen: list[Rendered]) -> int:
+        return sum(map(len, chosen)) + len(tail)
+
     start = system
-    while start < len(parts) - 1 and (
-        sum(map(len, parts[:system] + parts[start:])) + len(tail) > limit
-        or messages[start]["role"] == "assistant"
-    ):
+    while size(parts[:system] + parts[start:]) > limit and start < last_user:
         start += 1
-    kept = list(messages[:system]) + list(messages[start:])
-    chosen = parts[:system] + parts[start:]
-    cut = 0
-    size = sum(map(len, chosen)) + len(tail)
-    if size > limit:  # the last message alone is too long: keep its latest content tokens
-        last = chosen[-1]
-        keep = max(0, sum(_span(tokenizer, messages[-1])[1]) - (size - limit))
-        chosen[-1] = render_message(tokenizer, messages[-1], keep_last=keep)
-        cut = len(last) - len(chosen[-1])
-        if sum(map(len, chosen)) + len(tail) > limit:
-            raise UsageError(
-                f"the system message and the template's markers alone take more than the {limit} "
-                "tokens the model can take; shorten the system message"
-            )
+        while start < last_user and messages[start]["role"] != "user":  # a whole exchange goes
+            start += 1
+    chosen, cut = parts[:system] + parts[start:], 0
+    over = size(chosen) - limit
+    if over > 0 and last_user >= start and users:  # the last user turn keeps its latest content
+        at = system + last_user - start
+        keep = max(0, sum(_span(tokenizer, messages[last_user])[1]) - over)
+        shorter = render_message(tokenizer, messages[last_user], keep_last=keep)
+        cut, chosen[at] = len(chosen[at]) - len(shorter), shorter
     out = Rendered()
-    for p in chosen:
+    for p in [*chosen, tail]:
         out += p
-    out += Rendered(tail, [False] * len(tail))
+    if len(out) > limit:
+        if not training:
+            what = "the system message, " if system else ""
+            raise TooLong(
+                f"{what}the template's markers and the turns after the last user message take more than "
+                f"the {limit} tokens the model can take here; shorten them"
+            )
+        out = Rendered(out.ids[:limit], out.trained[:limit])
+    kept = list(messages[:system]) + list(messages[start:])
     return Fitted(out, kept, start - system, cut)

@@ -42,6 +42,7 @@ class Conversation:
     block_size: int
     system: str | None = None
     turns: list[chat.Message] = field(default_factory=list)
+    warned: bool = False  # whether it was said that the oldest turns no longer fit
 
     @property
     def messages(self) -> list[chat.Message]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcli.config.knobs import SEED_MAX
-from gptcli.data.chat import check_messages
+from gptcli.data.chat import TooLong, check_messages
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.infer.completion import TextStream, encode_prompt
@@ -273,7 +273,8 @@ def check_chat(body: Any, served: Served) -> Completion:
     try:
         fitted = chat_prompt(served.tokenizer, messages, served.block_size, max_tokens)
     except UsageError as e:  # text the tokenizer cannot encode, a system message too long
-        raise ApiError(400, str(e), "messages", "context_length_exceeded") from None
+        code = "context_length_exceeded" if isinstance(e, TooLong) else None
+        raise ApiError(400, str(e), "messages", code) from None
     if fitted.cut:
         raise ApiError(
             400,
@@ -632,7 +633,9 @@ async def _stream(run: Run, head: dict[str, Any]) -> AsyncIterator[bytes]:
             if not text and scores is None and finish is None:
                 continue
             if run.req.chat:  # a delta of the assistant's message, the role in the first
-                delta = {"content": text} if choice.started else {"role": "assistant", "content": text}
+                delta = {"content": text} if text else {}
+                if not choice.started:
+                    delta = {"role": "assistant", "content": text}
                 choice.started = True
                 chunk = {"index": choice.index, "delta": delta, "logprobs": scores, "finish_reason": finish}
             else:

@@ -129,7 +129,8 @@ PROBES = [
 
 def chat_from_hf(path: Path, tokenizer: Tokenizer) -> Tokenizer:
     """tokenizer with the chat tokens, when a Hugging Face directory's chat template is
-    ChatML (it renders as gptcli's on PROBES, in a sandbox: the template is data) and its
+    ChatML (it renders as gptcli's on PROBES, in a sandboxed child process: the template is
+    data) and its
     tokenizer.json gives <|im_start|> and <|im_end|> the ids gptcli gives them; else
     tokenizer as it is (a model without a template gptcli can use)."""
     from gptcli.data.inputs import try_read_json
@@ -147,21 +148,45 @@ def chat_from_hf(path: Path, tokenizer: Tokenizer) -> Tokenizer:
     ids = {t.get("content"): t.get("id") for t in added or [] if isinstance(t, dict)}
     if any(ids.get(t) != chat_tok.special_tokens[t] for t in CHAT_TOKENS):
         return tokenizer
-    try:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    expected = [render_text(m, generation) for m in PROBES for generation in (False, True)]
+    return chat_tok if _rendered(template) == expected else tokenizer
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # as transformers renders
-        compiled = env.from_string(template)
-        for messages in PROBES:
-            for generation in (False, True):
-                text = compiled.render(
-                    messages=messages, add_generation_prompt=generation, bos_token="", eos_token=""
-                )
-                if text != render_text(messages, generation):
-                    return tokenizer
-    except Exception:  # a template that does not parse or render: not one gptcli can use
-        return tokenizer
-    return chat_tok
+
+# renders a template on PROBES in a child process of bounded time and memory: a template is
+# data from elsewhere, and Jinja's sandbox stops code, not endless loops or huge strings
+_RENDER = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_CPU, (5, 5))
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+given = json.load(sys.stdin)
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # as transformers renders
+template = env.from_string(given["template"])
+out = [template.render(messages=m, add_generation_prompt=g, bos_token="", eos_token="")
+       for m in given["probes"] for g in (False, True)]
+json.dump(out, sys.stdout)
+"""
+
+
+def _rendered(template: str) -> list[str] | None:
+    """The template rendered on PROBES (each without and with the generation prompt), or
+    None if it fails, takes over 5 s of CPU or 1 GiB of memory."""
+    import json
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-I", "-c", _RENDER],
+            input=json.dumps({"template": template, "probes": PROBES}),
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        out = json.loads(proc.stdout) if proc.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return out if isinstance(out, list) else None
 
 
 def hf_tokenizer_files(tokenizer: Tokenizer, block_size: int) -> dict[str, str]:

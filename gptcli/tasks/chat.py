@@ -74,7 +74,7 @@ def chat_examples(records: list[Record], tokenizer: Tokenizer, block_size: int) 
     for r in records:
         messages = chat.check_messages(r.fields.get("messages"), r.source, training=True)
         try:
-            fitted = chat.fit(tokenizer, messages, block_size + 1)
+            fitted = chat.fit(tokenizer, messages, block_size + 1, training=True)
         except UsageError as e:
             raise UsageError(f"{r.source}: {e}") from None
         if not any(fitted.rendered.trained[1:]):
