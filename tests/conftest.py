@@ -98,6 +98,28 @@ def chat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gpt2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small model with GPT-2's tokenizer, trained on make_corpus until its next-token
+    distributions are peaked (greedy decoding has no near-ties to flip)."""
+    tmp = tmp_path_factory.mktemp("gpt2-run")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPTCLI_CACHE_DIR", str(tmp / "cache"))
+    try:
+        corpus = make_corpus(tmp / "animals.txt", n_sentences=600)
+        result = run(
+            "pretrain", corpus, "--tokenizer", "gpt2", "--out", tmp / "run", "--n-layer", "2",
+            "--n-head", "2", "--n-embd", "64", "--block-size", "32", "--batch-size", "8",
+            "--max-iters", "150", "--eval-interval", "150", "--eval-iters", "2", "--lr", "1e-2",
+            "--warmup-iters", "10", "--device", "cpu", "--dtype", "fp32", "--optimizer", "adamw",
+            "--log-interval", "50",
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+    finally:
+        mp.undo()
+    return tmp / "run"
+
+
+@pytest.fixture(scope="session")
 def hf_gpt2():
     """A factory for small random Hugging Face GPT-2 models (skipped without transformers)."""
     transformers = pytest.importorskip("transformers")

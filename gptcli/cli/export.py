@@ -1,27 +1,35 @@
-"""`gptcli export`: write a checkpoint in another tool's format (Hugging Face GPT-2)."""
+"""`gptcli export`: write a checkpoint in another tool's format (Hugging Face GPT-2, GGUF)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from gptcli.cli import render
 from gptcli.config.verbs import ExportSettings
 from gptcli.errors import UsageError
-from gptcli.messages import quote
 
 
 def export(s: ExportSettings) -> None:
     """Export a model for other tools.
 
     gptcli export runs/demo --to hf exported/      then GPT2LMHeadModel.from_pretrained("exported")
+    gptcli export runs/gpt2-ft model.gguf          then llama-cli -m model.gguf (llama.cpp, ollama, LM Studio)
+    gptcli export runs/gpt2-ft model.gguf --outtype q8_0     8-bit weights, a quarter of f32's size
     gptcli export runs/lora adapters/ --adapters-only    then PeftModel.from_pretrained(base, "adapters")
     """
+    to = s.to or ("gguf" if s.out.suffix.lower() == ".gguf" else "hf")
+    if to == "hf" and s.out.suffix.lower() == ".gguf":
+        raise UsageError(f"--to hf writes a directory, not {s.out}; drop --to (or use --to gguf)")
+    if s.outtype is not None and to != "gguf":
+        raise UsageError("--outtype goes with --to gguf (a Hugging Face export keeps float32 weights)")
+    if to == "gguf":
+        _export_gguf(s)
+        return
     from gptcli.store import loading
     from gptcli.store.hf import export_hf
 
     ckpt, out, base = s.ckpt, s.out, s.base
-    if s.to != "hf":
-        raise UsageError(f"--to {quote(s.to)}: the only export format is hf (Hugging Face GPT-2)")
     from gptcli.store.checkpoint import holds_checkpoints
 
     if holds_checkpoints(out):
@@ -32,16 +40,47 @@ def export(s: ExportSettings) -> None:
         _export_adapters(ckpt, out, base, s.json_out)
         return
     loaded = loading.load(ckpt, base=base)  # a LoRA run: merged into its base
-    if loaded.model.config.n_classes:
-        render.warning(
-            "the classification head is not part of GPT-2's format; only the language model is exported"
-        )
+    _warn_head(loaded)
     written = export_hf(loaded.model, loaded.tokenizer, out)
     if s.json_out:
-        render.print_json({"out": str(out), "format": s.to, "files": list(written)})
+        render.print_json({"out": str(out), "format": to, "files": list(written)})
         return
     render.info(f"wrote {out}: {', '.join(written)}")
     render.info(f'load it with: transformers.GPT2LMHeadModel.from_pretrained("{out}")')
+
+
+def _warn_head(loaded: Any) -> None:
+    if loaded.model.config.n_classes:
+        render.warning(
+            "the classification head has no place in the exported model; only the language model is written"
+        )
+
+
+def _export_gguf(s: ExportSettings) -> None:
+    """--to gguf: one file, written atomically; an existing one only with --force."""
+    from gptcli import files
+    from gptcli.store import loading
+    from gptcli.store.gguf import export_gguf, stored_type
+
+    if s.adapters_only:
+        raise UsageError("--adapters-only writes PEFT's adapters; a GGUF file holds the merged model")
+    files.check_writable(s.out, replace=s.force)
+    loaded = loading.load(s.ckpt, base=s.base)  # a LoRA run: merged into its base
+    _warn_head(loaded)
+    outtype = s.outtype or stored_type(loaded)
+    name = s.out.stem
+    counts = export_gguf(
+        loaded.model, loaded.tokenizer, s.out, outtype, name, str(loaded.path), replace=s.force
+    )
+    size = s.out.stat().st_size
+    if s.json_out:
+        render.print_json(
+            {"out": str(s.out), "format": "gguf", "outtype": outtype, "bytes": size, "tensors": counts}
+        )
+        return
+    shown = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+    render.info(f"wrote {s.out}: {size / 2**20:.1f} MiB, {outtype} ({shown} tensors)")
+    render.info(f"run it with: llama-cli -m {s.out}   (or llama-server -m {s.out}; see docs/models.md)")
 
 
 def _export_adapters(ckpt: str, out: Path, base: Path | None, json_out: bool) -> None:

@@ -100,10 +100,12 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def _model_name(ckpt: str | None, path: Path) -> str:
     """The run directory's name (a checkpoint inside it counts as the run), the directory's
-    for Hugging Face, the hub name itself."""
+    for Hugging Face, the file's stem for GGUF, the hub name itself."""
     if ckpt is not None and not Path(ckpt).exists():
         return ckpt  # a hub name
     path = Path(path)
+    if path.suffix.lower() == ".gguf":
+        return path.stem
     return path.parent.name if path.name in ("best", "last") else path.name
 
 

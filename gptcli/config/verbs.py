@@ -490,9 +490,22 @@ class EvalSettings(Settings):
 
 @dataclass
 class ExportSettings(Settings):
-    ckpt: str = knob(..., argument=True, help="A run dir, checkpoint dir, GPT-2 dir or hub name.")
-    out: Path = knob(..., argument=True, help="The directory to write.")
-    to: str = knob("hf", flag="--to", help="Target format: hf (Hugging Face GPT2LMHeadModel)")
+    ckpt: str = knob(..., argument=True, help="A run dir, checkpoint dir, GPT-2 dir, GGUF file or hub name.")
+    out: Path = knob(..., argument=True, help="The directory to write (a .gguf file for --to gguf).")
+    to: str | None = knob(
+        None,
+        choices=("hf", "gguf"),
+        flag="--to",
+        help="Target format: hf (Hugging Face GPT2LMHeadModel) or gguf (llama.cpp)",
+        shown="gguf for a .gguf OUT, else hf",
+    )
+    outtype: str | None = knob(
+        None,
+        choices=("f32", "f16", "bf16", "q8_0"),
+        flag="--outtype",
+        help="--to gguf: the weights' type (q8_0: 8-bit blocks, a quarter of f32's size)",
+        shown="the checkpoint's: f32, or bf16 for bf16 weights",
+    )
     adapters_only: bool = knob(
         False,
         flag="--adapters-only",
@@ -500,5 +513,7 @@ class ExportSettings(Settings):
         "adapter_model.safetensors), not the merged model",
     )
     base: Path | None = base_knob()
-    force: bool = knob(False, flag="--force", help="Write into an existing, non-empty directory")
+    force: bool = knob(
+        False, flag="--force", help="Write into an existing, non-empty directory (or replace the .gguf file)"
+    )
     json_out: bool = json_knob()

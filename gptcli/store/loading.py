@@ -1,5 +1,6 @@
 """What a --ckpt names, loaded: a gptcli run or checkpoint directory, a Hugging Face GPT-2
-directory, or a hub name (gpt2, gpt2-medium, ...) from the local Hugging Face cache.
+directory, a GGUF file (gguf.py), or a hub name (gpt2, gpt2-medium, ...) from the local
+Hugging Face cache.
 
 The one place that knows all three: checkpoint.py reads gptcli's own format and hf.py
 Hugging Face's, and neither knows the other. A LoRA run's checkpoint holds only adapters
@@ -45,6 +46,8 @@ def load(
     whether the adapters are folded into the weights (for inference) or kept apart (to
     train on)."""
     path = Path(spec)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _load_gguf(path, device)
     if not path.exists():
         if str(spec) not in hf.HUB_MODELS:
             raise UsageError(
@@ -103,7 +106,13 @@ def _load_lora(
     config = model_config(ckpt, meta)
     model = loaded_base.model
     added = _added_tokens(ckpt, meta, model.config.vocab_size)
+    tokenizer = load_tokenizer(ckpt / TOKENIZER_FILE)
     if added:  # the tokens the run added (chat's): the base grows the rows the run learnt
+        if added != list(range(loaded_base.tokenizer.vocab_size, tokenizer.vocab_size)):
+            raise UsageError(
+                f"{ckpt / META_FILE}: 'added_tokens' are not the ids its tokenizer adds to its base's; "
+                "the checkpoint is damaged"
+            )
         model.add_token_rows(added)
     mismatch = [k for k in ("vocab_size", "n_layer", "n_head", "n_embd", "bias")
                 if getattr(model.config, k) != getattr(config, k)]  # fmt: skip
@@ -126,7 +135,7 @@ def _load_lora(
     if merge:
         lora.merge(model)
     model.to(device).eval()
-    return Loaded(ckpt, model, load_tokenizer(ckpt / TOKENIZER_FILE), meta)
+    return Loaded(ckpt, model, tokenizer, meta)
 
 
 def _added_tokens(ckpt: Path, meta: dict[str, Any], base_vocab: int) -> list[int]:
@@ -149,12 +158,21 @@ def _added_tokens(ckpt: Path, meta: dict[str, Any], base_vocab: int) -> list[int
     return list(range(value[0], value[0] + value[1]))
 
 
+def _load_gguf(path: Path, device: torch.device | str) -> Loaded:
+    from gptcli.store.gguf import load_gguf
+
+    model, tokenizer, meta = load_gguf(path, device)
+    return Loaded(path, model, tokenizer, meta)
+
+
 def _load_hf(path: Path, device: torch.device | str) -> Loaded:
     model, meta = hf.load_hf(path, device)
     # a model exported by gptcli with its own tokenizer keeps it beside the weights
     own = path / hf.GPTCLI_TOKENIZER
     # else GPT-2's, with the chat tokens when the directory's template is ChatML
     tokenizer = load_tokenizer(own) if own.is_file() else chat_from_hf(path, gpt2_tokenizer())
+    if not own.is_file() and tokenizer.vocab_size > model.config.vocab_size:
+        tokenizer = gpt2_tokenizer()  # the tokens are declared, but the embedding has no rows for them
     if tokenizer.vocab_size > model.config.vocab_size:
         raise UsageError(
             f"{path}: the model has {model.config.vocab_size} token embeddings, fewer than the "
