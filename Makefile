@@ -2,6 +2,7 @@
 #
 #   make test                 ruff + pytest (installs torch, then gptcli[dev,plot])
 #   make test-hf-chat         the chat template against Hugging Face's (CI runs it)
+#   make test-llamacpp        GGUF files run by llama.cpp itself (CI runs it)
 #   make test-oldest-typer    the CLI tests with the oldest Typer pyproject allows (CI runs it)
 #   make gpu-check            on a GPU machine: everything bench/gpu_check.py measures, one
 #                             report (NANOGPT=DIR to run nanoGPT beside; DRY_RUN=1: tiny, CPU)
@@ -27,7 +28,7 @@ STAMP := $(VENV)/.gptcli-installed-$(EXTRAS)
 DEMO_STAMP := $(VENV)/.gptcli-installed-$(DEMO_EXTRAS)
 DOCS_STAMP := $(VENV)/.gptcli-installed-docs
 
-.PHONY: install test test-lm-eval test-browser test-hf-chat test-oldest-typer lint demo gpu-check docs docs-serve docs-figures tour clean
+.PHONY: install test test-lm-eval test-browser test-hf-chat test-llamacpp test-oldest-typer lint demo gpu-check docs docs-serve docs-figures tour clean
 
 install: $(STAMP)
 
@@ -67,6 +68,17 @@ test-browser: $(STAMP)
 # tokenizer) and its text-generation pipeline (transformers is a dev dependency)
 test-hf-chat: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m hf_chat tests/test_chat_hf.py
+
+# GGUF files run by llama.cpp itself: llama-cpp-python compiles llama.cpp from source (10 to
+# 20 minutes on 2 cores), so a wheel built once is kept in LLAMA_WHEELS and installed from there
+LLAMA_CPP ?= llama-cpp-python==0.3.36
+LLAMA_WHEELS ?= $(HOME)/.cache/gptcli-wheels
+test-llamacpp: $(STAMP)
+	mkdir -p $(LLAMA_WHEELS)
+	$(BIN)/python -m pip install -q --find-links $(LLAMA_WHEELS) "$(LLAMA_CPP)" || \
+	  { $(BIN)/python -m pip wheel -q --no-deps -w $(LLAMA_WHEELS) "$(LLAMA_CPP)" && \
+	    $(BIN)/python -m pip install -q --find-links $(LLAMA_WHEELS) "$(LLAMA_CPP)"; }
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m llamacpp tests/test_llamacpp.py
 
 # the CLI's tests again with the oldest Typer (and Click) pyproject allows, put in front
 # of the installed one: the lower bound is checked, not guessed

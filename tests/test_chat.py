@@ -119,9 +119,9 @@ def test_a_long_conversation_loses_its_oldest_turns_and_keeps_the_system_message
     exchange = [system, {"role": "user", "content": "word " * 20}, {"role": "assistant", "content": "Fine."}]
     fitted = chat.fit(tok, exchange, len(chat.render(tok, exchange)) - 5, training=True)
     assert [m["role"] for m in fitted.messages] == ["system", "user", "assistant"] and fitted.cut == 5
-    assert tok.decode([i for i, t in zip(fitted.rendered.ids, fitted.rendered.trained, strict=True) if t]) == (
-        "Fine.<|im_end|>"
-    )
+    assert tok.decode(
+        [i for i, t in zip(fitted.rendered.ids, fitted.rendered.trained, strict=True) if t]
+    ) == ("Fine.<|im_end|>")
     fitted = chat.fit(tok, exchange, 12, training=True)
     assert len(fitted.rendered) == 12 and fitted.messages[1]["role"] == "user"
     # an assistant's greeting first is kept while everything fits
@@ -281,6 +281,14 @@ def test_chat_from_gpt2_weights_full_and_lora(hf_gpt2, tmp_path):
         assert loaded.model.config.vocab_size == 50259 and loaded.tokenizer.end_ids == (50256, 50258)
         result = run("chat", "--ckpt", tmp_path / name, "-m", "the fox", "--json", "-n", "4", "--seed", "1")
         assert result.exit_code == 0, result.output
+    # the LoRA run, merged, as a GGUF file: its chat tokens and template come along
+    result = run("export", tmp_path / "lora", tmp_path / "lora.gguf", "--outtype", "f16")
+    assert result.exit_code == 0, result.output
+    back = load(tmp_path / "lora.gguf")
+    merged = load(tmp_path / "lora").model
+    assert back.tokenizer.has_chat and back.model.config.vocab_size == 50259
+    x = torch.tensor([[50257, 464, 21831, 50258]])
+    assert torch.allclose(back.model(x)[0], merged(x)[0], atol=2e-2, rtol=1e-2)
 
 
 def test_bad_conversation_records_name_their_line(chat_run, tmp_path):
