@@ -183,6 +183,16 @@ def test_a_chat_model_carries_its_template_and_end_of_turn(tmp_path):
 def test_export_refusals(gpt2_dir, chat_run, tmp_path):
     out = tmp_path / "m.gguf"
     assert_usage_error(run("export", chat_run, out), "char tokenizer", "GPT-2's tokenizer")
+    from gptcli.config import ModelConfig
+    from gptcli.data.tokenizer import train_bpe
+    from gptcli.errors import UsageError
+    from gptcli.model import GPT
+    from gptcli.store.gguf import export_gguf
+
+    bpe = train_bpe(["The fox dug a den because winter was coming. " * 50], 280)
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=280))
+    with pytest.raises(UsageError, match=r"no llama\.cpp pre-tokenizer matches exactly"):
+        export_gguf(model, bpe, out, "f32", "m", "test", replace=False)
     assert not out.exists()
     export(gpt2_dir, out)
     before = out.read_bytes()

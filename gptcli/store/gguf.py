@@ -103,11 +103,17 @@ def export_gguf(
     """Write model as a GGUF file at out (atomically); returns how many tensors took each type."""
     gguf = _gguf()
     c = model.config
-    if tokenizer.name != "gpt2":
-        what = "a char tokenizer" if tokenizer.name == "char" else f"its own BPE ({tokenizer.name})"
+    if tokenizer.name == "char":
         raise UsageError(
-            f"this model uses {what}, and llama.cpp has no tokenizer proven to split and encode text "
-            "as it does (a different split is a different model); GGUF export needs GPT-2's tokenizer"
+            "this model uses a char tokenizer, and llama.cpp has none that encodes text one character "
+            "per token; GGUF export needs GPT-2's tokenizer (pretrain with --tokenizer gpt2, or finetune "
+            "from gpt2)"
+        )
+    if tokenizer.name != "gpt2":
+        raise UsageError(
+            f"this model's own BPE ({tokenizer.name}) splits text with a pattern no llama.cpp pre-tokenizer "
+            'matches exactly (the nearest, llama-bpe, keeps "\'ſx" whole where it makes two pieces), and a '
+            "tokenizer that splits text differently is a different model; GGUF export needs GPT-2's tokenizer"
         )
     if not c.bias:
         raise UsageError("this model has no biases (--no-bias); llama.cpp's GPT-2 needs them")
