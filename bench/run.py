@@ -6,13 +6,15 @@ the ratio, appended with the machine's details to bench/RESULTS.md.
     python bench/run.py --only decode,beam    # some cases
     python bench/run.py --nanogpt ~/src/nanoGPT --corpus tinyshakespeare.txt
     python bench/run.py --only muon --nanogpt ~/src/nanoGPT --corpus tinyshakespeare.txt
-    python bench/run.py --only llama-cpp,serve --llama-convert SRC/vendor/llama.cpp/convert_hf_to_gguf.py
+    python bench/run.py --only llama-cpp,serve   # llama.cpp on the model `gptcli export` wrote
+    python bench/run.py --only llama-cpp --llama-convert SRC/vendor/llama.cpp/convert_hf_to_gguf.py
 
 The in-repo peer is Hugging Face transformers (a dev dependency). nanoGPT is not part of
 this project: give --nanogpt DIR (a checkout of it) to also run its model and loop for the
 training cases; its code is imported from there, never copied here. Likewise llama.cpp, for
 the llama-cpp and serve cases: llama-cpp-python installed (for serve, with its server's
-packages), and --llama-convert naming the converter in its source.
+packages); they run it on the GGUF file gptcli's export writes, or, with --llama-convert
+naming the converter in its source, on the converter's.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def main() -> None:
     parser.add_argument(
         "--llama-convert",
         type=Path,
-        help="llama.cpp's convert_hf_to_gguf.py, for the llama-cpp and serve cases",
+        help="llama.cpp's convert_hf_to_gguf.py: the llama-cpp and serve cases convert with it "
+        "instead of gptcli's GGUF export",
     )
     parser.add_argument("--corpus", type=Path, help="tinyshakespeare.txt, for the equal-time and BPE cases")
     parser.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS.md")

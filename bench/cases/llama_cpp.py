@@ -1,13 +1,14 @@
 """bench case: decoding on the CPU against llama.cpp, on the same GPT-2 124M-shaped weights.
 
-gptcli's run is exported to Hugging Face's format and converted to GGUF by llama.cpp's own
-converter (convert_hf_to_gguf.py, in the llama-cpp-python source: give --llama-convert
-PATH); both decode greedily from the same prompt, on the same threads, in alternating
-rounds: bf16 against llama.cpp f16, fp32 against f32, --quantize int8 against q8_0. Also:
-the first token of a whole `gptcli sample -n 1` process against importing torch and
-loading the weights; beams (B=4) and a batch of 16 against this machine's memory-bandwidth
-and bf16-compute limits. Without llama-cpp-python (pip install llama-cpp-python==0.3.36,
-which compiles llama.cpp: minutes) the gptcli side runs alone and the table says so.
+gptcli's run is exported to GGUF by `gptcli export` (gptcli.store.gguf; or, given
+--llama-convert PATH, exported to Hugging Face's format and converted by llama.cpp's own
+convert_hf_to_gguf.py from the llama-cpp-python source); both decode greedily from the
+same prompt, on the same threads, in alternating rounds: bf16 against llama.cpp f16, fp32
+against f32, --quantize int8 against q8_0. Also: the first token of a whole `gptcli sample
+-n 1` process against importing torch and loading the weights; beams (B=4) and a batch of
+16 against this machine's memory-bandwidth and bf16-compute limits. Without
+llama-cpp-python (pip install llama-cpp-python==0.3.36, which compiles llama.cpp: minutes)
+the gptcli side runs alone and the table says so.
 """
 
 from __future__ import annotations
@@ -56,15 +57,24 @@ def save_run(model: GPT, work: Path) -> Path:
 def ggufs(
     model: GPT, work: Path, convert: Path | None, kinds: tuple[str, ...] = ("f16", "f32", "q8_0")
 ) -> tuple[dict[str, Path], str | None]:
-    """The model in llama.cpp's formats, or why not."""
+    """The model in llama.cpp's formats, or why not: written by gptcli's own GGUF export,
+    or by llama.cpp's converter when its path is given."""
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
         return {}, "llama-cpp-python is not installed: gptcli measured alone"
-    if convert is None or not convert.is_file():
-        return {}, "llama.cpp's convert_hf_to_gguf.py not found (--llama-convert PATH): gptcli measured alone"
     from gptcli.data.tokenizer import gpt2_tokenizer
     from gptcli.store.hf import export_hf
+
+    if convert is None:
+        from gptcli.store.gguf import export_gguf
+
+        out = {kind: work / f"g124-{kind}.gguf" for kind in kinds}
+        for kind, path in out.items():
+            export_gguf(model, gpt2_tokenizer(), path, kind, "g124", "bench", replace=True)
+        return out, None
+    if not convert.is_file():
+        return {}, f"{convert} is not llama.cpp's convert_hf_to_gguf.py: gptcli measured alone"
 
     hf_dir = work / "hf"
     export_hf(model, gpt2_tokenizer(), hf_dir)

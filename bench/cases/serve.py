@@ -3,10 +3,11 @@
 A random GPT-2 124M saved as a run is served (`--max-batch 16`, the dtype `--dtype auto`
 picks); each client streams 128-token completions of its own prompt (temperature 1, its
 own seed) one after another. Measured: the aggregate tokens/s over all clients and the
-median time to the first streamed token, against one client alone; and with --llama-convert
-(llama-cpp-python installed with its server's packages: sse-starlette, starlette-context,
+median time to the first streamed token, against one client alone; and, with
+llama-cpp-python installed with its server's packages (sse-starlette, starlette-context,
 pydantic-settings), llama-cpp-python's OpenAI server (`python -m llama_cpp.server`) on the
-same weights in f16, under the same 16 clients. llama.cpp's own `llama-server` is not run.
+same weights in f16 (the GGUF file `gptcli export` writes), under the same 16 clients.
+llama.cpp's own `llama-server` is not run.
 """
 
 from __future__ import annotations
