@@ -103,7 +103,7 @@ CASES = [
     ("ckpt vocab mismatch", ["sample", "--ckpt", "ckpt-vocab"], "do not belong together"),
     ("ckpt newer format", ["sample", "--ckpt", "ckpt-newer"], "written by a newer gptcli"),
     ("unknown tokenizer", ["tokenize", "corpus.txt", "--out", "o", "-t", "sentencepiece"], "unknown tokenizer"),
-    ("export target", ["export", "{trained}", "out", "--to", "onnx"], "the only export format is hf"),
+    ("export target", ["export", "{trained}", "out", "--to", "onnx"], "--to must be hf or gguf"),
     ("classify an LM", ["classify", "--ckpt", "{trained}", "some text"], "is not a classifier"),
     ("fp16 on the CPU", ["sample", "--ckpt", "{trained}", "--dtype", "fp16", "--device", "cpu"], "--dtype fp16 is for GPUs"),
     ("unknown dtype", ["pretrain", "corpus.txt", "--dtype", "fp64"], "train.dtype (--dtype) must be auto, fp32, bf16 or fp16, got 'fp64'"),

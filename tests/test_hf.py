@@ -78,7 +78,7 @@ def test_export_round_trips_through_transformers(trained, tmp_path):
     assert back.tokenizer.name == ours.tokenizer.name == "char"
     logits_equal(theirs, back.model, ids)
     assert_usage_error(run("export", trained, "--to", "hf", out), "exists and is not empty")
-    assert_usage_error(run("export", trained, "--to", "onnx", tmp_path / "x"), "the only export format is hf")
+    assert_usage_error(run("export", trained, "--to", "onnx", tmp_path / "x"), "--to must be hf or gguf")
 
 
 def test_export_of_a_gpt2_bpe_model_brings_its_tokenizer(hf_gpt2, tmp_path):

@@ -60,14 +60,14 @@ def _export_gguf(s: ExportSettings) -> None:
     """--to gguf: one file, written atomically; an existing one only with --force."""
     from gptcli import files
     from gptcli.store import loading
-    from gptcli.store.gguf import export_gguf, stored_type
+    from gptcli.store.gguf import export_gguf
 
     if s.adapters_only:
         raise UsageError("--adapters-only writes PEFT's adapters; a GGUF file holds the merged model")
     files.check_writable(s.out, replace=s.force)
     loaded = loading.load(s.ckpt, base=s.base)  # a LoRA run: merged into its base
     _warn_head(loaded)
-    outtype = s.outtype or stored_type(loaded)
+    outtype = s.outtype or _stored_type(loaded)
     name = s.out.stem
     counts = export_gguf(
         loaded.model, loaded.tokenizer, s.out, outtype, name, str(loaded.path), replace=s.force
@@ -81,6 +81,24 @@ def _export_gguf(s: ExportSettings) -> None:
     shown = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
     render.info(f"wrote {s.out}: {size / 2**20:.1f} MiB, {outtype} ({shown} tensors)")
     render.info(f"run it with: llama-cli -m {s.out}   (or llama-server -m {s.out}; see docs/models.md)")
+
+
+def _stored_type(loaded: Any) -> str:
+    """--outtype's default: how the checkpoint stores its weights (bf16 stays bf16; float32,
+    f32; a GGUF file, its matrices' type), so that an export neither loses precision nor grows."""
+    if loaded.meta.get("source") == "gguf":
+        return str(loaded.meta.get("gguf_type", "f32"))
+    from safetensors import safe_open
+
+    from gptcli.store.loading import weights_file
+
+    file = weights_file(loaded)
+    if file.suffix == ".safetensors":
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                if f.get_slice(key).get_dtype() == "BF16":
+                    return "bf16"
+    return "f32"
 
 
 def _export_adapters(ckpt: str, out: Path, base: Path | None, json_out: bool) -> None:

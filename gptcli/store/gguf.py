@@ -184,24 +184,6 @@ def export_gguf(
     return counts
 
 
-def stored_type(loaded: Any) -> str:
-    """--outtype's default: how the checkpoint stores its weights (bf16 stays bf16; float32,
-    or what a GGUF file held, f32), so that an export neither loses precision nor grows."""
-    if loaded.meta.get("source") == "gguf":
-        return str(loaded.meta.get("gguf_type", "f32"))
-    from gptcli.store.loading import weights_file
-
-    file = weights_file(loaded)
-    if file.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        with safe_open(file, framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                if f.get_slice(key).get_dtype() == "BF16":
-                    return "bf16"
-    return "f32"
-
-
 # --- import -----------------------------------------------------------------------------------------
 
 
