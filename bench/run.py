@@ -8,6 +8,7 @@ the ratio, appended with the machine's details to bench/RESULTS.md.
     python bench/run.py --only muon --nanogpt ~/src/nanoGPT --corpus tinyshakespeare.txt
     python bench/run.py --only llama-cpp,serve   # llama.cpp on the model `gptcli export` wrote
     python bench/run.py --only llama-cpp --llama-convert SRC/vendor/llama.cpp/convert_hf_to_gguf.py
+    python bench/run.py --only serve --llama-server BUILD/bin/llama-server
 
 The in-repo peer is Hugging Face transformers (a dev dependency). nanoGPT is not part of
 this project: give --nanogpt DIR (a checkout of it) to also run its model and loop for the
@@ -73,6 +74,11 @@ def main() -> None:
         type=Path,
         help="llama.cpp's convert_hf_to_gguf.py: the llama-cpp and serve cases convert with it "
         "instead of gptcli's GGUF export",
+    )
+    parser.add_argument(
+        "--llama-server",
+        type=Path,
+        help="llama.cpp's llama-server binary (built from the llama-cpp-python sdist's source), for serve",
     )
     parser.add_argument("--corpus", type=Path, help="tinyshakespeare.txt, for the equal-time and BPE cases")
     parser.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS.md")

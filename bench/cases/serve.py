@@ -6,8 +6,9 @@ own seed) one after another. Measured: the aggregate tokens/s over all clients a
 median time to the first streamed token, against one client alone; and, with
 llama-cpp-python installed with its server's packages (sse-starlette, starlette-context,
 pydantic-settings), llama-cpp-python's OpenAI server (`python -m llama_cpp.server`) on the
-same weights in f16 (the GGUF file `gptcli export` writes), under the same 16 clients.
-llama.cpp's own `llama-server` is not run.
+same weights in f16 (the GGUF file `gptcli export` writes), under the same 16 clients; with
+--llama-server PATH, llama.cpp's own `llama-server --parallel 16` (built from the source the
+llama-cpp-python sdist vendors), which batches too.
 """
 
 from __future__ import annotations
@@ -89,6 +90,42 @@ def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float]:
         proc.wait(timeout=60)
 
 
+def llama_cpp_server(binary: Path, gguf: Path, clients: int, rounds: int) -> tuple[float, float]:
+    """llama.cpp's own llama-server on gguf, batching `clients` slots, under `clients` at once."""
+    import httpx
+    import torch
+
+    port = _free_port()
+    slot = TOKENS + 64  # each client's prompt and its completion
+    cmd = [
+        str(binary),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--parallel",
+        str(clients),
+    ]
+    cmd += ["-c", str(clients * slot), "-t", str(torch.get_num_threads()), "--cont-batching"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        measure(url, 2, 1)  # warm-up
+        return measure(url, clients, rounds)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 def run(args) -> list[Result]:
     from bench.cases.llama_cpp import ggufs
     from gptcli.data.tokenizer import gpt2_tokenizer
@@ -117,7 +154,6 @@ def run(args) -> list[Result]:
         f"{TOKENS}-token streamed completions, {rounds} per client; one client {one[0]:.1f} tokens/s, "
         f"first token {one[1] * 1000:.0f} ms; 4 clients {four[0]:.1f} tokens/s ({four[0] / one[0]:.2f}x), "
         f"first token {four[1] * 1000:.0f} ms",
-        "llama.cpp's own llama-server --parallel 16 not run beside it",
     ]
     results = [
         Result(
@@ -141,4 +177,17 @@ def run(args) -> list[Result]:
         )  # fmt: skip
     else:
         notes.append(f"llama-cpp-python's server not run: {why_not}")
+    binary = getattr(args, "llama_server", None)
+    if files and binary is not None and Path(binary).is_file():
+        peer = llama_cpp_server(Path(binary), files["f16"], 16, rounds)
+        results.append(
+            Result(
+                "gptcli serve against llama.cpp's llama-server --parallel 16 (f16), 16 concurrent clients",
+                sixteen[0], peer[0], "tokens/s", "llama-server --parallel 16", ">= 1.0x",
+                sixteen[0] >= peer[0],
+                [f"llama-server's median first token {peer[1]:.2f} s; gptcli's {sixteen[1]:.2f} s"],
+            )
+        )  # fmt: skip
+    else:
+        notes.append("llama.cpp's own llama-server --parallel 16 not run (--llama-server PATH names it)")
     return results
