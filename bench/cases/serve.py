@@ -29,27 +29,33 @@ from bench.common import ROOT, Result, gpt2_pair
 TOKENS = 128
 
 
-def _client(url: str, seed: int, rounds: int, out: list[tuple[float, int, float]]) -> None:
+def _client(url: str, seed: int, rounds: int, out: list[tuple[float, int, float, bool]]) -> None:
+    """Streams rounds completions; each recorded as (first token s, tokens, seconds, whether
+    the stream ended as it should: a server that cuts one is counted, not fatal)."""
     import httpx
 
     body = {"prompt": f"Request {seed}:", "max_tokens": TOKENS, "seed": seed, "stream": True}
     for r in range(rounds):
         body["seed"] = seed * 100 + r
         t0 = time.perf_counter()
-        first, n = None, 0
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as resp:
-            for line in resp.iter_lines():
-                if line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    if chunk["choices"] and chunk["choices"][0]["text"]:
-                        first = first or time.perf_counter() - t0
-                        n += 1
-        out.append((first or 0.0, n, time.perf_counter() - t0))
+        first, n, ok = None, 0, True
+        try:
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as resp:
+                for line in resp.iter_lines():
+                    if line.startswith("data: {"):
+                        chunk = json.loads(line[6:])
+                        if chunk["choices"] and chunk["choices"][0]["text"]:
+                            first = first or time.perf_counter() - t0
+                            n += 1
+        except httpx.HTTPError:
+            ok = False
+        out.append((first or 0.0, n, time.perf_counter() - t0, ok))
 
 
-def measure(url: str, clients: int, rounds: int) -> tuple[float, float]:
-    """(aggregate tokens/s, median seconds to the first token) with `clients` at once."""
-    results: list[tuple[float, int, float]] = []
+def measure(url: str, clients: int, rounds: int) -> tuple[float, float, int]:
+    """(aggregate tokens/s, median seconds to the first token, streams the server cut) with
+    `clients` at once."""
+    results: list[tuple[float, int, float, bool]] = []
     threads = [threading.Thread(target=_client, args=(url, i + 1, rounds, results)) for i in range(clients)]
     t0 = time.perf_counter()
     for t in threads:
@@ -57,7 +63,8 @@ def measure(url: str, clients: int, rounds: int) -> tuple[float, float]:
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    return sum(n for _, n, _ in results) / wall, statistics.median(f for f, _, _ in results)
+    cut = sum(1 for *_, ok in results if not ok)
+    return sum(n for _, n, _, _ in results) / wall, statistics.median(f for f, *_ in results), cut
 
 
 def _free_port() -> int:
@@ -66,7 +73,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float]:
+def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float, int]:
     """llama-cpp-python's OpenAI server on gguf, under `clients` at once."""
     import httpx
     import torch
@@ -74,6 +81,7 @@ def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float]:
     port = _free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--n_threads", str(torch.get_num_threads()), "--n_ctx", "1024"]
+    cmd += ["--interrupt_requests", "False"]  # by default a new request cuts the one being decoded
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -90,7 +98,7 @@ def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float]:
         proc.wait(timeout=60)
 
 
-def llama_cpp_server(binary: Path, gguf: Path, clients: int, rounds: int) -> tuple[float, float]:
+def llama_cpp_server(binary: Path, gguf: Path, clients: int, rounds: int) -> tuple[float, float, int]:
     """llama.cpp's own llama-server on gguf, batching `clients` slots, under `clients` at once."""
     import httpx
     import torch
@@ -154,6 +162,7 @@ def run(args) -> list[Result]:
         f"{TOKENS}-token streamed completions, {rounds} per client; one client {one[0]:.1f} tokens/s, "
         f"first token {one[1] * 1000:.0f} ms; 4 clients {four[0]:.1f} tokens/s ({four[0] / one[0]:.2f}x), "
         f"first token {four[1] * 1000:.0f} ms",
+        f"streams gptcli cut short: {one[2] + four[2] + sixteen[2]}",
     ]
     results = [
         Result(
@@ -172,7 +181,8 @@ def run(args) -> list[Result]:
                 "gptcli serve against llama-cpp-python's server (f16), 16 concurrent clients",
                 sixteen[0], peer[0], "tokens/s", "python -m llama_cpp.server", ">= 3x",
                 sixteen[0] >= 3 * peer[0],
-                [f"llama_cpp.server's median first token {peer[1]:.2f} s; gptcli's {sixteen[1]:.2f} s"],
+                [f"llama_cpp.server's median first token {peer[1]:.2f} s; gptcli's {sixteen[1]:.2f} s; "
+                 f"streams it cut short: {peer[2]} of {16 * rounds} (their tokens until then counted)"],
             )
         )  # fmt: skip
     else:
@@ -185,7 +195,8 @@ def run(args) -> list[Result]:
                 "gptcli serve against llama.cpp's llama-server --parallel 16 (f16), 16 concurrent clients",
                 sixteen[0], peer[0], "tokens/s", "llama-server --parallel 16", ">= 1.0x",
                 sixteen[0] >= peer[0],
-                [f"llama-server's median first token {peer[1]:.2f} s; gptcli's {sixteen[1]:.2f} s"],
+                [f"llama-server's median first token {peer[1]:.2f} s; gptcli's {sixteen[1]:.2f} s; "
+                 f"streams it cut short: {peer[2]} of {16 * rounds}"],
             )
         )  # fmt: skip
     else:
