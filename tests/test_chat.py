@@ -234,6 +234,11 @@ def test_a_conversation_in_the_terminal_with_its_commands(chat_run, tmp_path, mo
     assert result.output.count("no longer fits the model's context") == 1
 
 
+def test_the_end_of_input_leaves_as_ctrl_d_does(chat_run):
+    result = run("chat", "--ckpt", chat_run, "--temp", "0", input="the fox\n")
+    assert result.exit_code == 0 and result.stdout == "The fox dug a den.\n"
+
+
 def test_ctrl_c_stops_a_reply_and_keeps_what_was_said(chat_run):
     loaded = load(chat_run)
     convo = Conversation(loaded.tokenizer, loaded.model.config.block_size)

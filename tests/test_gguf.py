@@ -249,3 +249,15 @@ def test_a_gguf_file_is_untrusted_input(gpt2_dir, tmp_path):
         assert len(message) < 400
     q4 = _write(tmp_path / "q4.gguf", tensor_type=gguf.GGMLQuantizationType.Q4_0)
     assert_usage_error(run("sample", "--ckpt", q4, "-n", "2"), "Q4_0", "f32, f16, bf16 and q8_0")
+
+
+def test_without_the_gguf_package_one_line_names_the_extra(gpt2_dir, tmp_path, monkeypatch):
+    import sys
+
+    from gptcli.cli.serve import _model_name
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed
+    assert_usage_error(run("export", gpt2_dir, tmp_path / "m.gguf"), "pip install 'gptcli[gguf]'")
+    assert not (tmp_path / "m.gguf").exists()
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    assert _model_name(str(tmp_path / "m.gguf"), tmp_path / "m.gguf") == "m"  # serve's name for it
