@@ -51,6 +51,23 @@ def dtype_knob(**kw: Any) -> Any:
     return knob("auto", flag="--dtype", help="auto | fp32 | bf16 | fp16: the weights' type", **kw)
 
 
+def temp_knob() -> Any:
+    return knob(
+        1.0,
+        check=NON_NEGATIVE,
+        flag="--temp",
+        help="Temperature: sample from q ∝ p^(1/temp); 0 = greedy (argmax)",
+    )
+
+
+def top_k_knob() -> Any:
+    return knob(None, check=POSITIVE, flag="--top-k", help="Sample only among the k likeliest tokens")
+
+
+def top_p_knob() -> Any:
+    return knob(None, check=TOP_P, flag="--top-p", help="Sample only within the smallest set of mass top-p")
+
+
 def quantize_knob() -> Any:
     return knob(
         None,
@@ -202,18 +219,9 @@ class SampleSettings(Settings):
     num_samples: int = knob(
         1, check=POSITIVE, flag="--num-samples", help="Continuations, decoded as one batch"
     )
-    temp: float = knob(
-        1.0,
-        check=NON_NEGATIVE,
-        flag="--temp",
-        help="Temperature: sample from q ∝ p^(1/temp); 0 = greedy (argmax)",
-    )
-    top_k: int | None = knob(
-        None, check=POSITIVE, flag="--top-k", help="Sample only among the k likeliest tokens"
-    )
-    top_p: float | None = knob(
-        None, check=TOP_P, flag="--top-p", help="Sample only within the smallest set of mass top-p"
-    )
+    temp: float = temp_knob()
+    top_k: int | None = top_k_knob()
+    top_p: float | None = top_p_knob()
     stop: list[str] = knob([], flag="--stop", help="End a continuation at this text (repeatable)")
     stream: bool | None = knob(
         None, flag="--stream/--no-stream", help="Print tokens as they come", shown="on in a terminal"
@@ -268,18 +276,9 @@ class ChatSettings(Settings):
     max_new_tokens: int = knob(
         200, check=POSITIVE, flag="--max-new-tokens", short="-n", help="Most tokens per reply"
     )
-    temp: float = knob(
-        1.0,
-        check=NON_NEGATIVE,
-        flag="--temp",
-        help="Temperature: sample from q ∝ p^(1/temp); 0 = greedy (argmax)",
-    )
-    top_k: int | None = knob(
-        None, check=POSITIVE, flag="--top-k", help="Sample only among the k likeliest tokens"
-    )
-    top_p: float | None = knob(
-        None, check=TOP_P, flag="--top-p", help="Sample only within the smallest set of mass top-p"
-    )
+    temp: float = temp_knob()
+    top_k: int | None = top_k_knob()
+    top_p: float | None = top_p_knob()
     show_probs: int = knob(
         0,
         check=NON_NEGATIVE,
