@@ -261,3 +261,76 @@ def test_without_the_gguf_package_one_line_names_the_extra(gpt2_dir, tmp_path, m
     assert not (tmp_path / "m.gguf").exists()
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     assert _model_name(str(tmp_path / "m.gguf"), tmp_path / "m.gguf") == "m"  # serve's name for it
+
+
+def _rebuilt(src, dst, keys: dict | None = None, drop=(), tensors=None):
+    """A GGUF file written again from src's keys and tensors, with some keys replaced (name ->
+    (value, GGUFValueType)) or dropped: another program's file, or a crafted one."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in drop or name in (keys or {}):
+            continue
+        value, kind = field.contents(), field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, value, kind, sub_type=sub)
+    for name, (value, kind) in (keys or {}).items():
+        w.add_key_value(name, value, kind)
+    for t in tensors if tensors is not None else r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(n) for n in t.shape])),
+                     raw_dtype=t.tensor_type)  # fmt: skip
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_crafted_headers_and_keys_are_one_line_each(gpt2_dir, tmp_path):
+    good = tmp_path / "m.gguf"
+    export(gpt2_dir, good)
+    S = gguf.GGUFValueType.STRING
+    array = tmp_path / "array.gguf"  # 49 bytes claiming an array of 2^62 items
+    array.write_bytes(
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 0, 1)
+        + struct.pack("<Q", 1)
+        + b"a"
+        + struct.pack("<IIQ", 9, 0, 1 << 62)
+    )
+    deep = "[" * 100000 + "]" * 100000
+    own = ("gptcli.tokenizer",)
+    for path, words in [
+        (array, "an array claims"),
+        (_rebuilt(good, tmp_path / "list.gguf", {"gptcli.tokenizer": ("[1]", S)}), "not a tokenizer"),
+        (_rebuilt(good, tmp_path / "deep.gguf", {"gptcli.tokenizer": (deep, S)}), "not JSON"),
+        (_rebuilt(good, tmp_path / "pre.gguf", {"tokenizer.ggml.pre": ("llama-bpe", S)}, drop=own),
+         "pre-tokenizer is 'llama-bpe'"),
+        (_rebuilt(good, tmp_path / "merges.gguf", drop=(*own, "tokenizer.ggml.merges")), "not GPT-2's"),
+    ]:  # fmt: skip
+        assert_usage_error(run("sample", "--ckpt", path, "-n", "2"), words)
+    # a name that is not UTF-8 or not a string: the file's stem
+    odd = _rebuilt(good, tmp_path / "odd.gguf", {"general.name": (b"\xff\xfe", S)})
+    assert load(odd).meta["name"] == "odd"
+
+
+def test_a_gguf_file_by_any_name_and_lora_on_top_of_one(gpt2_dir, tmp_path):
+    plain = tmp_path / "plain-name"  # --to gguf into a name without the extension
+    export(gpt2_dir, plain, "--to", "gguf")
+    assert load(plain).meta["source"] == "gguf"
+    corpus = make_corpus(tmp_path / "more.txt", n_sentences=100)
+    args = [
+        "--max-iters",
+        "2",
+        "--eval-interval",
+        "2",
+        "--eval-iters",
+        "1",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "4",
+    ]
+    result = run("finetune", "--ckpt", plain, corpus, "--out", tmp_path / "lora", "--lora-rank", "2", *args)
+    assert result.exit_code == 0, result.output
+    assert run("sample", "--ckpt", tmp_path / "lora", "-n", "2").exit_code == 0

@@ -196,14 +196,37 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
+# a GGUF value's type -> its size in bytes (8: string, 9: array, sized as they are read)
+_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
 def _check_header(path: Path) -> None:
-    """The counts a header claims, against the file's size, before a reader trusts them."""
+    """Walk the header (every key and value, every tensor's description) and check each
+    length, count and dimension against the bytes the file has, before a reader trusts any:
+    a few bytes claiming an array of 10^18 items, or a tensor of 10^10 rows, stop here."""
     size = path.stat().st_size
     with open(path, "rb") as f:
-        head = f.read(24)
-    if len(head) < 24 or head[:4] != b"GGUF":
+        raw = f.read(min(size, 1 << 28))  # the header is small: tokens and merges, some MB
+    end = len(raw)
+
+    def damaged(what: str) -> UsageError:
+        return UsageError(f"{path}: {what}; the file is damaged")
+
+    def take(at: int, fmt: str) -> tuple[Any, int]:
+        n = struct.calcsize(fmt)
+        if at + n > end:
+            raise damaged("its header runs past the end of the file")
+        return struct.unpack_from(fmt, raw, at)[0], at + n
+
+    def string(at: int) -> int:
+        n, at = take(at, "<Q")
+        if n > end - at:
+            raise damaged(f"a string of {n} bytes is longer than the file")
+        return at + n
+
+    if end < 24 or raw[:4] != b"GGUF":
         raise UsageError(f"{path}: not a GGUF file (no GGUF header)")
-    version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:])
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", raw, 4)
     if version not in (2, 3):
         raise UsageError(f"{path}: GGUF version {version}; gptcli reads versions 2 and 3")
     if n_tensors > MAX_TENSORS or n_kv > MAX_KV or 24 + n_tensors * MIN_TENSOR_INFO + n_kv * MIN_KV > size:
@@ -211,6 +234,43 @@ def _check_header(path: Path) -> None:
             f"{path}: its header claims {n_tensors} tensors and {n_kv} keys, more than a file of "
             f"{size} bytes can hold; the file is damaged"
         )
+    at = 24
+    for _ in range(n_kv):
+        at = string(at)
+        kind, at = take(at, "<I")
+        if kind == 8:
+            at = string(at)
+        elif kind == 9:
+            item, at = take(at, "<I")
+            count, at = take(at, "<Q")
+            if item == 8:
+                if count * 8 > end - at:
+                    raise damaged(f"an array claims {count} strings")
+                for _ in range(count):
+                    at = string(at)
+            elif item in _SCALARS:
+                if count * _SCALARS[item] > end - at:
+                    raise damaged(f"an array claims {count} values")
+                at += count * _SCALARS[item]
+            else:
+                raise damaged(f"an array of value type {item}")
+        elif kind in _SCALARS:
+            at += _SCALARS[kind]
+        else:
+            raise damaged(f"a key of value type {kind}")
+    for _ in range(n_tensors):
+        at = string(at)
+        n_dims, at = take(at, "<I")
+        if not 1 <= n_dims <= 4:
+            raise damaged(f"a tensor of {n_dims} dimensions")
+        count = 1
+        for _ in range(n_dims):
+            dim, at = take(at, "<Q")
+            count *= dim
+        if count > size * 4:  # at most about 4 values a byte (q8_0 packs 32 in 34)
+            raise damaged(f"a tensor of {count} values is larger than the file")
+        _, at = take(at, "<I")
+        _, at = take(at, "<Q")
 
 
 def _field(reader: Any, key: str, kind: type, path: Path) -> Any:
@@ -258,7 +318,7 @@ def load_gguf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Toke
     if not (0 < n_layer <= 1024 and 0 < n_head <= n_embd <= 1 << 16 and n_embd % n_head == 0):
         shape = f"{n_layer} layers, {n_head} heads of width {n_embd}"
         raise UsageError(f"{path}: its shape ({shape}) is not one gptcli can build")
-    if ints["feed_forward_length"] != 4 * n_embd or abs(eps - 1e-5) > 1e-7:
+    if ints["feed_forward_length"] != 4 * n_embd or not abs(eps - 1e-5) <= 1e-7:
         raise UsageError(f"{path}: its feed-forward width or layer-norm epsilon is not GPT-2's")
     if not 0 < ints["context_length"] <= 1 << 20:
         raise UsageError(f"{path}: context length {ints['context_length']} is out of range")
@@ -272,7 +332,10 @@ def load_gguf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Toke
     embd = tensors.get("token_embd.weight")
     if embd is None:
         raise UsageError(f"{path}: it has no token_embd.weight")
-    vocab_size = int(embd.shape[-1]) if len(embd.shape) == 2 else -1
+    if len(embd.shape) != 2 or int(embd.shape[0]) != n_embd or not 0 < int(embd.shape[1]) <= 1 << 20:
+        shape = tuple(int(n) for n in reversed(embd.shape))
+        raise UsageError(f"{path}: token_embd.weight has shape {shape}, not (vocabulary, {n_embd})")
+    vocab_size = int(embd.shape[1])
     config = ModelConfig(
         n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=ints["context_length"],
         vocab_size=vocab_size, dropout=0.0, bias=True,
@@ -311,7 +374,7 @@ def load_gguf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Toke
         "source": "gguf",
         "gguf_path": str(path),
         "model": vars(config),
-        "name": name.contents() if name is not None else path.stem,
+        "name": (_text(name) if name is not None else "") or path.stem,
         "gguf_type": max(set(kinds), key=kinds.count),  # the matrices' type
     }
     return model, tokenizer, meta
@@ -354,29 +417,53 @@ def _gguf_tokenizer(reader: Any, path: Path, vocab_size: int) -> Tokenizer:
     tokens_field = reader.fields.get("tokenizer.ggml.tokens")
     if model != "gpt2" or tokens_field is None:
         raise UsageError(f"{path}: its tokenizer is {model!r}; gptcli reads GPT-2's BPE only")
+    pre = reader.fields.get("tokenizer.ggml.pre")
+    if pre is not None and _text(pre) != "gpt-2":
+        raise UsageError(
+            f"{path}: its pre-tokenizer is {_text(pre)!r}, not GPT-2's; gptcli cannot tokenize for it"
+        )
     own = reader.fields.get("gptcli.tokenizer")
     if own is not None:
         try:
-            tok = tokenizer_from_dict(json.loads(own.contents()), f"{path}: gptcli.tokenizer")
-        except (ValueError, TypeError):
+            d = json.loads(_text(own))
+        except (ValueError, TypeError, RecursionError):
             raise UsageError(f"{path}: its gptcli.tokenizer is not JSON; the file is damaged") from None
+        if not isinstance(d, dict):
+            raise UsageError(f"{path}: its gptcli.tokenizer is not a tokenizer; the file is damaged")
+        tok = tokenizer_from_dict(d, f"{path}: gptcli.tokenizer")
     else:
         tok = gpt2_tokenizer()
         if len(tokens_field.data) > 50257 and any(
             t in _strings(tokens_field, 50257, 50259) for t in CHAT_TOKENS
         ):
             tok = tok.with_chat_tokens()
-    if tok.name != "gpt2" or tok.vocab_size > vocab_size:
+    if tok.name != "gpt2" or tok.vocab_size > vocab_size or len(tokens_field.data) != vocab_size:
         raise UsageError(f"{path}: its vocabulary is not GPT-2's; gptcli cannot tokenize for it")
-    want, _ = _gpt2_tokens(tok, vocab_size)  # type: ignore[arg-type]
+    want, types = _gpt2_tokens(tok, vocab_size)  # type: ignore[arg-type]
+    merges, given_types = (
+        reader.fields.get("tokenizer.ggml.merges"),
+        reader.fields.get("tokenizer.ggml.token_type"),
+    )
     if (
-        len(tokens_field.data) != vocab_size
-        or _strings(tokens_field, 0, tok.vocab_size) != want[: tok.vocab_size]
+        _strings(tokens_field, 0, tok.vocab_size) != want[: tok.vocab_size]
+        or merges is None
+        or _strings(merges, 0, len(merges.data)) != _gpt2_merges()
+        or (given_types is not None and [int(given_types.parts[i][0]) for i in given_types.data] != types)
     ):
         raise UsageError(
             f"{path}: its vocabulary is not GPT-2's (nor a gptcli export's); gptcli cannot tokenize for it"
         )
     return tok
+
+
+def _text(field: Any) -> str:
+    """A string key's value; "" for a value that is not a string of UTF-8."""
+    if not field.types or field.types[0] != 8:  # GGUFValueType.STRING
+        return ""
+    try:
+        return bytes(field.parts[field.data[0]]).decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
 
 
 def _strings(field: Any, start: int, end: int) -> list[str]:

@@ -30,6 +30,7 @@ from gptcli.store.checkpoint import (
     read_meta,
     resolve_checkpoint,
 )
+from gptcli.store.gguf import is_gguf
 from gptcli.store.hf_tokenizer import chat_from_hf
 from gptcli.store.validate import check_tensors, read_tensors
 
@@ -46,7 +47,7 @@ def load(
     whether the adapters are folded into the weights (for inference) or kept apart (to
     train on)."""
     path = Path(spec)
-    if path.is_file() and path.suffix.lower() == ".gguf":
+    if path.is_file() and (path.suffix.lower() == ".gguf" or is_gguf(path)):  # --to gguf names it anyhow
         return _load_gguf(path, device)
     if not path.exists():
         if str(spec) not in hf.HUB_MODELS:
@@ -64,7 +65,10 @@ def load(
 
 
 def weights_file(loaded: Loaded) -> Path:
-    """The file that holds a loaded model's weights (a LoRA checkpoint's: its adapters)."""
+    """The file that holds a loaded model's weights (a LoRA checkpoint's: its adapters; a
+    GGUF model's: the file)."""
+    if loaded.path.is_file():
+        return loaded.path
     if is_checkpoint_dir(loaded.path):
         return loaded.path / MODEL_FILE
     return next(loaded.path / f for f in hf.WEIGHT_FILES if (loaded.path / f).is_file())
