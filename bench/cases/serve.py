@@ -73,56 +73,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float, int]:
-    """llama-cpp-python's OpenAI server on gguf, under `clients` at once."""
+def _peer(cmd: list[str], port: int, ready: str, clients: int, rounds: int) -> tuple[float, float, int]:
+    """A peer's server started by cmd on port, measured once it answers GET ready, then stopped."""
     import httpx
-    import torch
 
-    port = _free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--n_threads", str(torch.get_num_threads()), "--n_ctx", "1024"]
-    cmd += ["--interrupt_requests", "False"]  # by default a new request cuts the one being decoded
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
             try:
-                if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        measure(url, 1, 1)  # warm-up
-        return measure(url, clients, rounds)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-
-
-def llama_cpp_server(binary: Path, gguf: Path, clients: int, rounds: int) -> tuple[float, float, int]:
-    """llama.cpp's own llama-server on gguf, batching `clients` slots, under `clients` at once."""
-    import httpx
-    import torch
-
-    port = _free_port()
-    slot = TOKENS + 64  # each client's prompt and its completion
-    cmd = [
-        str(binary),
-        "-m",
-        str(gguf),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--parallel",
-        str(clients),
-    ]
-    cmd += ["-c", str(clients * slot), "-t", str(torch.get_num_threads()), "--cont-batching"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                if httpx.get(url + ready, timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -132,6 +92,29 @@ def llama_cpp_server(binary: Path, gguf: Path, clients: int, rounds: int) -> tup
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float, int]:
+    """llama-cpp-python's OpenAI server on gguf, under `clients` at once."""
+    import torch
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--n_threads", str(torch.get_num_threads()), "--n_ctx", "1024"]
+    cmd += ["--interrupt_requests", "False"]  # by default a new request cuts the one being decoded
+    return _peer(cmd, port, "/v1/models", clients, rounds)
+
+
+def llama_cpp_server(binary: Path, gguf: Path, clients: int, rounds: int) -> tuple[float, float, int]:
+    """llama.cpp's own llama-server on gguf, batching `clients` slots, under `clients` at once."""
+    import torch
+
+    port = _free_port()
+    slot = TOKENS + 64  # each client's prompt and its completion
+    cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--parallel", str(clients), "-c", str(clients * slot), "-t", str(torch.get_num_threads())]
+    cmd += ["--cont-batching"]
+    return _peer(cmd, port, "/health", clients, rounds)
 
 
 def run(args) -> list[Result]:
