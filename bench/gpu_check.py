@@ -4,20 +4,26 @@ bench/RESULTS.md (each section with the command that produced it).
     python bench/gpu_check.py --out gpu-report.md [--nanogpt ~/src/nanoGPT]   # on a GPU
     python bench/gpu_check.py --dry-run                                         # CPU, tiny shapes
 
-1. the environment: versions, the GPU, what gptcli picks for it;
-2. the CUDA tests (tests/test_cuda.py) and the whole suite;
-3. the demo (`make demo`'s training and sampling) on the device;
-4. GPT-2 124M training (GPT-2 BPE vocabulary, block 1024, bf16 + compile + SDPA) at the
-   largest micro-batch that fits: tokens/s, MFU, peak memory, and --optimizer muon's
-   tokens/s beside AdamW's; beside nanoGPT's train.py on the same tokens, shape and batch
-   when a checkout is given;
-5. greedy decoding (batch 1, 200 tokens) and beam search (B=4) of the 124M shape against
-   Hugging Face's generate on the same weights, fp32 and bf16, and whether they agree;
-6. the largest GPT-2 shape that trains on this GPU (with one GPU, FSDP has nothing to
-   shard over and is not measured).
+In the order they run (the measurements first, so that a run stopped by a time limit keeps
+what matters most; the report is saved after every section, and one section's failure is
+written into it and the next goes on):
 
---dry-run does each step at tiny shapes on the CPU, saying what it leaves out, so CI runs
-the script and it cannot rot; it skips the test suite (CI runs it anyway).
+- the environment: versions, the GPU, what gptcli picks for it;
+- training: GPT-2 124M (GPT-2 BPE vocabulary, block 1024, bf16 + compile + SDPA) at each
+  micro-batch of --batches until one does not fit: tokens/s, MFU, peak memory, and
+  --optimizer muon's tokens/s beside AdamW's; beside nanoGPT's train.py on the same tokens,
+  shape and batch when a checkout is given;
+- decoding: greedy (batch 1, 200 tokens) and beam search (B=4) of the 124M shape against
+  Hugging Face's generate on the same weights, fp32 and bf16, and whether they agree;
+- serve: the bench's serve case, `gptcli serve` under 1, 4 and 16 concurrent clients;
+- cuda-tests: tests/test_cuda.py;
+- fits: the largest GPT-2 shape that trains on this GPU (with one GPU, FSDP has nothing to
+  shard over and is not measured);
+- demo: `make demo`'s training and sampling on the device;
+- suite: the whole test suite with CUDA present.
+
+--skip leaves sections out. --dry-run does each step at tiny shapes on the CPU, saying what
+it leaves out, so CI runs the script and it cannot rot.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -52,12 +60,17 @@ SHAPES = {"124M": (12, 12, 768), "350M": (24, 16, 1024), "774M": (36, 20, 1280),
 class Report:
     """Markdown sections, each with its command (when it ran one) and what came of it."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
         self.lines: list[str] = []
+        self.path = path
 
     def section(self, title: str) -> None:
         self.lines += ["", f"### {title}", ""]
         print(f"\n== {title}", flush=True)
+
+    def save(self) -> None:
+        """Written after every section, so a run stopped part-way still leaves its report."""
+        self.path.write_text("\n".join(self.lines) + "\n", encoding="utf-8")
 
     def say(self, text: str) -> None:
         self.lines.append(text)
@@ -112,22 +125,38 @@ def environment(report: Report, device: torch.device) -> None:
 # --- 2. tests ------------------------------------------------------------------------------------
 
 
-def tests(report: Report, dry_run: bool) -> None:
-    report.section("tests")
-    if dry_run:
-        report.say("skipped in a dry run: CI runs the suite (tests/test_cuda.py skips there, without CUDA)")
+@dataclass
+class Context:
+    work: Path  # a scratch folder, removed at the end
+    device: str
+    dry_run: bool
+    nanogpt: Path | None
+    batches: tuple[int, ...]
+
+
+def cuda_tests(report: Report, ctx: Context) -> None:
+    report.section("the CUDA tests")
+    if ctx.dry_run:
+        report.say("skipped in a dry run: tests/test_cuda.py skips without CUDA")
         return
-    sh(report, [sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_cuda.py"])
+    sh(report, [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cuda.py"])
+
+
+def suite(report: Report, ctx: Context) -> None:
+    report.section("the whole suite, with CUDA present")
+    if ctx.dry_run:
+        report.say("skipped in a dry run: CI runs the suite")
+        return
     sh(report, [sys.executable, "-m", "pytest", "-q", "-n", "8", "-p", "no:cacheprovider"])
 
 
 # --- 3. the demo ---------------------------------------------------------------------------------
 
 
-def demo(report: Report, work: Path, device: str, dry_run: bool) -> None:
+def demo(report: Report, ctx: Context) -> None:
     report.section("the demo on the device")
-    run = work / "demo"
-    steps = ["--max-iters", "5", "--eval-interval", "5"] if dry_run else []
+    run, device = ctx.work / "demo", ctx.device
+    steps = ["--max-iters", "5", "--eval-interval", "5"] if ctx.dry_run else []
     config = str(ROOT / "examples" / "configs" / "demo.yaml")
     started = time.perf_counter()
     sh(
@@ -177,6 +206,9 @@ def train_run(
     tok = CharTokenizer([chr(0x4E00 + i) for i in range(cfg.vocab_size)])
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    # each run compiles afresh: Dynamo would otherwise take the second batch size as a sign
+    # of a dynamic dimension and compile every later run with a symbolic batch
+    torch._dynamo.reset()
     rates = Rates()
     run_dir = Path(tempfile.mkdtemp(dir=work))
     Trainer(GPT(config.model), tok, LMTask(data, data[:100_000], cfg.block_size), config, run_dir).run(
@@ -203,12 +235,13 @@ def _fits(fn: Callable[[], dict]) -> dict | None:
         raise
 
 
-def training(report: Report, work: Path, device: str, dry_run: bool, nanogpt: Path | None) -> None:
+def training(report: Report, ctx: Context) -> None:
+    work, device, dry_run, nanogpt = ctx.work, ctx.device, ctx.dry_run, ctx.nanogpt
     cfg = TINY if dry_run else GPT2_124M
     steps = 4 if dry_run else 30
     report.section(f"training, {'a tiny shape (dry run)' if dry_run else 'GPT-2 124M, block 1024'}")
     rows, best = [], None
-    for batch in (2, 4) if dry_run else (8, 12, 16, 24, 32):
+    for batch in (2, 4) if dry_run else ctx.batches:
         got = _fits(lambda b=batch: train_run(cfg, b, steps, device, not dry_run, work))
         if got is None:
             rows.append([batch, "out of memory", "", ""])
@@ -216,7 +249,8 @@ def training(report: Report, work: Path, device: str, dry_run: bool, nanogpt: Pa
             rows.append([batch, f"{got['tokens_per_s']:,.0f}", _pct(got["mfu"]), _gib(got["peak_bytes"])])
         if got is None:
             break
-        best = (batch, got)
+        if best is None or got["tokens_per_s"] > best[1]["tokens_per_s"]:
+            best = (batch, got)
     how = "eager" if dry_run else "compiled"
     shape = f"{cfg.n_layer} layers x {cfg.n_embd}"
     report.say(
@@ -234,12 +268,19 @@ def training(report: Report, work: Path, device: str, dry_run: bool, nanogpt: Pa
     if nanogpt is None:
         report.say("nanoGPT: not run (give --nanogpt DIR, a checkout of it, to run its train.py beside)")
     elif best is not None:
-        nanogpt_side_by_side(report, nanogpt, cfg, best[0], steps, device, work)
+        theirs = nanogpt_side_by_side(report, nanogpt, cfg, best[0], steps, device, work)
+        if theirs:
+            ours = best[1]
+            mfu = "" if ours["mfu"] is None else f", {_pct(ours['mfu'] * theirs / ours['tokens_per_s'])} MFU"
+            report.say(
+                f"nanoGPT at micro-batch {best[0]}: {theirs:,.0f} tokens/s (by gptcli's count{mfu}); "
+                f"gptcli {ours['tokens_per_s'] / theirs:.2f}x nanoGPT's tokens/s"
+            )
 
 
 def nanogpt_side_by_side(
     report: Report, nanogpt: Path, cfg: ModelConfig, batch: int, steps: int, device: str, work: Path
-) -> None:
+) -> float | None:
     """nanoGPT's own train.py on random tokens of the same vocabulary, shape and batch; its
     code runs from its checkout, never copied here."""
     data = work / "nanogpt-data"
@@ -248,33 +289,40 @@ def nanogpt_side_by_side(
     tokens.tofile(data / "gptcli" / "train.bin")
     tokens[:100_000].tofile(data / "gptcli" / "val.bin")
     link = nanogpt / "data" / "gptcli"
-    if not link.exists():
-        link.symlink_to(data / "gptcli")
+    if link.is_symlink():  # left by an earlier run, to its removed scratch folder
+        link.unlink()
+    link.symlink_to(data / "gptcli")
     cmd = [
         sys.executable, "train.py", "--dataset=gptcli", f"--n_layer={cfg.n_layer}", f"--n_head={cfg.n_head}",
         f"--n_embd={cfg.n_embd}", f"--block_size={cfg.block_size}", f"--batch_size={batch}",
         "--gradient_accumulation_steps=1", f"--max_iters={steps}", "--eval_interval=100000",
-        "--log_interval=1",
+        "--log_interval=1", "--eval_iters=1",
         f"--device={device}", "--dtype=bfloat16", "--compile=True", "--bias=True",
         "--always_save_checkpoint=False", "--wandb_log=False", f"--out_dir={work / 'nanogpt-out'}",
     ]  # fmt: skip
-    result = sh(report, cmd, cwd=nanogpt)
+    try:
+        result = sh(report, cmd, cwd=nanogpt)
+    finally:
+        link.unlink()
     mfus = [
         float(line.rsplit("mfu", 1)[1].strip(" %")) for line in result.stdout.splitlines() if "mfu" in line
     ]
     times = [
         float(line.split("time")[1].split("ms")[0]) for line in result.stdout.splitlines() if " time " in line
     ]
-    if times:
-        late = times[len(times) // 2 :]
-        report.say(f"nanoGPT: {batch * cfg.block_size / (np.median(late) / 1000):,.0f} tokens/s, "
-                   f"its own MFU estimate {np.median(mfus[len(mfus) // 2:]):.1f}% (A100 peak)")  # fmt: skip
+    if not times:
+        return None
+    tokens_per_s = batch * cfg.block_size / (np.median(times[len(times) // 2 :]) / 1000)
+    report.say(f"nanoGPT: {tokens_per_s:,.0f} tokens/s, its own MFU estimate "
+               f"{np.median(mfus[len(mfus) // 2:]):.1f}% (of an A100's peak)")  # fmt: skip
+    return float(tokens_per_s)
 
 
 # --- 5. decoding ---------------------------------------------------------------------------------
 
 
-def decoding(report: Report, device: str, dry_run: bool) -> None:
+def decoding(report: Report, ctx: Context) -> None:
+    device, dry_run = ctx.device, ctx.dry_run
     transformers = _transformers()
     cfg = (
         TINY if dry_run else ModelConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
@@ -297,6 +345,31 @@ def decoding(report: Report, device: str, dry_run: bool) -> None:
     header = ["weights", "gptcli tokens/s", "HF generate tokens/s", "ratio", "same tokens", "beam B=4 vs HF",
               "same best beam"]  # fmt: skip
     report.table(header, rows)
+    how = "eager"
+    if ctx.device == "cuda":
+        how = "compiled (a static KV cache, CUDA graphs), as sample and beam decode there"
+    report.say(f"Random weights, a 16-token prompt; gptcli {how}; HF generate as it comes. Beams: "
+               f"{max(1, new // 4)} new tokens, early stopping.")  # fmt: skip
+
+
+# --- 6. serving ----------------------------------------------------------------------------------
+
+
+def serving(report: Report, ctx: Context) -> None:
+    """The bench's serve case (bench/cases/serve.py), here on the GPU: `gptcli serve` under
+    1, 4 and 16 concurrent streaming clients."""
+    import argparse as _argparse
+
+    from bench.cases import serve
+    from bench.run import table
+
+    report.section("gptcli serve, GPT-2 124M, 16 concurrent clients")
+    if ctx.dry_run:
+        report.say("skipped in a dry run: the bench's serve case measures it on the CPU")
+        return
+    report.command(["python", "bench/run.py", "--only", "serve", "--quick"])
+    results = serve.run(_argparse.Namespace(quick=True, llama_convert=None, llama_server=None))
+    report.say(table(results))
 
 
 def _decode_pair(transformers, hf_cfg, cfg: ModelConfig, dtype: torch.dtype, device: str, new: int) -> list:
@@ -311,14 +384,17 @@ def _decode_pair(transformers, hf_cfg, cfg: ModelConfig, dtype: torch.dtype, dev
     hf, ours = hf.to(device, dtype), ours.to(device, dtype)
     prompt = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
     ids, on_device = prompt[0].tolist(), prompt.to(device)
-    t_ours, got = _timed(lambda: [int(s.tokens[0]) for s in generate(ours, ids, new, sampling=GREEDY)])
+    compiled = device.startswith("cuda")  # what sample and beam do by default there
+    t_ours, got = _timed(
+        lambda: [int(s.tokens[0]) for s in generate(ours, ids, new, sampling=GREEDY, compile=compiled)]
+    )
     t_hf, ref = _timed(
         lambda: hf.generate(
             on_device, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
         )[0, len(ids) :].tolist()
     )
     steps = max(1, new // 4)
-    b_ours, beams = _timed(lambda: beam_search(ours, ids, 4, steps))
+    b_ours, beams = _timed(lambda: beam_search(ours, ids, 4, steps, compile=compiled))
     b_hf, hf_beams = _timed(
         lambda: hf.generate(
             on_device,
@@ -358,9 +434,10 @@ def _agree(a: list[int], b: list[int]) -> str:
 # --- 6. what fits --------------------------------------------------------------------------------
 
 
-def what_fits(report: Report, work: Path, device: str, dry_run: bool) -> None:
+def what_fits(report: Report, ctx: Context) -> None:
+    work, device = ctx.work, ctx.device
     report.section("the largest GPT-2 shape that trains here (micro-batch 1, block 1024, AdamW)")
-    if dry_run:
+    if ctx.dry_run:
         report.say("skipped in a dry run: it needs a GPU's memory to mean anything")
         return
     rows = []
@@ -372,6 +449,20 @@ def what_fits(report: Report, work: Path, device: str, dry_run: bool) -> None:
             break
     report.table(["shape", "trains on one GPU"], rows)
     report.say("With one GPU, --fsdp has nothing to shard over: sharded training is not measured here.")
+
+
+# --- the sections, in the order they run: the measurements first, so that a run cut short by
+# its time limit keeps what matters most
+
+SECTIONS: dict[str, Callable[[Report, Context], None]] = {
+    "training": training,
+    "decoding": decoding,
+    "serve": serving,
+    "cuda-tests": cuda_tests,
+    "fits": what_fits,
+    "demo": demo,
+    "suite": suite,
+}
 
 
 # --- the report ----------------------------------------------------------------------------------
@@ -402,28 +493,44 @@ def main() -> None:
     )
     parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout to run beside (never copied here)")
     parser.add_argument("--out", type=Path, default=Path("gpu-report.md"), help="the report to write")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated sections to leave out: " + ", ".join(SECTIONS)
+    )
+    parser.add_argument(
+        "--batches", default="16,32,64", help="the micro-batches the 124M training tries, in order"
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.dry_run
     if not cuda and not args.dry_run:
         parser.error("no CUDA device: run on a GPU machine, or pass --dry-run")
+    skip = {s for s in args.skip.split(",") if s}
+    if unknown := skip - set(SECTIONS):
+        parser.error(f"--skip: no section {', '.join(sorted(unknown))} (sections: {', '.join(SECTIONS)})")
     device = "cuda" if cuda else "cpu"
-    report = Report()
+    report = Report(args.out)
     report.say(
         f"## bench/gpu_check.py, {time.strftime('%Y-%m-%d %H:%M')}{' (dry run)' if args.dry_run else ''}"
     )
     report.say("")
     report.say("`python bench/gpu_check.py " + " ".join(sys.argv[1:]) + "`")
     work = Path(tempfile.mkdtemp())
+    ctx = Context(work, device, args.dry_run, args.nanogpt, tuple(int(b) for b in args.batches.split(",")))
     try:
         environment(report, torch.device(device))
-        tests(report, args.dry_run)
-        demo(report, work, device, args.dry_run)
-        training(report, work, device, args.dry_run, args.nanogpt)
-        decoding(report, device, args.dry_run)
-        what_fits(report, work, device, args.dry_run)
+        report.save()
+        for name, section in SECTIONS.items():
+            if name in skip:
+                continue
+            started = time.perf_counter()
+            try:
+                section(report, ctx)
+            except Exception as e:  # one section's failure is part of the report, not its end
+                lines = traceback.format_exc().strip().splitlines()
+                report.say(f"failed: {type(e).__name__}: {e}\n```\n" + "\n".join(lines[-12:]) + "\n```")
+            report.say(f"({name}: {time.perf_counter() - started:.0f} s)")
+            report.save()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    args.out.write_text("\n".join(report.lines) + "\n", encoding="utf-8")
     print(f"\nwrote {args.out}")
 
 
