@@ -52,7 +52,8 @@ from gptcli.infer.generate import GREEDY, beam_search, generate  # noqa: E402
 from gptcli.model import GPT  # noqa: E402
 
 GPT2_124M = ModelConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
-TINY = ModelConfig(vocab_size=512, block_size=64, n_layer=2, n_head=2, n_embd=64)
+# GPT-2's vocabulary even here: the dry run builds the same tokenizer the real run does
+TINY = ModelConfig(vocab_size=50304, block_size=64, n_layer=2, n_head=2, n_embd=64)
 # GPT-2's released shapes, for "the largest that trains here"
 SHAPES = {"124M": (12, 12, 768), "350M": (24, 16, 1024), "774M": (36, 20, 1280), "1.5B": (48, 25, 1600)}
 
@@ -92,7 +93,10 @@ def sh(report: Report, cmd: list[str], cwd: Path = ROOT, timeout: int = 3600) ->
     result = subprocess.run(
         cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
-    tail = (result.stdout + result.stderr).strip().splitlines()[-6:]
+    output = (result.stdout + result.stderr).strip()
+    if result.returncode != 0:  # the whole of it in the log; the report keeps the end
+        print(output, flush=True)
+    tail = output.splitlines()[-6:]
     report.say(
         f"exit {result.returncode}"
         + ("" if result.returncode == 0 else ":\n```\n" + "\n".join(tail) + "\n```")
@@ -203,7 +207,7 @@ def train_run(
     config = load_config(None, flags)
     config.model.vocab_size = cfg.vocab_size
     data = np.random.default_rng(0).integers(0, cfg.vocab_size, 2_000_000).astype(np.uint16)
-    tok = CharTokenizer([chr(0x4E00 + i) for i in range(cfg.vocab_size)])
+    tok = CharTokenizer(_distinct_chars(cfg.vocab_size))
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     # each run compiles afresh: Dynamo would otherwise take the second batch size as a sign
@@ -222,6 +226,13 @@ def train_run(
         "mfu": float(np.median([r.mfu for r in late if r.mfu is not None])) if late and late[0].mfu else None,
         "peak_bytes": peak,
     }
+
+
+def _distinct_chars(n: int) -> list[str]:
+    """n characters a tokenizer file can hold: from U+4E00 on, past the surrogates (which
+    UTF-8 cannot encode)."""
+    chars = (chr(c) for c in range(0x4E00, 0x110000) if not 0xD800 <= c <= 0xDFFF)
+    return [next(chars) for _ in range(n)]
 
 
 def _fits(fn: Callable[[], dict]) -> dict | None:

@@ -34,7 +34,10 @@ class KVCache:
     static: every step has the same shapes, for a compiled decoding step that never
     recompiles (and CUDA graphs): the position is a tensor (`pos_t`), the new keys are
     written at it, and attention always spans all max_len slots, those not yet written
-    masked out. Python's `pos` is then not kept: the caller counts.
+    masked out. Python's `pos` is then not kept: the caller counts. Its tensors are marked
+    as static addresses, which the step writes in place: CUDA graphs replay such writes,
+    and skip (running the compiled step without graphs) any function that writes to an
+    input not so marked.
     """
 
     def __init__(
@@ -55,6 +58,13 @@ class KVCache:
         self.static = static
         self.pos_t = torch.zeros((), dtype=torch.long, device=device)  # tokens stored (static)
         self.slots = torch.arange(max_len, device=device)
+        if static:
+            self._mark_static()
+
+    def _mark_static(self) -> None:
+        # unguarded: a new cache (the next generate call's) must not recompile the step
+        for t in (self.k, self.v, self.pos_t):
+            torch._dynamo.mark_static_address(t, guard=False)
 
     def reset(self) -> None:
         """Empty, to be filled again from position 0 (the same buffers)."""
@@ -101,6 +111,8 @@ class KVCache:
         self.v = self.v.index_select(1, index)
         if self.key_mask is not None:
             self.key_mask = self.key_mask.index_select(0, index)
+        if self.static:  # new buffers, of the new batch size
+            self._mark_static()
 
     def expand(self, n: int) -> None:
         """Repeat every row n times: prefill a prompt once, then decode n continuations."""

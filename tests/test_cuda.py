@@ -98,3 +98,27 @@ def test_torchrun_with_nccl(tmp_path, corpus, mode):
     )
     assert result.returncode == 0, failure(result)
     assert (tmp_path / mode / "last" / "model.safetensors").is_file()
+
+
+def test_compiled_decoding_runs_as_cuda_graphs(hf_gpt2):
+    """--compile on CUDA: the one-token step is replayed as CUDA graphs (none skipped, as
+    they are when the step writes to a KV cache not marked static), greedy and beams, with
+    the eager tokens in fp32."""
+    from torch._dynamo.utils import counters
+
+    from gptcli.infer.generate import GREEDY, beam_search, generate
+    from tests.helpers import ours_from_hf
+
+    model = ours_from_hf(hf_gpt2(n_layer=2, vocab_size=97)).to("cuda")
+    prompt = [5, 17, 42, 3]
+    torch.set_float32_matmul_precision("highest")
+    counters.clear()
+
+    def greedy(compile: bool) -> list[int]:
+        return [int(s.tokens[0]) for s in generate(model, prompt, 40, sampling=GREEDY, compile=compile)]
+
+    assert greedy(True) == greedy(False)
+    assert [h.ids for h in beam_search(model, prompt, 3, 12, compile=True)] == [
+        h.ids for h in beam_search(model, prompt, 3, 12)
+    ]
+    assert counters["inductor"]["cudagraph_skips"] == 0
