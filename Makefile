@@ -88,10 +88,13 @@ test-oldest-typer: $(STAMP)
 	PYTHONPATH=.oldest-typer $(BIN)/python -m pytest -q $(PYTEST_ARGS) -p no:cacheprovider \
 	  tests/test_shell.py tests/test_bad_input.py tests/test_cli_tokenize.py tests/test_everyday.py
 
-# on a lent GPU, in one call: bench/gpu_check.py (CI runs it with DRY_RUN=1, so it cannot rot)
+# on a lent GPU, in one call: bench/gpu_check.py (CI runs it with DRY_RUN=1, so it cannot rot);
+# GPU_CHECK_ARGS="--skip suite --batches 64" for a shorter run. On an image that has torch but
+# not gptcli's other dependencies, bench/gpu-wheels.txt lists what to bring.
 GPU_REPORT ?= gpu-report.md
+GPU_CHECK_ARGS ?=
 gpu-check: $(STAMP)
-	$(BIN)/python bench/gpu_check.py --out $(GPU_REPORT) $(if $(DRY_RUN),--dry-run) $(if $(NANOGPT),--nanogpt $(NANOGPT))
+	$(BIN)/python bench/gpu_check.py --out $(GPU_REPORT) $(if $(DRY_RUN),--dry-run) $(if $(NANOGPT),--nanogpt $(NANOGPT)) $(GPU_CHECK_ARGS)
 
 DEMO_RUN ?= runs/demo
 
