@@ -89,12 +89,14 @@ test-oldest-typer: $(STAMP)
 	  tests/test_shell.py tests/test_bad_input.py tests/test_cli_tokenize.py tests/test_everyday.py
 
 # on a lent GPU, in one call: bench/gpu_check.py (CI runs it with DRY_RUN=1, so it cannot rot);
-# GPU_CHECK_ARGS="--skip suite --batches 64" for a shorter run. On an image that has torch but
-# not gptcli's other dependencies, bench/gpu-wheels.txt lists what to bring.
+# GPU_CHECK_ARGS="--skip suite --batches 64" for a shorter run. GPU_PYTHON=python3 runs it with
+# the Python at hand and installs nothing (a GPU image with its own CUDA torch, no network;
+# bench/gpu-wheels.txt lists what such an image may lack of gptcli's dependencies).
 GPU_REPORT ?= gpu-report.md
 GPU_CHECK_ARGS ?=
-gpu-check: $(STAMP)
-	$(BIN)/python bench/gpu_check.py --out $(GPU_REPORT) $(if $(DRY_RUN),--dry-run) $(if $(NANOGPT),--nanogpt $(NANOGPT)) $(GPU_CHECK_ARGS)
+GPU_PYTHON ?=
+gpu-check: $(if $(GPU_PYTHON),,$(STAMP))
+	$(or $(GPU_PYTHON),$(BIN)/python) bench/gpu_check.py --out $(GPU_REPORT) $(if $(DRY_RUN),--dry-run) $(if $(NANOGPT),--nanogpt $(NANOGPT)) $(GPU_CHECK_ARGS)
 
 DEMO_RUN ?= runs/demo
 

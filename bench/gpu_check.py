@@ -4,21 +4,21 @@ bench/RESULTS.md (each section with the command that produced it).
     python bench/gpu_check.py --out gpu-report.md [--nanogpt ~/src/nanoGPT]   # on a GPU
     python bench/gpu_check.py --dry-run                                         # CPU, tiny shapes
 
-In the order they run (the measurements first, so that a run stopped by a time limit keeps
-what matters most; the report is saved after every section, and one section's failure is
-written into it and the next goes on):
+In the order they run (what matters most first, so that a run stopped by a time limit
+keeps it; the report is saved after every section, and one section's failure is written
+into it and the next goes on):
 
 - the environment: versions, the GPU, what gptcli picks for it;
+- cuda-tests: tests/test_cuda.py;
 - training: GPT-2 124M (GPT-2 BPE vocabulary, block 1024, bf16 + compile + SDPA) at each
   micro-batch of --batches until one does not fit: tokens/s, MFU, peak memory, and
   --optimizer muon's tokens/s beside AdamW's; beside nanoGPT's train.py on the same tokens,
   shape and batch when a checkout is given;
 - decoding: greedy (batch 1, 200 tokens) and beam search (B=4) of the 124M shape against
   Hugging Face's generate on the same weights, fp32 and bf16, and whether they agree;
-- serve: the bench's serve case, `gptcli serve` under 1, 4 and 16 concurrent clients;
-- cuda-tests: tests/test_cuda.py;
 - fits: the largest GPT-2 shape that trains on this GPU (with one GPU, FSDP has nothing to
   shard over and is not measured);
+- serve: the bench's serve case, `gptcli serve` under 1, 4 and 16 concurrent clients;
 - demo: `make demo`'s training and sampling on the device;
 - suite: the whole test suite with CUDA present.
 
@@ -116,8 +116,10 @@ def environment(report: Report, device: torch.device) -> None:
     from gptcli.runtime import GPU_PEAKS, pick_precision
 
     report.section("environment")
-    report.say(f"gptcli {__version__}, python {platform.python_version()}, torch {torch.__version__}, "
-               f"CUDA {torch.version.cuda}")  # fmt: skip
+    transformers = _transformers()
+    report.say(f"gptcli {__version__}, python {platform.python_version()} ({sys.executable}), "
+               f"torch {torch.__version__}, CUDA {torch.version.cuda}, transformers "
+               f"{transformers.__version__ if transformers else 'not installed'}")  # fmt: skip
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         peak = GPU_PEAKS.get(name)
@@ -466,11 +468,11 @@ def what_fits(report: Report, ctx: Context) -> None:
 # its time limit keeps what matters most
 
 SECTIONS: dict[str, Callable[[Report, Context], None]] = {
+    "cuda-tests": cuda_tests,
     "training": training,
     "decoding": decoding,
-    "serve": serving,
-    "cuda-tests": cuda_tests,
     "fits": what_fits,
+    "serve": serving,
     "demo": demo,
     "suite": suite,
 }
