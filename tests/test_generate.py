@@ -170,6 +170,52 @@ def test_text_stream_ends_at_end_of_text_and_joins_partial_characters():
     assert "".join(deltas) == "hi 🐇 there" == stream.text
 
 
+def test_text_stream_decodes_each_token_once_and_gives_the_whole_decoding():
+    """Random GPT-2 ids (bytes of characters split across tokens, invalid sequences): each
+    step hands out a prefix of the whole decoding so far, the deltas join into it, and the
+    ids decoded along the way stay a few per token, not the whole text again each time."""
+    import random
+
+    tok = gpt2_tokenizer()
+    decoded = 0
+    real = tok.decode
+
+    def counting(ids):
+        nonlocal decoded
+        decoded += len(ids)
+        return real(ids)
+
+    rng = random.Random(0)
+    text = "naïve 🐇 façade, 東京 — " * 40
+    ids = tok.encode(text) + [rng.randrange(256) for _ in range(200)]  # single bytes, some invalid
+    stream = TextStream(tok, stops=["never there"])
+    tok.decode = counting
+    out = ""
+    for i, token in enumerate(ids):
+        out += stream.push(token)
+        assert real(ids[: i + 1]).startswith(out)
+    out += stream.close()
+    assert out == real(ids) == stream.text
+    assert decoded < 12 * len(ids) + len(ids)  # the close decodes the whole once
+
+
+def test_text_stream_reads_a_token_in_its_context():
+    """A decoder that drops the space a token starts with at the start of a text (as
+    sentencepiece's does): the stream gives the whole decoding's spaces."""
+    pieces = ["▁the", "▁cat", "s", "▁sat", "."]
+
+    class Spaced:
+        end_ids: tuple[int, ...] = ()
+
+        def decode(self, ids):
+            return "".join(pieces[i] for i in ids).replace("▁", " ").removeprefix(" ")
+
+    stream = TextStream(Spaced())
+    deltas = [stream.push(i) for i in [0, 1, 2, 3, 4]]
+    assert "".join(deltas) + stream.close() == "the cats sat." == Spaced().decode([0, 1, 2, 3, 4])
+    assert deltas[1] == " cat"
+
+
 def test_complete_stops_each_sample_on_its_own(model):
     tok = CharTokenizer(list("abcdefghijklmnopqrstuvw"))
     results = complete(

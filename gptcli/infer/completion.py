@@ -68,12 +68,21 @@ def top_k_of(probs: torch.Tensor, k: int, chosen: int, q: torch.Tensor | None = 
 class TextStream:
     """One continuation: token ids in, printable text out. Holds back bytes that do not yet
     form a character and text that may still become a stop string; ends at a stop string,
-    the end-of-text token, or when finished."""
+    the end-of-text token, or when finished.
+
+    Each token costs the decoding of a few tokens, not of the whole continuation: the text
+    settles as it goes, and a new token is decoded together with the ones since the text
+    last settled, after the chunk before them (its context: a decoder may read a token
+    differently at the start of a text), as vLLM's incremental detokenizer does."""
 
     def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
         self.stops = [s for s in stops if s]
+        self.longest = max((len(s) for s in self.stops), default=0)
         self.ids: list[int] = []
+        self.settled = ""  # the text of ids[:read], which no later token changes
+        self.context = 0  # ids[context:read]: the chunk decoded before the new tokens
+        self.read = 0
         self.text = ""  # final text (set when done)
         self.emitted = 0  # characters of the text handed out so far
         self.finish: str | None = None  # eot | stop | length
@@ -82,23 +91,43 @@ class TextStream:
     def done(self) -> bool:
         return self.finish is not None
 
+    def _settle(self) -> str:
+        """Decode the new tokens after their context; return the part not settled yet
+        (an incomplete UTF-8 sequence, which decodes to U+FFFD)."""
+        before = self.tokenizer.decode(self.ids[self.context : self.read])
+        after = self.tokenizer.decode(self.ids[self.context :])
+        new = after[len(before) :] if after.startswith(before) else None
+        if new is None:  # the context itself read differently: the whole text afresh
+            self.settled, self.context, self.read = "", 0, 0
+            return self._settle()
+        if not new or new.endswith("\ufffd"):
+            return new
+        self.settled += new
+        self.context, self.read = self.read, len(self.ids)
+        return ""
+
     def push(self, token: int) -> str:
-        """Add one token; return the text that became final."""
+        """Add one token; return the text that became final ("" once it is done)."""
+        if self.done:
+            return ""
         if token in self.tokenizer.end_ids:  # end of text, or a chat model's end of turn
             return self.close("eot")
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
+        before = len(self.settled)
+        pending = self._settle()
+        text = self.settled + pending
+        start = max(0, before - self.longest + 1)  # a stop ending earlier was found already
         for stop in self.stops:
-            at = text.find(stop)
+            at = text.find(stop, start)
             if at >= 0:
                 self.text = text[:at]
                 self.finish = "stop"
                 return self._emit(self.text)
-        safe = len(text.rstrip("\ufffd"))  # an incomplete UTF-8 sequence decodes to U+FFFD
+        safe = len(text.rstrip("\ufffd"))
         for stop in self.stops:  # a tail that is the start of a stop string waits
             for n in range(min(len(stop) - 1, safe), 0, -1):
-                if text[:safe].endswith(stop[:n]):
-                    safe = min(safe, len(text[:safe]) - n)
+                if text.endswith(stop[:n], 0, safe):
+                    safe -= n
                     break
         return self._emit(text[:safe])
 
