@@ -147,6 +147,35 @@ static int scores16(const void *K, int dtype, const float *q, int hs, int n, flo
     return s;
 }
 
+/* out[i] = scale * sum over s < n of p[s] V[s][i]: values of hs (fp32 or bf16), 16 columns
+ * at a time in registers; 0 where it does not apply (hs not a multiple of 16). A slot of
+ * weight 0 (masked) adds 0 x its values, which are finite (the cache starts zeroed). */
+#define HAVE_WEIGHTED16 1
+static int weighted16(const void *V, int dtype, const float *p, int n, int hs, float scale, float *out) {
+    if (hs % 16) return 0;
+    for (int i = 0; i < hs; i += 16) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        int s = 0;
+        if (dtype == BF16) {
+            const uint16_t *v = (const uint16_t *)V + i;
+            for (; s + 2 <= n; s += 2) {
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), widen_bf16(v + (size_t)s * hs), a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[s + 1]), widen_bf16(v + (size_t)(s + 1) * hs), a1);
+            }
+            if (s < n) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), widen_bf16(v + (size_t)s * hs), a0);
+        } else {
+            const float *v = (const float *)V + i;
+            for (; s + 2 <= n; s += 2) {
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(v + (size_t)s * hs), a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[s + 1]), _mm512_loadu_ps(v + (size_t)(s + 1) * hs), a1);
+            }
+            if (s < n) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(v + (size_t)s * hs), a0);
+        }
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(scale)));
+    }
+    return 1;
+}
+
 /* out[q] = W[j + q] . x for 16 consecutive weight rows of any dtype, widened to fp32 on the
  * way (k % 32 == 0; int8 before its scale), summed 16 at once by sum16 */
 #define HAVE_ROWS16 1
@@ -342,7 +371,7 @@ static float dot_i8(const int8_t *w, const float *x, int k) {
 
 enum { STORE = 0, ADD = 1, GELU = 2 }; /* what a product does with its result */
 
-/* e^x for the GELU, as plain arithmetic the compiler vectorizes (expf is a call per
+/* e^x for the GELU and the softmax, as plain arithmetic the compiler vectorizes (expf is a call per
  * element): 2^n e^r with |r| <= ln2/2 and a degree-6 polynomial, within 2e-7 relative */
 static inline float vexp(float x) {
     x = x > 88.f ? 88.f : x < -87.f ? -87.f : x;
@@ -360,6 +389,13 @@ static inline float vexp(float x) {
 static inline float gelu(float x) { /* GPT-2's tanh approximation, tanh z = 1 - 2 / (e^2z + 1) */
     const float z = 0.7978845608028654f * (x + 0.044715f * x * x * x);
     return 0.5f * x * (2.f - 2.f / (vexp(2.f * z) + 1.f));
+}
+
+/* y[i] = gelu(y[i]) for i < n, 16 at a time (a loop of its own, which the compiler
+ * vectorizes: inside the product's, it would not) */
+static void gelu_all(float *restrict y, int n) {
+#pragma omp simd
+    for (int i = 0; i < n; i++) y[i] = gelu(y[i]);
 }
 
 /* this thread's share [lo, hi) of n outputs, in blocks of `align` */
@@ -443,11 +479,7 @@ static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int row
     for (; j < hi; j++)
         for (int r = 0; r < rows; r++) put(m, y, r, j, dot_row(m, j, x + (size_t)r * k, xb + (size_t)r * k), mode);
     if (mode == GELU)
-        for (int r = 0; r < rows; r++) {
-            float *yr = y + (size_t)r * n;
-#pragma omp simd
-            for (int i = lo; i < hi; i++) yr[i] = gelu(yr[i]);
-        }
+        for (int r = 0; r < rows; r++) gelu_all(y + (size_t)r * n + lo, hi - lo);
 #pragma omp barrier
 }
 
@@ -480,6 +512,16 @@ static inline int first_scores(const void *K, int dtype, const float *q, int hs,
 #endif
 }
 
+/* the weighted sum of the values by 16 columns where the CPU can; whether it did */
+static inline int weighted_values(const void *V, int dtype, const float *p, int n, int hs, float scale, float *out) {
+#ifdef HAVE_WEIGHTED16
+    return weighted16(V, dtype, p, n, hs, scale, out);
+#else
+    (void)V, (void)dtype, (void)p, (void)n, (void)hs, (void)scale, (void)out;
+    return 0;
+#endif
+}
+
 /* single-query attention for every row and head over the slots 0..slot of this layer's
  * cache, after writing the new keys and values at slot; qkv (rows, 3C), y (rows, C) */
 static void attend(const Model *m, int layer, const float *qkv, void *kc, void *vc, int rows, int batch,
@@ -508,16 +550,22 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
                 for (int s = first_scores(K, F32, q, hs, slot + 1, scale, p); s <= slot; s++)
                     p[s] = dot_f32(K + (size_t)s * hs, q, hs) * scale;
             }
-            float mx = -INFINITY;
-            for (int s = 0; s <= slot; s++) {
-                if (key_mask && s != slot && !key_mask[(size_t)r * cache_len + s]) p[s] = -INFINITY;
-                if (p[s] > mx) mx = p[s];
+            if (key_mask) {
+                const uint8_t *keep = key_mask + (size_t)r * cache_len;
+                for (int s = 0; s < slot; s++)
+                    if (!keep[s]) p[s] = -INFINITY;
             }
+            float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+            for (int s = 0; s <= slot; s++) mx = p[s] > mx ? p[s] : mx;
             float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
             for (int s = 0; s <= slot; s++) {
-                p[s] = p[s] == -INFINITY ? 0.f : expf(p[s] - mx);
+                p[s] = p[s] == -INFINITY ? 0.f : vexp(p[s] - mx);
                 sum += p[s];
             }
+            const void *Vh = dt == BF16 ? (const void *)((const uint16_t *)vc + base) : (const void *)((const float *)vc + base);
+            if (weighted_values(Vh, dt, p, slot + 1, hs, 1.f / sum, out)) continue;
             for (int i = 0; i < hs; i++) out[i] = 0.f;
             for (int s = 0; s <= slot; s++) {
                 const float w = p[s] / sum;
