@@ -59,10 +59,23 @@ def seq(prompt, n, sampling=GREEDY, seed=None, **kw) -> tuple[Sequence, Collect]
     return Sequence(list(prompt), n, sampling, gen, c, **kw), c
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["c-step", "model-code"])
-def test_tokens_do_not_depend_on_the_batch_joining_leaving_or_sliding(fast):
+@pytest.mark.parametrize(
+    ("fast", "compile"),
+    [(True, False), (False, False), (False, True)],
+    ids=["c-step", "model-code", "compiled"],
+)
+def test_tokens_do_not_depend_on_the_batch_joining_leaving_or_sliding(fast, compile):
+    """(serve --compile: the same tokens, and rows joining, leaving and sliding compile no
+    graph beyond the ones warm_up built)"""
+    from torch._dynamo.utils import counters
+
     model = small_model(block=24, fast=fast)
-    engine = Engine(model, max_batch=4, max_queue=16)
+    engine = Engine(model, max_batch=4, max_queue=16, compile=compile)
+    if compile:
+        torch._dynamo.reset()
+        engine.warm_up()
+        graphs = counters["stats"]["unique_graphs"]
+        assert graphs >= 1
     try:
         # prompts of different lengths, greedy and seeded sampling, some long enough to slide
         # the 24-token window, submitted in waves so they join a running batch
@@ -85,6 +98,8 @@ def test_tokens_do_not_depend_on_the_batch_joining_leaving_or_sliding(fast):
             tokens, finish, _ = c.wait()
             assert finish == "length"
             assert tokens == alone(model, prompt, n, sampling, seed), (prompt, sampling)
+        if compile:
+            assert counters["stats"]["unique_graphs"] == graphs
     finally:
         engine.close()
 

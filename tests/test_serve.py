@@ -101,6 +101,25 @@ def test_completions_through_the_openai_client_are_samples(trained, server):
         assert "." not in ch.text and (ch.finish_reason == "stop" or len(ch.text) == 16)
 
 
+def test_compile_builds_its_graphs_before_answering_and_answers_as_sample_does(trained):
+    """--compile: the batch's step through torch.compile, its graphs built before the ready
+    line; greedy completions, one alone and two together, are sample --temp 0's (fp32)."""
+    s = Server(trained, "--compile", "--dtype", "fp32", "--max-batch", "4")
+    try:
+        want = sample_json(trained, "-p", "The", "-n", "12", "--temp", "0", "--dtype", "fp32")
+        text = want["samples"][0]["text"]
+        alone = s.client.completions.create(model=s.model, prompt="The", max_tokens=12, temperature=0)
+        assert alone.choices[0].text == text
+        two = s.client.completions.create(model=s.model, prompt=["The", "The"], max_tokens=12, temperature=0)
+        assert [c.text for c in two.choices] == [text, text]
+    finally:
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=30) == 0
+        assert "compiling the decoding step" in s.proc.stderr.read()
+        s.proc.stdout.close()
+        s.proc.stderr.close()
+
+
 def test_echo_logprobs_scores_the_prompt_as_the_model_does(trained, server):
     prompt = "The fox dug a"
     r = server.client.completions.create(

@@ -31,7 +31,7 @@ def serve(s: ServeSettings) -> None:
     from gptcli.infer.server import Served, create_app
 
     listener = _listen(s.host, s.port)  # before loading: a taken port fails at once
-    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
+    loaded = load_model(s.ckpt, s.device, s.dtype, decode=not s.compile, base=s.base, quantize=s.quantize)
     block = loaded.model.config.block_size
     check_decoding_fits(loaded.model, s.max_batch, f"--max-batch {s.max_batch}")
     if s.max_tokens_limit is not None and s.max_tokens_limit > 1 << 20:
@@ -39,8 +39,15 @@ def serve(s: ServeSettings) -> None:
     api_key = s.api_key or os.environ.get("GPTCLI_API_KEY") or None
     name = s.model_name or _model_name(s.ckpt, loaded.path)
     engine = Engine(
-        loaded.model, max_batch=s.max_batch, max_queue=s.max_queue, vocab_size=loaded.tokenizer.vocab_size
+        loaded.model,
+        max_batch=s.max_batch,
+        max_queue=s.max_queue,
+        vocab_size=loaded.tokenizer.vocab_size,
+        compile=s.compile,
     )
+    if s.compile:
+        render.info("compiling the decoding step (once, before the server answers)")
+        engine.warm_up()
     served = Served(
         engine,
         loaded.tokenizer,

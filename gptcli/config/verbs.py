@@ -330,6 +330,12 @@ class ServeSettings(Settings):
     cors_origin: list[str] = knob(
         [], flag="--cors-origin", help="Allow browsers from this origin (repeatable)"
     )
+    compile: bool = knob(
+        False,
+        flag="--compile/--no-compile",
+        help="Decode the batch through torch.compile (one graph for every batch size and length, "
+        "built at start); --no-compile: the C step on the CPU, the model's own code elsewhere",
+    )
     device: str = device_knob()
     dtype: str = dtype_knob()
     quantize: str | None = quantize_knob()

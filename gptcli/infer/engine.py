@@ -110,9 +110,19 @@ class Engine:
     """The decoding loop in a thread of its own: submit() sequences, read their events."""
 
     def __init__(
-        self, model: GPT, *, max_batch: int = 8, max_queue: int = 64, vocab_size: int | None = None
+        self,
+        model: GPT,
+        *,
+        max_batch: int = 8,
+        max_queue: int = 64,
+        vocab_size: int | None = None,
+        compile: bool = False,
     ) -> None:
         self.model = model
+        # compile: the batch's step through torch.compile with symbolic sizes, so that rows
+        # joining and leaving and the cache growing reuse its graph (a batch of one, which
+        # Dynamo specializes, has its own); warm_up() builds both
+        self.next_logits = torch.compile(model.next_logits, dynamic=True) if compile else model.next_logits
         self.config = model.config
         self.max_batch, self.max_queue = max_batch, max_queue
         self.vocab_size = vocab_size or model.config.vocab_size
@@ -144,6 +154,28 @@ class Engine:
                     seq.generator = row_generators(None, 1, self.device)[0]
             self.waiting.extend(seqs)
             self.lock.notify()
+
+    def warm_up(self) -> None:
+        """Decode batches of one and of two, from a short prompt and from one that fills the
+        context (with compile: the step's graphs built now, not on the first requests; Dynamo
+        specializes a batch of one, and a cache written to its last slot)."""
+        failed: list[str] = []
+        block = self.config.block_size
+        for rows, length in ((1, 2), (2, 2), (1, block - 2), (2, block - 2)):
+            ended = threading.Semaphore(0)
+
+            def emit(event: Event, ended: threading.Semaphore = ended) -> None:
+                if event.kind == "error":
+                    failed.append(event.message or "")
+                if event.kind in ("done", "error"):
+                    ended.release()
+
+            greedy = Sampling(temperature=0.0)
+            self.submit([Sequence([0] * max(1, length), 3, greedy, None, emit) for _ in range(rows)])
+            for _ in range(rows):
+                ended.acquire()
+        if failed:
+            raise RuntimeError(f"the decoding step failed before serving: {failed[0]}")
 
     def load(self) -> tuple[int, int]:
         """(active, waiting) sequences."""
@@ -315,7 +347,7 @@ class Engine:
         ):
             cache = self._rebuild(rows)
         tokens = torch.tensor([[s.tokens[-1]] for s in rows], device=self.device)
-        logits = self.model.next_logits(tokens, kv_cache=cache).float()  # (B, V)
+        logits = self.next_logits(tokens, kv_cache=cache).float()  # (B, V)
         for i, s in enumerate(rows):
             s.cached += 1
             s.logits = logits[i]
