@@ -29,7 +29,7 @@ from bench.common import ROOT, Result, gpt2_pair
 TOKENS = 128
 
 
-def _client(url: str, seed: int, rounds: int, out: list[tuple[float, int, float, bool]]) -> None:
+def _client(client, url: str, seed: int, rounds: int, out: list[tuple[float, int, float, bool]]) -> None:
     """Streams rounds completions; each recorded as (first token s, tokens, seconds, whether
     the stream ended as it should: a server that cuts one is counted, not fatal)."""
     import httpx
@@ -40,7 +40,7 @@ def _client(url: str, seed: int, rounds: int, out: list[tuple[float, int, float,
         t0 = time.perf_counter()
         first, n, ok = None, 0, True
         try:
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as resp:
+            with client.stream("POST", url + "/v1/completions", json=body) as resp:
                 for line in resp.iter_lines():
                     if line.startswith("data: {"):
                         chunk = json.loads(line[6:])
@@ -55,14 +55,25 @@ def _client(url: str, seed: int, rounds: int, out: list[tuple[float, int, float,
 def measure(url: str, clients: int, rounds: int) -> tuple[float, float, int]:
     """(aggregate tokens/s, median seconds to the first token, streams the server cut) with
     `clients` at once."""
+    import httpx
+
     results: list[tuple[float, int, float, bool]] = []
-    threads = [threading.Thread(target=_client, args=(url, i + 1, rounds, results)) for i in range(clients)]
+    # each client's HTTP client made before the clock starts: building one (its TLS
+    # context, even for plain HTTP) costs milliseconds of CPU that are the measuring
+    # side's, not the server's; on 2 cores, 16 built at once held back every request
+    sessions = [httpx.Client(timeout=600) for _ in range(clients)]
+    threads = [
+        threading.Thread(target=_client, args=(sessions[i], url, i + 1, rounds, results))
+        for i in range(clients)
+    ]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    for session in sessions:
+        session.close()
     cut = sum(1 for *_, ok in results if not ok)
     return sum(n for _, n, _, _ in results) / wall, statistics.median(f for f, *_ in results), cut
 
