@@ -101,11 +101,21 @@ class KVCache:
         self.key_mask[:, : valid.size(1)] = valid
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep the rows `index` of the batch, in that order (beam search survivors); a
-        static cache keeps its buffers (a compiled step holds on to them)."""
-        if self.static and index.numel() == self.batch_size:
-            self.k.copy_(self.k.index_select(1, index))
-            self.v.copy_(self.v.index_select(1, index))
+        """Keep the rows `index` of the batch, in that order (beam search survivors). With as
+        many rows as before, in place: only the rows that change are copied, and only the
+        slots written so far (a static cache keeps its buffers, which a compiled step holds
+        on to)."""
+        if index.numel() == self.batch_size:
+            moved = [r for r, src in enumerate(index.tolist()) if src != r]
+            if not moved:
+                return
+            dst = torch.tensor(moved, device=self.k.device)
+            src = index.to(self.k.device)[dst]
+            end = self.max_len if self.static else self.pos  # a static cache's position is a tensor
+            self.k[:, dst, :, :end] = self.k[:, src, :, :end]  # the right side is a copy
+            self.v[:, dst, :, :end] = self.v[:, src, :, :end]
+            if self.key_mask is not None:
+                self.key_mask[dst] = self.key_mask[src]
             return
         self.k = self.k.index_select(1, index)
         self.v = self.v.index_select(1, index)
