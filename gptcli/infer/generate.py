@@ -65,11 +65,13 @@ class Sampling:
         logits = logits.float()
         if self.greedy:
             return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
+        if not self.reshapes:  # p itself: softmax subtracts the max on its own, to the same bits
+            return logits.softmax(-1)
         # subtract the max first, so the largest logit is 0 and the others only fall towards
         # -inf as the temperature shrinks; below float32's smallest normal number a temperature
         # would round to 0 (0/0 = NaN), and its distribution is already all on the argmax
         temperature = max(self.temperature, torch.finfo(torch.float32).tiny)
-        scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
+        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
         return filter_logits(scaled, self.top_k, self.top_p).softmax(-1)
 
     def draw(self, logits: torch.Tensor, generator: Generators = None) -> torch.Tensor:
