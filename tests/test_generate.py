@@ -151,6 +151,17 @@ def test_padded_vocabulary_ids_are_never_sampled():
         assert (step.tokens < 30).all()
 
 
+def test_plain_sampling_takes_the_softmax_of_the_logits_to_the_same_bits():
+    """At temperature 1 without top-k or top-p, q is softmax(logits) as they are: the same
+    bits as the max subtracted first (what every other temperature does), so seeded draws
+    stay what they were."""
+    torch.manual_seed(0)
+    for rows in (1, 16):
+        x = torch.randn(rows, 50257) * 4 + 3
+        shifted = (x - x.max(dim=-1, keepdim=True).values) / 1.0
+        assert torch.equal(Sampling(temperature=1.0).distribution(x), shifted.softmax(-1))
+
+
 def test_text_stream_stops_at_a_stop_string_and_holds_back_its_prefix():
     tok = CharTokenizer(list("abcdefgh \n"))
     stream = TextStream(tok, stops=["cde"])
