@@ -223,6 +223,20 @@ def test_a_listener_that_fails_does_not_stop_the_engine_and_alternatives_stay_in
         engine.close()
 
 
+def test_warm_up_decodes_within_the_limits_it_is_given():
+    """One sequence at a time and no queue: the warm-up decodes batches of one only, and
+    the engine serves afterwards."""
+    model = small_model(block=24)
+    engine = Engine(model, max_batch=1, max_queue=0)
+    try:
+        engine.warm_up(timeout=60)
+        s, c = seq([1, 2, 3], 5)
+        engine.submit([s])
+        assert c.wait()[0] == alone(model, [1, 2, 3], 5)
+    finally:
+        engine.close()
+
+
 def test_load_counts_each_sequence_once():
     model = small_model()
     engine = Engine(model, max_batch=1, max_queue=0)

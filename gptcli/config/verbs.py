@@ -333,7 +333,7 @@ class ServeSettings(Settings):
     compile: bool = knob(
         False,
         flag="--compile/--no-compile",
-        help="Decode the batch through torch.compile (one graph for every batch size and length, "
+        help="Decode the batch through torch.compile (a few graphs for every batch size and length, "
         "built at start); --no-compile: the C step on the CPU, the model's own code elsewhere",
     )
     device: str = device_knob()

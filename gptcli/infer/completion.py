@@ -83,6 +83,7 @@ class TextStream:
         self.settled = ""  # the text of ids[:read], which no later token changes
         self.context = 0  # ids[context:read]: the chunk decoded before the new tokens
         self.read = 0
+        self.searched = 0
         self.text = ""  # final text (set when done)
         self.emitted = 0  # characters of the text handed out so far
         self.finish: str | None = None  # eot | stop | length
@@ -99,6 +100,7 @@ class TextStream:
         new = after[len(before) :] if after.startswith(before) else None
         if new is None:  # the context itself read differently: the whole text afresh
             self.settled, self.context, self.read = "", 0, 0
+            self.searched = 0
             return self._settle()
         if not new or new.endswith("\ufffd"):
             return new
@@ -113,10 +115,10 @@ class TextStream:
         if token in self.tokenizer.end_ids:  # end of text, or a chat model's end of turn
             return self.close("eot")
         self.ids.append(token)
-        before = len(self.settled)
-        pending = self._settle()
+        self.searched = len(self.settled)  # stops ending in the text settled so far were looked for
+        pending = self._settle()  # (0 if the text was read afresh)
         text = self.settled + pending
-        start = max(0, before - self.longest + 1)  # a stop ending earlier was found already
+        start = max(0, self.searched - self.longest + 1)
         for stop in self.stops:
             at = text.find(stop, start)
             if at >= 0:

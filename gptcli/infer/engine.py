@@ -16,7 +16,9 @@ under load); in bf16 the products' rounding changes with the batch, so near-ties
 
 from __future__ import annotations
 
+import itertools
 import threading
+import types
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,9 +122,11 @@ class Engine:
     ) -> None:
         self.model = model
         # compile: the batch's step through torch.compile with symbolic sizes, so that rows
-        # joining and leaving and the cache growing reuse its graph (a batch of one, which
-        # Dynamo specializes, has its own); warm_up() builds both
-        self.next_logits = torch.compile(model.next_logits, dynamic=True) if compile else model.next_logits
+        # joining and leaving and the cache growing reuse its graphs (a few: Dynamo
+        # specializes a batch of one, among others); warm_up() builds them
+        self.next_logits = model.next_logits
+        if compile:  # the model's own code, also where the C step stands in for it
+            self.next_logits = torch.compile(types.MethodType(GPT.next_logits, model), dynamic=True)
         self.config = model.config
         self.max_batch, self.max_queue = max_batch, max_queue
         self.vocab_size = vocab_size or model.config.vocab_size
@@ -155,13 +159,16 @@ class Engine:
             self.waiting.extend(seqs)
             self.lock.notify()
 
-    def warm_up(self) -> None:
-        """Decode batches of one and of two, from a short prompt and from one that fills the
-        context (with compile: the step's graphs built now, not on the first requests; Dynamo
-        specializes a batch of one, and a cache written to its last slot)."""
+    def warm_up(self, timeout: float = 3600) -> None:
+        """Decode batches of one and of two, from prompts of one token, of two, and of one
+        that fills the context (with compile: the step's graphs built now, not on the first
+        requests; Dynamo specializes a batch of one, a cache at position 1, and a cache
+        written to its last slot)."""
         failed: list[str] = []
         block = self.config.block_size
-        for rows, length in ((1, 2), (2, 2), (1, block - 2), (2, block - 2)):
+        for rows, length in itertools.product((1, 2), (1, 2, block - 2)):
+            if rows > self.max_batch:  # never decoded together: no graph to build
+                continue
             ended = threading.Semaphore(0)
 
             def emit(event: Event, ended: threading.Semaphore = ended) -> None:
@@ -173,7 +180,8 @@ class Engine:
             greedy = Sampling(temperature=0.0)
             self.submit([Sequence([0] * max(1, length), 3, greedy, None, emit) for _ in range(rows)])
             for _ in range(rows):
-                ended.acquire()
+                if not ended.acquire(timeout=timeout) or not self.thread.is_alive():
+                    raise RuntimeError("the decoding loop did not finish its warm-up")
         if failed:
             raise RuntimeError(f"the decoding step failed before serving: {failed[0]}")
 
