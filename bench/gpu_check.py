@@ -109,7 +109,7 @@ def gptcli(*args: str) -> list[str]:
     return [sys.executable, "-m", "gptcli", *args]
 
 
-# --- 1. environment --------------------------------------------------------------------------
+# --- environment --------------------------------------------------------------------------
 
 
 def environment(report: Report, device: torch.device) -> None:
@@ -129,7 +129,7 @@ def environment(report: Report, device: torch.device) -> None:
     report.say(f"training precision picked: {pick_precision(device).reason}")
 
 
-# --- 2. tests ------------------------------------------------------------------------------------
+# --- tests ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -157,7 +157,7 @@ def suite(report: Report, ctx: Context) -> None:
     sh(report, [sys.executable, "-m", "pytest", "-q", "-n", "8", "-p", "no:cacheprovider"])
 
 
-# --- 3. the demo ---------------------------------------------------------------------------------
+# --- the demo ---------------------------------------------------------------------------------
 
 
 def demo(report: Report, ctx: Context) -> None:
@@ -176,7 +176,7 @@ def demo(report: Report, ctx: Context) -> None:
     sh(report, gptcli("sample", "--ckpt", str(run), "--num-samples", "3", "--seed", "1", "--device", device))
 
 
-# --- 4. training ---------------------------------------------------------------------------------
+# --- training ---------------------------------------------------------------------------------
 
 
 class Rates:
@@ -336,7 +336,7 @@ def nanogpt_side_by_side(
     return float(tokens_per_s)
 
 
-# --- 5. decoding ---------------------------------------------------------------------------------
+# --- decoding ---------------------------------------------------------------------------------
 
 
 def decoding(report: Report, ctx: Context) -> None:
@@ -370,7 +370,7 @@ def decoding(report: Report, ctx: Context) -> None:
                f"{max(1, new // 4)} new tokens, early stopping.")  # fmt: skip
 
 
-# --- 6. serving ----------------------------------------------------------------------------------
+# --- serving ----------------------------------------------------------------------------------
 
 
 def serving(report: Report, ctx: Context) -> None:
@@ -449,7 +449,7 @@ def _agree(a: list[int], b: list[int]) -> str:
     return "all" if n is None else f"first {n}"
 
 
-# --- 6. what fits --------------------------------------------------------------------------------
+# --- what fits --------------------------------------------------------------------------------
 
 
 def what_fits(report: Report, ctx: Context) -> None:
@@ -469,8 +469,8 @@ def what_fits(report: Report, ctx: Context) -> None:
     report.say("With one GPU, --fsdp has nothing to shard over: sharded training is not measured here.")
 
 
-# --- the sections, in the order they run: the measurements first, so that a run cut short by
-# its time limit keeps what matters most
+# --- the sections, in the order they run: what matters most first, so that a run cut short by
+# its time limit keeps it: the CUDA tests, training, decoding, the largest shape, then the server
 
 SECTIONS: dict[str, Callable[[Report, Context], None]] = {
     "cuda-tests": cuda_tests,
