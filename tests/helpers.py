@@ -27,6 +27,11 @@ TINY = [
     "--device", "cpu", "--dtype", "fp32", "--warmup-iters", "3", "--lr", "3e-3",
 ]  # fmt: skip
 
+# flags for a finetune that only has to run: two steps, one evaluation batch
+QUICK_FINETUNE = [
+    "--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1", "--device", "cpu", "--batch-size", "4",
+]  # fmt: skip
+
 _runner = CliRunner()
 
 

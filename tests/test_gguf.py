@@ -15,7 +15,7 @@ import torch
 
 from gptcli.data.tokenizer import gpt2_tokenizer
 from gptcli.store.loading import load
-from tests.helpers import assert_usage_error, make_corpus, run
+from tests.helpers import QUICK_FINETUNE, assert_usage_error, make_corpus, run
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
@@ -138,18 +138,7 @@ def test_every_verb_takes_a_gguf_file(gpt2_dir, tmp_path):
         result = run(*args)
         assert result.exit_code == 0, (args, result.output)
     corpus = make_corpus(tmp_path / "more.txt", n_sentences=100)
-    args = [
-        "--max-iters",
-        "2",
-        "--eval-interval",
-        "2",
-        "--eval-iters",
-        "1",
-        "--device",
-        "cpu",
-        "--batch-size",
-        "4",
-    ]
+    args = list(QUICK_FINETUNE)
     result = run("finetune", "--ckpt", model, corpus, "--out", tmp_path / "ft", *args)
     assert result.exit_code == 0, result.output
     # and export goes on from there: a GGUF file back to Hugging Face
@@ -319,18 +308,7 @@ def test_a_gguf_file_by_any_name_and_lora_on_top_of_one(gpt2_dir, tmp_path):
     export(gpt2_dir, plain, "--to", "gguf")
     assert load(plain).meta["source"] == "gguf"
     corpus = make_corpus(tmp_path / "more.txt", n_sentences=100)
-    args = [
-        "--max-iters",
-        "2",
-        "--eval-interval",
-        "2",
-        "--eval-iters",
-        "1",
-        "--device",
-        "cpu",
-        "--batch-size",
-        "4",
-    ]
+    args = list(QUICK_FINETUNE)
     result = run("finetune", "--ckpt", plain, corpus, "--out", tmp_path / "lora", "--lora-rank", "2", *args)
     assert result.exit_code == 0, result.output
     assert run("sample", "--ckpt", tmp_path / "lora", "-n", "2").exit_code == 0
