@@ -83,7 +83,6 @@ class TextStream:
         self.settled = ""  # the text of ids[:read], which no later token changes
         self.context = 0  # ids[context:read]: the chunk decoded before the new tokens
         self.read = 0
-        self.searched = 0
         self.text = ""  # final text (set when done)
         self.emitted = 0  # characters of the text handed out so far
         self.finish: str | None = None  # eot | stop | length
@@ -92,21 +91,21 @@ class TextStream:
     def done(self) -> bool:
         return self.finish is not None
 
-    def _settle(self) -> str:
-        """Decode the new tokens after their context; return the part not settled yet
-        (an incomplete UTF-8 sequence, which decodes to U+FFFD)."""
+    def _settle(self) -> tuple[str, bool]:
+        """Decode the new tokens after their context; return the part not settled yet (an
+        incomplete UTF-8 sequence, which decodes to U+FFFD), and whether the whole text was
+        read afresh."""
         before = self.tokenizer.decode(self.ids[self.context : self.read])
         after = self.tokenizer.decode(self.ids[self.context :])
         new = after[len(before) :] if after.startswith(before) else None
         if new is None:  # the context itself read differently: the whole text afresh
             self.settled, self.context, self.read = "", 0, 0
-            self.searched = 0
-            return self._settle()
+            return self._settle()[0], True
         if not new or new.endswith("\ufffd"):
-            return new
+            return new, False
         self.settled += new
         self.context, self.read = self.read, len(self.ids)
-        return ""
+        return "", False
 
     def push(self, token: int) -> str:
         """Add one token; return the text that became final ("" once it is done)."""
@@ -115,10 +114,10 @@ class TextStream:
         if token in self.tokenizer.end_ids:  # end of text, or a chat model's end of turn
             return self.close("eot")
         self.ids.append(token)
-        self.searched = len(self.settled)  # stops ending in the text settled so far were looked for
-        pending = self._settle()  # (0 if the text was read afresh)
+        searched = len(self.settled)  # stops ending in the text settled so far were looked for
+        pending, afresh = self._settle()
         text = self.settled + pending
-        start = max(0, self.searched - self.longest + 1)
+        start = 0 if afresh else max(0, searched - self.longest + 1)
         for stop in self.stops:
             at = text.find(stop, start)
             if at >= 0:
