@@ -63,9 +63,10 @@ def steps_both_ways(model: GPT, rows: int, prompt_len: int, steps: int, padded: 
     return out
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 13, 16])
 @pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
-@pytest.mark.parametrize("shape", [(64, 2), (48, 2)])  # 48: widths that fit no vector tile
+# 48: widths that fit no 16-key or 32-column vector; 45: odd, so bf16 weights are read as stored
+@pytest.mark.parametrize("shape", [(64, 2), (48, 2), (45, 3)])
 def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
     library()
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
@@ -73,7 +74,11 @@ def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
     assert kernels.use_fast_decode(model)
     # a prompt of 20 and 4 steps: attention over more than 16 positions (the 16-key blocks)
     (want, want_cache), (got, got_cache) = steps_both_ways(model, rows, 20, 4, padded=rows > 1)
-    assert "_decoder" in model.__dict__  # the C step ran
+    decoder = model.__dict__["_decoder"]  # the C step ran
+    if kind == "bf16" and library().gptcli_packs_bf16():  # and read the packed copy of the weights
+        even = shape[0] % 2 == 0
+        assert all(bool(layer.attn.packed) == even and layer.out.packed for layer in decoder.layers)
+        assert bool(decoder.model.head.packed) == even
     if kind == "bf16":  # activations rounded to bf16 at different points: within bf16 rounding
         tol = dict(atol=0.03 * want.abs().max().item(), rtol=0)
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9

@@ -3,10 +3,11 @@
  *
  * Decoding a token reads every weight once and does little arithmetic with it, so its
  * speed is the speed at which the weights stream from memory. The products are written so
- * that each weight row is read once for all the rows of the batch (beams, samples), in the
- * dtype it is stored in: fp32, bf16 (widened to fp32 as it is read) or int8 with one fp32
- * scale per output row. Activations, LayerNorm, softmax and every sum stay in fp32. The
- * work of each product is split across threads by output rows (OpenMP).
+ * that each weight is read once for all the rows of the batch (beams, samples), in the
+ * dtype it is stored in: fp32, bf16 (widened to fp32 as it is read, or, with AVX512-BF16,
+ * multiplied in pairs from a copy packed for it) or int8 with one fp32 scale per output
+ * row. Activations, LayerNorm, softmax and every sum stay in fp32. The work of each
+ * product is split across threads by outputs (OpenMP).
  *
  * Built by gptcli/infer/kernels.py with the machine's own compiler and instruction set
  * (-O3 -march=native -fopenmp), and called through ctypes with the tensors' pointers.
@@ -22,11 +23,14 @@
 enum { F32 = 0, BF16 = 1, I8 = 2 };
 
 typedef struct {
-    const void *w;      /* (n, k): fp32, bf16 or int8 */
-    const float *scale; /* (n) for int8, else NULL */
-    const float *bias;  /* (n) or NULL */
+    const void *w;           /* (n, k): fp32, bf16 or int8 */
+    const float *scale;      /* (n) for int8, else NULL */
+    const float *bias;       /* (n) or NULL */
     int dtype, n, k;
+    const uint16_t *packed;  /* bf16 weights packed by gptcli_pack_bf16, or NULL */
 } Mat;
+
+enum { STORE = 0, ADD = 1, GELU = 2 }; /* what a product does with its result */
 
 typedef struct {
     const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
@@ -56,6 +60,35 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
     if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN */
     u += 0x7fff + ((u >> 16) & 1);
     return (uint16_t)(u >> 16);
+}
+
+/* With AVX512-BF16, the products with bf16 weights read them from a copy packed for them:
+ * for each block of 16 outputs, for each pair of inputs (k, k + 1), the 16 outputs' two
+ * weights side by side, so that one vector holds 16 outputs' pairs and one instruction
+ * adds them times the same pair of activations (broadcast) to 16 sums. The sums of 4 blocks
+ * (64 outputs) for up to 6 activation rows stay in 24 registers over all of k; nothing is
+ * summed across a vector at the end, and each weight is read from memory once for all the
+ * rows (GPT-2 124M on a Zen 4, against reading the rows as stored with a 4x4 tile of dot
+ * products, the products alone: 1.05x to 1.2x as fast for one row, 2x for 4, 1.5x for 16). */
+#define PACK 64 /* outputs per tile of the packed products, and the packed copy's rows rounded up to it */
+
+/* the packed copy of w (n, k), k even: (ceil(n / 64) * 4 blocks, k / 2, 16, 2), zeros past n */
+void gptcli_pack_bf16(const uint16_t *w, int n, int k, uint16_t *out, int threads) {
+    const int pairs = k / 2, blocks = (n + PACK - 1) / PACK * (PACK / 16);
+#ifndef _OPENMP
+    (void)threads;
+#endif
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        const uint16_t *rows[16];
+        for (int q = 0; q < 16; q++) rows[q] = b * 16 + q < n ? w + (size_t)(b * 16 + q) * k : NULL;
+        uint16_t *o = out + (size_t)b * pairs * 32;
+        for (int p = 0; p < pairs; p++, o += 32)
+            for (int q = 0; q < 16; q++) {
+                o[2 * q] = rows[q] ? rows[q][2 * p] : 0;
+                o[2 * q + 1] = rows[q] ? rows[q][2 * p + 1] : 0;
+            }
+    }
 }
 
 /* the dot products of a weight row with an fp32 activation row, by the weight's dtype:
@@ -235,60 +268,59 @@ static void to_bf16(const float *x, uint16_t *y, size_t n) {
     for (; i < n; i++) y[i] = f32_to_bf16(x[i]);
 }
 
-/* out[q] = W[j + q] . x for 16 consecutive weight rows, one row after another (k % 32 == 0) */
-static void rows16_bf16_pairs(const uint16_t *w, const uint16_t *x, int k, float *out) {
-    __m512 acc[16];
-    for (int q = 0; q < 16; q++, w += k) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-        int i = 0;
-        for (; i + 64 <= k; i += 64) {
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + i), (__m512bh)_mm512_loadu_si512(x + i));
-            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + i + 32), (__m512bh)_mm512_loadu_si512(x + i + 32));
+/* the products from packed bf16 weights (gptcli_pack_bf16) */
+#define HAVE_PACKED 1
+
+/* y[r0 + i][j .. j + 64) for i < M (M <= 6) from the packed tile at w (4 blocks, bs apart)
+ * and the rows x (M, k) in bf16, then stored, or added to y, with the bias; outputs past n
+ * (the packing's zeros) are not written */
+static inline __attribute__((always_inline)) void packed_tile(const Mat *m, const uint16_t *w, size_t bs,
+                                                              const uint16_t *x, float *y, int r0, int j, int mode,
+                                                              const int M) {
+    const int k = m->k, n = m->n;
+    __m512 acc[6][4];
+    for (int i = 0; i < M; i++)
+        for (int b = 0; b < 4; b++) acc[i][b] = _mm512_setzero_ps();
+    for (int p = 0; p < k / 2; p++) {
+        __m512bh wv[4];
+        for (int b = 0; b < 4; b++) wv[b] = (__m512bh)_mm512_loadu_si512(w + b * bs + (size_t)p * 32);
+        for (int i = 0; i < M; i++) {
+            int32_t pair;
+            memcpy(&pair, x + (size_t)i * k + 2 * p, 4);
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            for (int b = 0; b < 4; b++) acc[i][b] = _mm512_dpbf16_ps(acc[i][b], wv[b], xv);
         }
-        if (i < k) a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + i), (__m512bh)_mm512_loadu_si512(x + i));
-        acc[q] = _mm512_add_ps(a0, a1);
     }
-    _mm512_storeu_ps(out, sum16(acc));
+    for (int b = 0; b < 4 && j + 16 * b < n; b++) {
+        const int j0 = j + 16 * b;
+        const __mmask16 keep = n - j0 >= 16 ? 0xffff : (__mmask16)((1u << (n - j0)) - 1);
+        const __m512 bias = m->bias ? _mm512_maskz_loadu_ps(keep, m->bias + j0) : _mm512_setzero_ps();
+        for (int i = 0; i < M; i++) {
+            float *out = y + (size_t)(r0 + i) * n + j0;
+            __m512 v = _mm512_add_ps(acc[i][b], bias);
+            if (mode == ADD) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, out));
+            _mm512_mask_storeu_ps(out, keep, v);
+        }
+    }
 }
 
-/* out[4a + b] = W[a] . X[b] for 4 weight rows and 4 activation rows (k % 32 == 0), for
- * under 8 rows, where the weights' bandwidth binds: each weight row streamed once, in
- * order, for the 4 activation rows (which stay in cache), while the same row of the next
- * tile is fetched (prefetching past the end is harmless) */
-static void tile4x4_bf16_stream(const uint16_t *w, const uint16_t *x, int k, float *out) {
-    __m512 acc[16];
-    for (int a = 0; a < 4; a++, w += k) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-        for (int i = 0; i < k; i += 32) {
-            _mm_prefetch((const char *)(w + (size_t)4 * k + i), _MM_HINT_T0); /* the next tile's row */
-            const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i);
-            a0 = _mm512_dpbf16_ps(a0, wv, (__m512bh)_mm512_loadu_si512(x + i));
-            a1 = _mm512_dpbf16_ps(a1, wv, (__m512bh)_mm512_loadu_si512(x + (size_t)k + i));
-            a2 = _mm512_dpbf16_ps(a2, wv, (__m512bh)_mm512_loadu_si512(x + (size_t)2 * k + i));
-            a3 = _mm512_dpbf16_ps(a3, wv, (__m512bh)_mm512_loadu_si512(x + (size_t)3 * k + i));
-        }
-        acc[4 * a] = a0, acc[4 * a + 1] = a1, acc[4 * a + 2] = a2, acc[4 * a + 3] = a3;
-    }
-    _mm512_storeu_ps(out, sum16(acc));
-}
-
-/* the same for 8 rows and more, where the products bind: a 4x4 block of sums kept in 16
- * registers, each step loading 4 weight and 4 activation vectors for 16 products (GPT-2
- * 124M, a batch of 16 on a Zen 4: 15% faster than the streaming order, which is 30%
- * faster for 4 rows) */
-static void tile4x4_bf16_block(const uint16_t *w, const uint16_t *x, int k, float *out) {
-    __m512 acc[16];
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-    for (int i = 0; i < k; i += 32) {
-        __m512bh xv[4];
-        for (int b = 0; b < 4; b++) xv[b] = (__m512bh)_mm512_loadu_si512(x + (size_t)b * k + i);
-        for (int a = 0; a < 4; a++) {
-            _mm_prefetch((const char *)(w + (size_t)(4 + a) * k + i), _MM_HINT_T0); /* the next tile */
-            const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (size_t)a * k + i);
-            for (int b = 0; b < 4; b++) acc[4 * a + b] = _mm512_dpbf16_ps(acc[4 * a + b], wv, xv[b]);
+/* this thread's outputs [lo, hi) (lo a multiple of 64) of a product with packed weights */
+static void packed_product(const Mat *m, const uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
+    const size_t bs = (size_t)16 * m->k; /* between blocks of 16 outputs */
+    for (int j = lo; j < hi; j += PACK) {
+        const uint16_t *w = m->packed + (size_t)j * m->k;
+        for (int r = 0; r < rows; r += 6) {
+            const uint16_t *x = xb + (size_t)r * m->k;
+            switch (rows - r < 6 ? rows - r : 6) {
+            case 1: packed_tile(m, w, bs, x, y, r, j, mode, 1); break;
+            case 2: packed_tile(m, w, bs, x, y, r, j, mode, 2); break;
+            case 3: packed_tile(m, w, bs, x, y, r, j, mode, 3); break;
+            case 4: packed_tile(m, w, bs, x, y, r, j, mode, 4); break;
+            case 5: packed_tile(m, w, bs, x, y, r, j, mode, 5); break;
+            default: packed_tile(m, w, bs, x, y, r, j, mode, 6); break;
+            }
         }
     }
-    _mm512_storeu_ps(out, sum16(acc));
 }
 #endif
 
@@ -369,8 +401,6 @@ static float dot_i8(const int8_t *w, const float *x, int k) {
 }
 #endif
 
-enum { STORE = 0, ADD = 1, GELU = 2 }; /* what a product does with its result */
-
 /* e^x for the GELU and the softmax, as plain arithmetic the compiler vectorizes (expf is a call per
  * element): 2^n e^r with |r| <= ln2/2 and a degree-6 polynomial, within 2e-7 relative */
 static inline float vexp(float x) {
@@ -434,40 +464,17 @@ static inline float dot_row(const Mat *m, int j, const float *xr, const uint16_t
     return dot_f32((const float *)m->w + (size_t)j * k, xr, k);
 }
 
-/* y (rows, n) = x (rows, k) @ W^T + bias, then stored, added to y (a residual) or passed
- * through GELU; each weight row read from memory once for all rows. Called inside the
- * step's parallel region: each thread takes its share of the output rows, then they meet.
- * xb: this thread's room for x in bf16 (rows, k), for the bf16-pair products. */
-static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode) {
-    const int n = m->n, k = m->k;
-    int lo, hi, j = 0;
-    share(n, 16, &lo, &hi);
-    j = lo;
+/* this thread's outputs [lo, hi) of a product, from the weight rows as they are stored (for
+ * weights with no packed copy: fp32, int8, or bf16 where the CPU lacks AVX512-BF16); xb: x
+ * in bf16, for the bf16-pair dot products */
+static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
+    const int k = m->k;
+    int j = lo;
 #ifdef HAVE_BF16_PAIRS
-    if (m->dtype == BF16) {
-        to_bf16(x, xb, (size_t)rows * k);
-        const uint16_t *w = (const uint16_t *)m->w;
-        float out[16];
-        if (k % 32 == 0 && rows == 1)
-            for (; j + 16 <= hi; j += 16) {
-                rows16_bf16_pairs(w + (size_t)j * k, xb, k, out);
-                for (int q = 0; q < 16; q++) put(m, y, 0, j + q, out[q], mode);
-            }
-        else if (k % 32 == 0)
-            for (; j + 4 <= hi; j += 4) {
-                int r = 0;
-                for (; r + 4 <= rows; r += 4) {
-                    (rows >= 8 ? tile4x4_bf16_block : tile4x4_bf16_stream)(w + (size_t)j * k, xb + (size_t)r * k, k, out);
-                    for (int a = 0; a < 4; a++)
-                        for (int b = 0; b < 4; b++) put(m, y, r + b, j + a, out[4 * a + b], mode);
-                }
-                for (; r < rows; r++)
-                    for (int a = 0; a < 4; a++) put(m, y, r, j + a, dot_row(m, j + a, NULL, xb + (size_t)r * k), mode);
-            }
-    }
+    if (m->dtype == BF16) to_bf16(x, xb, (size_t)rows * k);
 #endif
 #ifdef HAVE_ROWS16
-    if (rows == 1 && k % 32 == 0) { /* bf16 here only without the bf16 pairs above */
+    if (rows == 1 && k % 32 == 0) {
         const size_t size = m->dtype == I8 ? 1 : m->dtype == BF16 ? 2 : 4;
         float out[16];
         for (; j + 16 <= hi; j += 16) {
@@ -478,8 +485,27 @@ static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int row
 #endif
     for (; j < hi; j++)
         for (int r = 0; r < rows; r++) put(m, y, r, j, dot_row(m, j, x + (size_t)r * k, xb + (size_t)r * k), mode);
+}
+
+/* y (rows, n) = x (rows, k) @ W^T + bias, then stored, added to y (a residual) or passed
+ * through GELU; each weight read from memory once for all rows. Called inside the step's
+ * parallel region: each thread takes its share of the outputs, then they meet. xb: this
+ * thread's room for x in bf16 (rows, k). */
+static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode) {
+    int lo, hi;
+#ifdef HAVE_PACKED
+    if (m->packed) {
+        share(m->n, PACK, &lo, &hi);
+        to_bf16(x, xb, (size_t)rows * m->k);
+        packed_product(m, xb, y, rows, mode, lo, hi);
+    } else
+#endif
+    {
+        share(m->n, 16, &lo, &hi);
+        stored_product(m, x, xb, y, rows, mode, lo, hi);
+    }
     if (mode == GELU)
-        for (int r = 0; r < rows; r++) gelu_all(y + (size_t)r * n + lo, hi - lo);
+        for (int r = 0; r < rows; r++) gelu_all(y + (size_t)r * m->n + lo, hi - lo);
 #pragma omp barrier
 }
 
@@ -582,6 +608,15 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
             }
         }
     }
+}
+
+/* whether bf16 weights are read from a packed copy (gptcli_pack_bf16) on this CPU */
+int gptcli_packs_bf16(void) {
+#ifdef HAVE_PACKED
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* tokens (rows): each row's new token, at position positions[r] of the model (its

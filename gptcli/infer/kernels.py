@@ -3,9 +3,11 @@
 Decoding reads every weight once per token and does little else, so its speed is set by
 how fast the weights stream from memory, and by what runs between the products. decode.c
 does a whole step (every block, the unembedding, the KV-cache writes) for every row at
-once, reading each weight row once for all rows, in the dtype it is stored in (fp32, bf16,
+once, reading each weight once for all rows, in the dtype it is stored in (fp32, bf16,
 or int8 with a scale per output row, gptcli/infer/quantize.py): no Python, no framework
-and no kernel launches between the operations.
+and no kernel launches between the operations. On CPUs with AVX512-BF16, bf16 weights are
+read from a copy packed in the order the products take them (built when the model first
+decodes this way: as much memory again as its weights).
 
 It is built with the machine's own C compiler for its own instruction set (`cc -O3
 -march=native -fopenmp`) the first time it is needed, in a background thread (decoding
@@ -40,6 +42,7 @@ from gptcli.model import GPT, KVCache
 
 SOURCE = Path(__file__).with_name("decode.c")
 F32, BF16, I8 = 0, 1, 2
+PACK = 64  # decode.c's packed copies have their rows rounded up to a multiple of this
 _DTYPES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
 
 
@@ -51,6 +54,7 @@ class _Mat(ctypes.Structure):
         ("dtype", ctypes.c_int),
         ("n", ctypes.c_int),
         ("k", ctypes.c_int),
+        ("packed", ctypes.c_void_p),
     ]
 
 
@@ -177,6 +181,8 @@ class _Library:
         try:
             lib = ctypes.CDLL(str(path))
             lib.gptcli_decode_step.restype = ctypes.c_int
+            lib.gptcli_packs_bf16.restype = ctypes.c_int
+            lib.gptcli_pack_bf16.restype = None
             self.lib = lib
         except OSError as e:
             self.failed = f"the CPU decoding kernel did not load ({e})"
@@ -202,7 +208,21 @@ def _f32(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
     return t.data_ptr()
 
 
-def _mat(linear: nn.Module, keep: list[torch.Tensor]) -> _Mat:
+def _packed(lib: ctypes.CDLL, w: torch.Tensor, keep: list[torch.Tensor]) -> int | None:
+    """bf16 weights (n, k) in the order the C step's products read them on this CPU
+    (decode.c, gptcli_pack_bf16), or None where it reads them as they are."""
+    n, k = w.shape
+    if w.dtype != torch.bfloat16 or k % 2 or not lib.gptcli_packs_bf16():
+        return None
+    packed = torch.empty(-(-n // PACK) * PACK * k, dtype=torch.bfloat16)
+    lib.gptcli_pack_bf16(
+        ctypes.c_void_p(w.data_ptr()), n, k, ctypes.c_void_p(packed.data_ptr()), torch.get_num_threads()
+    )
+    keep.append(packed)
+    return packed.data_ptr()
+
+
+def _mat(lib: ctypes.CDLL, linear: nn.Module, keep: list[torch.Tensor]) -> _Mat:
     """A Linear (or quantize.Int8Linear) as the C step reads it."""
     w = linear.weight.detach()
     if not w.is_contiguous() or w.dtype not in _DTYPES:
@@ -210,15 +230,22 @@ def _mat(linear: nn.Module, keep: list[torch.Tensor]) -> _Mat:
     keep.append(w)
     scale = getattr(linear, "scale", None)
     return _Mat(
-        w.data_ptr(), _f32(scale, keep), _f32(linear.bias, keep), _DTYPES[w.dtype], w.size(0), w.size(1)
+        w.data_ptr(),
+        _f32(scale, keep),
+        _f32(linear.bias, keep),
+        _DTYPES[w.dtype],
+        w.size(0),
+        w.size(1),
+        _packed(lib, w, keep),
     )
 
 
 class Decoder:
-    """One model's weights, pointed to for the C step (they are the model's own tensors,
-    or fp32 copies of the small ones: LayerNorms and biases)."""
+    """One model's weights, pointed to for the C step: the model's own tensors, fp32 copies
+    of the small ones (LayerNorms and biases), and on CPUs with AVX512-BF16 a copy of the
+    bf16 weights packed for the products (as much memory again as the model's weights)."""
 
-    def __init__(self, model: GPT) -> None:
+    def __init__(self, model: GPT, lib: ctypes.CDLL) -> None:
         t, c = model.transformer, model.config
         if t.wte.weight.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError("embeddings the decoding kernel cannot read")
@@ -230,10 +257,10 @@ class Decoder:
                 _f32(block.ln_1.bias, keep),
                 _f32(block.ln_2.weight, keep),
                 _f32(block.ln_2.bias, keep),
-                _mat(block.attn.c_attn, keep),
-                _mat(block.attn.c_proj, keep),
-                _mat(block.mlp.c_fc, keep),
-                _mat(block.mlp.c_proj, keep),
+                _mat(lib, block.attn.c_attn, keep),
+                _mat(lib, block.attn.c_proj, keep),
+                _mat(lib, block.mlp.c_fc, keep),
+                _mat(lib, block.mlp.c_proj, keep),
             )
         self.model = _Model(
             c.n_layer,
@@ -246,7 +273,7 @@ class Decoder:
             t.wpe.weight.data_ptr(),
             _f32(t.ln_f.weight, keep),
             _f32(t.ln_f.bias, keep),
-            _mat(model.lm_head, keep),
+            _mat(lib, model.lm_head, keep),
             layers,
             BF16,
         )
@@ -322,7 +349,7 @@ def _next_logits(self: GPT, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         weights = _weights_key(self)
         decoder = self.__dict__.get("_decoder")
         if decoder is None or decoder.weights != weights:  # new, or the model moved (model.to)
-            decoder = self.__dict__["_decoder"] = Decoder(self)
+            decoder = self.__dict__["_decoder"] = Decoder(self, lib)
             decoder.weights = weights
         return decoder.step(lib, idx[:, 0], cache)
     return GPT.next_logits(self, idx, **kwargs)
