@@ -180,31 +180,40 @@ static int scores16(const void *K, int dtype, const float *q, int hs, int n, flo
     return s;
 }
 
-/* out[i] = scale * sum over s < n of p[s] V[s][i]: values of hs (fp32 or bf16), 16 columns
+/* acc[v] += p[s] V[s][16v .. 16v + 16) for v < NV, s < n: the values' rows read once each, in
+ * order, NV vectors of sums in registers */
+static inline __attribute__((always_inline)) void weighted_columns(const void *V, int dtype, const float *p, int n,
+                                                                   int hs, __m512 *acc, const int NV) {
+    if (dtype == BF16)
+        for (int s = 0; s < n; s++) {
+            const __m512 w = _mm512_set1_ps(p[s]);
+            const uint16_t *row = (const uint16_t *)V + (size_t)s * hs;
+            for (int v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(w, widen_bf16(row + 16 * v), acc[v]);
+        }
+    else
+        for (int s = 0; s < n; s++) {
+            const __m512 w = _mm512_set1_ps(p[s]);
+            const float *row = (const float *)V + (size_t)s * hs;
+            for (int v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16 * v), acc[v]);
+        }
+}
+
+/* out[i] = scale * sum over s < n of p[s] V[s][i]: values of hs (fp32 or bf16), 64 columns
  * at a time in registers; 0 where it does not apply (hs not a multiple of 16). A slot of
  * weight 0 (masked) adds 0 x its values, which are finite (the cache starts zeroed). */
 #define HAVE_WEIGHTED16 1
 static int weighted16(const void *V, int dtype, const float *p, int n, int hs, float scale, float *out) {
     if (hs % 16) return 0;
-    for (int i = 0; i < hs; i += 16) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-        int s = 0;
-        if (dtype == BF16) {
-            const uint16_t *v = (const uint16_t *)V + i;
-            for (; s + 2 <= n; s += 2) {
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), widen_bf16(v + (size_t)s * hs), a0);
-                a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[s + 1]), widen_bf16(v + (size_t)(s + 1) * hs), a1);
-            }
-            if (s < n) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), widen_bf16(v + (size_t)s * hs), a0);
-        } else {
-            const float *v = (const float *)V + i;
-            for (; s + 2 <= n; s += 2) {
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(v + (size_t)s * hs), a0);
-                a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[s + 1]), _mm512_loadu_ps(v + (size_t)(s + 1) * hs), a1);
-            }
-            if (s < n) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(v + (size_t)s * hs), a0);
-        }
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(scale)));
+    const size_t size = dtype == BF16 ? 2 : 4;
+    for (int c = 0; c < hs;) {
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        const int nv = hs - c >= 64 ? 4 : 1;
+        const void *Vc = (const char *)V + (size_t)c * size;
+        if (nv == 4)
+            weighted_columns(Vc, dtype, p, n, hs, acc, 4);
+        else
+            weighted_columns(Vc, dtype, p, n, hs, acc, 1);
+        for (int v = 0; v < nv; v++, c += 16) _mm512_storeu_ps(out + c, _mm512_mul_ps(acc[v], _mm512_set1_ps(scale)));
     }
     return 1;
 }
@@ -266,6 +275,24 @@ static void to_bf16(const float *x, uint16_t *y, size_t n) {
         _mm512_storeu_si512(y + i, (__m512i)v);
     }
     for (; i < n; i++) y[i] = f32_to_bf16(x[i]);
+}
+
+/* p[s] = K[s] . q * scale for the first keys (bf16), 16 at a time, the query in bf16 too (as
+ * the model's own bf16 code has it), hs % 32 == 0; returns how many */
+static int scores16_pairs(const uint16_t *K, const uint16_t *q, int hs, int n, float scale, float *p) {
+    int s = 0;
+    for (; s + 16 <= n; s += 16) {
+        __m512 acc[16];
+        for (int t = 0; t < 16; t++) {
+            const uint16_t *key = K + (size_t)(s + t) * hs;
+            __m512 a = _mm512_setzero_ps();
+            for (int i = 0; i < hs; i += 32)
+                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(key + i), (__m512bh)_mm512_loadu_si512(q + i));
+            acc[t] = a;
+        }
+        _mm512_storeu_ps(p + s, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+    }
+    return s;
 }
 
 /* the products from packed bf16 weights (gptcli_pack_bf16) */
@@ -567,8 +594,16 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
             if (dt == BF16) {
                 uint16_t *K = (uint16_t *)kc + base, *V = (uint16_t *)vc + base;
                 for (int i = 0; i < hs; i++) K[(size_t)slot * hs + i] = f32_to_bf16(k[i]), V[(size_t)slot * hs + i] = f32_to_bf16(v[i]);
-                for (int s = first_scores(K, BF16, q, hs, slot + 1, scale, p); s <= slot; s++)
-                    p[s] = dot_bf16(K + (size_t)s * hs, q, hs) * scale;
+#ifdef HAVE_BF16_PAIRS
+                if (hs % 32 == 0 && hs <= 256) {
+                    uint16_t qb[256];
+                    to_bf16(q, qb, hs);
+                    for (int s = scores16_pairs(K, qb, hs, slot + 1, scale, p); s <= slot; s++)
+                        p[s] = dot_bf16_pairs(K + (size_t)s * hs, qb, hs) * scale;
+                } else
+#endif
+                    for (int s = first_scores(K, BF16, q, hs, slot + 1, scale, p); s <= slot; s++)
+                        p[s] = dot_bf16(K + (size_t)s * hs, q, hs) * scale;
             } else {
                 float *K = (float *)kc + base, *V = (float *)vc + base;
                 memcpy(K + (size_t)slot * hs, k, sizeof(float) * hs);
