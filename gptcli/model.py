@@ -106,15 +106,19 @@ class KVCache:
         slots written so far (a static cache keeps its buffers, which a compiled step holds
         on to)."""
         if index.numel() == self.batch_size:
-            moved = [r for r, src in enumerate(index.tolist()) if src != r]
+            moved = [(dst, src) for dst, src in enumerate(index.tolist()) if src != dst]
             if not moved:
                 return
-            dst = torch.tensor(moved, device=self.k.device)
-            src = index.to(self.k.device)[dst]
             end = self.max_len if self.static else self.pos  # a static cache's position is a tensor
-            self.k[:, dst, :, :end] = self.k[:, src, :, :end]  # the right side is a copy
-            self.v[:, dst, :, :end] = self.v[:, src, :, :end]
+            rows = {src: (self.k[:, src, :, :end], self.v[:, src, :, :end]) for _, src in moved}
+            overwritten = {dst for dst, _ in moved}
+            for src in overwritten & rows.keys():  # read before they are written over
+                rows[src] = (rows[src][0].clone(), rows[src][1].clone())
+            for dst, src in moved:  # row by row: faster than one indexed copy of them all
+                self.k[:, dst, :, :end].copy_(rows[src][0])
+                self.v[:, dst, :, :end].copy_(rows[src][1])
             if self.key_mask is not None:
+                dst, src = (torch.tensor(side, device=self.k.device) for side in zip(*moved))
                 self.key_mask[dst] = self.key_mask[src]
             return
         self.k = self.k.index_select(1, index)

@@ -153,6 +153,26 @@ def test_cache_expand_and_reorder_select_rows():
             torch.testing.assert_close(step2[row, -1], full[0, -1], atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("index", [[2, 0, 1, 1], [1, 0, 3, 2], [0, 1, 2, 3], [3, 3, 3, 3]])
+def test_reordering_in_place_keeps_what_each_row_is_given(index):
+    """Rows swapped, rotated, repeated or left alone: each row gets its source's keys,
+    values and key mask as they were before the reorder."""
+    config = ModelConfig(vocab_size=17, block_size=16, n_layer=2, n_head=2, n_embd=8)
+    cache = KVCache(config, batch_size=4, max_len=16)
+    cache.k.copy_(torch.randn_like(cache.k))
+    cache.v.copy_(torch.randn_like(cache.v))
+    cache.set_key_mask(torch.rand(4, 16) > 0.5)
+    cache.pos = 9
+    k, v, mask = cache.k.clone(), cache.v.clone(), cache.key_mask.clone()
+    buffers = cache.k.data_ptr(), cache.v.data_ptr()
+    cache.reorder(torch.tensor(index))
+    assert (cache.k.data_ptr(), cache.v.data_ptr()) == buffers  # in place
+    for dst, src in enumerate(index):
+        assert torch.equal(cache.k[:, dst, :, :9], k[:, src, :, :9])
+        assert torch.equal(cache.v[:, dst, :, :9], v[:, src, :, :9])
+        assert torch.equal(cache.key_mask[dst], mask[src])
+
+
 class Seen(Probe):
     """Keeps everything a probe is shown."""
 
