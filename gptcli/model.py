@@ -118,7 +118,7 @@ class KVCache:
                 self.k[:, dst, :, :end].copy_(rows[src][0])
                 self.v[:, dst, :, :end].copy_(rows[src][1])
             if self.key_mask is not None:
-                dst, src = (torch.tensor(side, device=self.k.device) for side in zip(*moved))
+                dst, src = (torch.tensor(side, device=self.k.device) for side in zip(*moved, strict=True))
                 self.key_mask[dst] = self.key_mask[src]
             return
         self.k = self.k.index_select(1, index)

@@ -75,14 +75,15 @@ def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
     # a prompt of 20 and 4 steps: attention over more than 16 positions (the 16-key blocks)
     (want, want_cache), (got, got_cache) = steps_both_ways(model, rows, 20, 4, padded=rows > 1)
     decoder = model.__dict__["_decoder"]  # the C step ran
-    if kind == "bf16" and library().gptcli_packs_bf16():  # and read the packed copy of the weights
+    stored = {"bf16": kernels.BF16, "int8": kernels.I8}.get(kind)
+    if stored is not None and library().gptcli_packs(stored):  # and read packed copies of the weights
         even = shape[0] % 2 == 0
         assert all(bool(layer.attn.packed) == even and layer.out.packed for layer in decoder.layers)
         assert bool(decoder.model.head.packed) == even
     if kind == "bf16":  # activations rounded to bf16 at different points: within bf16 rounding
         tol = dict(atol=0.03 * want.abs().max().item(), rtol=0)
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
-    else:
+    else:  # (int8 with VNNI: activations as int16, within 1/65,534 of their row's largest here)
         tol = dict(atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(got, want, **tol)
     torch.testing.assert_close(got_cache.k.float(), want_cache.k.float(), **tol)
@@ -95,9 +96,9 @@ def _cpu_has(*flags: str) -> bool:
 
 
 ISAS = {  # the code paths of decode.c, by what the compiler may use
-    "avx512-bf16": (
-        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"],
-        ("avx512f", "avx512_bf16"),
+    "avx512-bf16-vnni": (
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma"],
+        ("avx512f", "avx512_bf16", "avx512_vnni"),
     ),
     "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"], ("avx512f",)),
     "avx2": (["-mavx2", "-mfma"], ("avx2", "fma")),

@@ -181,8 +181,8 @@ class _Library:
         try:
             lib = ctypes.CDLL(str(path))
             lib.gptcli_decode_step.restype = ctypes.c_int
-            lib.gptcli_packs_bf16.restype = ctypes.c_int
-            lib.gptcli_pack_bf16.restype = None
+            lib.gptcli_packs.restype = ctypes.c_int
+            lib.gptcli_pack.restype = None
             self.lib = lib
         except OSError as e:
             self.failed = f"the CPU decoding kernel did not load ({e})"
@@ -209,15 +209,15 @@ def _f32(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
 
 
 def _packed(lib: ctypes.CDLL, w: torch.Tensor, keep: list[torch.Tensor]) -> int | None:
-    """bf16 weights (n, k) in the order the C step's products read them on this CPU
-    (decode.c, gptcli_pack_bf16), or None where it reads them as they are."""
+    """bf16 or int8 weights (n, k) in the order the C step's products read them on this CPU
+    (decode.c, gptcli_pack), or None where it reads them as they are."""
     n, k = w.shape
-    if w.dtype != torch.bfloat16 or k % 2 or not lib.gptcli_packs_bf16():
+    dtype = _DTYPES[w.dtype]
+    if k % 2 or not lib.gptcli_packs(dtype):
         return None
-    packed = torch.empty(-(-n // PACK) * PACK * k, dtype=torch.bfloat16)
-    lib.gptcli_pack_bf16(
-        ctypes.c_void_p(w.data_ptr()), n, k, ctypes.c_void_p(packed.data_ptr()), torch.get_num_threads()
-    )
+    packed = torch.empty(-(-n // PACK) * PACK * k, dtype=w.dtype)
+    threads = torch.get_num_threads()
+    lib.gptcli_pack(ctypes.c_void_p(w.data_ptr()), dtype, n, k, ctypes.c_void_p(packed.data_ptr()), threads)
     keep.append(packed)
     return packed.data_ptr()
 

@@ -4,9 +4,10 @@ Every Linear of the blocks, and the unembedding, keep their weights as int8 (hal
 bytes, a quarter of fp32's) and a scale each output row: w ≈ q * scale, q = round(w /
 scale), scale = max |w| of the row / 127. Activations stay in the model's dtype. The token
 embedding stays as it was: a lookup reads one row, and the unembedding, tied to it in
-GPT-2, gets its own int8 copy. Decoding reads the int8 weights in gptcli/infer/decode.c;
-everything else (prefill, eval's batches) multiplies through torch's int8 weight-only
-kernel for bf16 inputs, or a dequantized weight otherwise.
+GPT-2, gets its own int8 copy. Decoding reads the int8 weights in gptcli/infer/decode.c
+(on CPUs with AVX512-VNNI, multiplied there with the activations as int16 with a scale per
+row: finer than bf16); everything else (prefill, eval's batches) multiplies through torch's
+int8 weight-only kernel for bf16 inputs, or a dequantized weight otherwise.
 """
 
 from __future__ import annotations
