@@ -120,6 +120,29 @@ def test_compile_builds_its_graphs_before_answering_and_answers_as_sample_does(t
         s.proc.stderr.close()
 
 
+def test_quantize_int8_answers_as_sample_does_alone_and_batched(trained):
+    """--quantize int8: greedy completions, alone and three of different prompts decoded
+    together (the int8 products of several rows at once), are sample --quantize int8's."""
+    s = Server(trained, "--quantize", "int8", "--dtype", "fp32", "--max-batch", "4")
+    try:
+        want = {
+            p: sample_json(
+                trained, "-p", p, "-n", "12", "--temp", "0", "--dtype", "fp32", "--quantize", "int8"
+            )["samples"][0]["text"]
+            for p in ("The", "the fox dug")
+        }
+        alone = s.client.completions.create(model=s.model, prompt="The", max_tokens=12, temperature=0)
+        assert alone.choices[0].text == want["The"]
+        prompts = ["The", "the fox dug", "The"]
+        three = s.client.completions.create(model=s.model, prompt=prompts, max_tokens=12, temperature=0)
+        assert [c.text for c in three.choices] == [want[p] for p in prompts]
+    finally:
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=30) == 0
+        s.proc.stdout.close()
+        s.proc.stderr.close()
+
+
 def test_echo_logprobs_scores_the_prompt_as_the_model_does(trained, server):
     prompt = "The fox dug a"
     r = server.client.completions.create(
