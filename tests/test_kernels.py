@@ -159,6 +159,12 @@ def test_the_model_moved_or_reloaded_is_read_anew():
     model.to(torch.bfloat16)  # new tensors
     (want, _), (got, _) = steps_both_ways(model, 1, 5, 1, padded=False)
     torch.testing.assert_close(got, want, atol=0.03 * want.abs().max().item(), rtol=0)
+    before = got
+    with torch.no_grad():  # a block's weights (read from a packed copy) changed in place
+        model.transformer.h[0].mlp.c_fc.weight.mul_(-3.0)
+    (want, _), (got, _) = steps_both_ways(model, 1, 5, 1, padded=False)
+    torch.testing.assert_close(got, want, atol=0.03 * want.abs().max().item(), rtol=0)
+    assert not torch.allclose(got, before, atol=0.03 * want.abs().max().item())
 
 
 def test_training_probes_and_static_caches_keep_the_models_code():

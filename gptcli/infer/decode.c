@@ -87,7 +87,9 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
     }
 void gptcli_pack(const void *w, int dtype, int n, int k, void *out, int threads) {
     const int pairs = k / 2, blocks = (n + PACK - 1) / PACK * (PACK / 16);
-#ifndef _OPENMP
+#ifdef _OPENMP
+    if (threads < 1) threads = 1;
+#else
     (void)threads;
 #endif
     if (dtype == BF16) {
@@ -377,7 +379,7 @@ static void quantize_rows(const float *x, int rows, int k, int16_t *xq, float *s
         float amax = 0.f;
 #pragma omp simd reduction(max : amax)
         for (int i = 0; i < k; i++) amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax;
-        const float s = amax > 0.f ? amax / top : 1.f, inv = 1.f / s;
+        const float s = amax > 1e-30f ? amax / top : 1.f, inv = 1.f / s; /* (1 / s finite) */
         sx[r] = s;
         int i = 0;
         for (; i + 16 <= k; i += 16)

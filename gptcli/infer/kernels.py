@@ -5,9 +5,9 @@ how fast the weights stream from memory, and by what runs between the products. 
 does a whole step (every block, the unembedding, the KV-cache writes) for every row at
 once, reading each weight once for all rows, in the dtype it is stored in (fp32, bf16,
 or int8 with a scale per output row, gptcli/infer/quantize.py): no Python, no framework
-and no kernel launches between the operations. On CPUs with AVX512-BF16, bf16 weights are
-read from a copy packed in the order the products take them (built when the model first
-decodes this way: as much memory again as its weights).
+and no kernel launches between the operations. On CPUs with AVX512-BF16 (bf16 weights) or
+AVX512-VNNI (int8), the weights are read from a copy packed in the order the products take
+them (built when the model first decodes this way: as much memory again as its weights).
 
 It is built with the machine's own C compiler for its own instruction set (`cc -O3
 -march=native -fopenmp`) the first time it is needed, in a background thread (decoding
@@ -242,8 +242,9 @@ def _mat(lib: ctypes.CDLL, linear: nn.Module, keep: list[torch.Tensor]) -> _Mat:
 
 class Decoder:
     """One model's weights, pointed to for the C step: the model's own tensors, fp32 copies
-    of the small ones (LayerNorms and biases), and on CPUs with AVX512-BF16 a copy of the
-    bf16 weights packed for the products (as much memory again as the model's weights)."""
+    of the small ones (LayerNorms and biases), and a copy of the bf16 weights (on CPUs with
+    AVX512-BF16) or int8 weights (AVX512-VNNI) packed for the products: as much memory again
+    as those weights."""
 
     def __init__(self, model: GPT, lib: ctypes.CDLL) -> None:
         t, c = model.transformer, model.config
@@ -279,6 +280,17 @@ class Decoder:
         )
         self.layers, self.keep, self.vocab = layers, keep, c.vocab_size
         self.weights: tuple[int, ...] = ()
+        # what the copies above were made from: an in-place change to any of them (their
+        # version moves) makes the model read anew
+        self.sources = [*model.parameters(), *model.buffers()]
+        self.versions = self._versions()
+
+    def _versions(self) -> tuple[int, ...]:
+        return tuple(t._version for t in self.sources)
+
+    def stale(self) -> bool:
+        """Whether a weight was changed in place since the copies were made."""
+        return self._versions() != self.versions
 
     def step(self, lib: ctypes.CDLL, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """The logits (B, V) after each row's new token (B,), stored in cache."""
@@ -348,7 +360,7 @@ def _next_logits(self: GPT, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     ):
         weights = _weights_key(self)
         decoder = self.__dict__.get("_decoder")
-        if decoder is None or decoder.weights != weights:  # new, or the model moved (model.to)
+        if decoder is None or decoder.weights != weights or decoder.stale():  # new, moved or changed
             decoder = self.__dict__["_decoder"] = Decoder(self, lib)
             decoder.weights = weights
         return decoder.step(lib, idx[:, 0], cache)
