@@ -52,6 +52,25 @@ def test_greedy_past_the_context_slides_the_window(model):
         assert got == naive_sliding_greedy(model, prompt, 40)
 
 
+def test_the_cache_holds_what_the_prompt_and_new_tokens_need(model, monkeypatch):
+    """Its first cache has room for the prompt and the new tokens, up to the window (and the
+    whole window after a slide); the tokens are the same as without a cache."""
+    import gptcli.infer.generate as gen
+
+    sizes = []
+
+    class Recorded(gen.KVCache):
+        def __init__(self, config, batch_size, max_len, *args, **kwargs):
+            sizes.append(max_len)
+            super().__init__(config, batch_size, max_len, *args, **kwargs)
+
+    monkeypatch.setattr(gen, "KVCache", Recorded)
+    for prompt, n, want in (([1, 5, 7], 4, [7]), ([1, 5, 7], 9, [12]), ([1, 5, 7], 14, [12, 12])):
+        sizes.clear()
+        got = [int(s.tokens[0]) for s in generate(model, prompt, n, sampling=GREEDY)]
+        assert sizes == want and got == naive_sliding_greedy(model, prompt, n)
+
+
 def test_temperature_zero_is_argmax_decoding(model):
     prompt = [1, 5, 7]
     got = [int(s.tokens[0]) for s in generate(model, prompt, 8, sampling=GREEDY)]

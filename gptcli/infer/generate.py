@@ -187,7 +187,13 @@ class _Context:
     cache; with compile, a static cache and a compiled one-token step)."""
 
     def __init__(
-        self, model: GPT, seq: torch.Tensor, use_cache: bool, cache_dtype: torch.dtype, compile: bool = False
+        self,
+        model: GPT,
+        seq: torch.Tensor,
+        use_cache: bool,
+        cache_dtype: torch.dtype,
+        compile: bool = False,
+        new_tokens: int | None = None,
     ) -> None:
         self.model = model
         self.block = model.config.block_size
@@ -198,6 +204,11 @@ class _Context:
         self.seq = seq  # (B, n)
         self.start = max(0, seq.size(1) - self.block)  # first position inside the window
         self.cache: KVCache | None = None
+        # the first cache holds what the prompt and the new tokens need, up to the window
+        # (16 samples of 100 tokens from GPT-2 124M in bf16: 68 MB of cache, not 600); a compiled
+        # step keeps one shape, the window's, so that it compiles once per model
+        need = seq.size(1) - self.start + (new_tokens if new_tokens is not None else self.block)
+        self.first_len = self.block if compile else min(self.block, need)
 
     def _refill(self) -> torch.Tensor:
         """The next logits (B, V) after the window, encoded afresh (into a new cache)."""
@@ -209,7 +220,8 @@ class _Context:
             self.cache.reset()  # the same buffers, which the compiled step holds on to
         else:
             config, device = self.model.config, window.device
-            self.cache = KVCache(config, B, self.block, device, self.cache_dtype, static=self.compile)
+            size = self.first_len if self.cache is None else self.block  # after a slide, the window
+            self.cache = KVCache(config, B, size, device, self.cache_dtype, static=self.compile)
         return self.model.next_logits(window, kv_cache=self.cache)
 
     def first(self) -> torch.Tensor:
@@ -257,7 +269,7 @@ def generate(
         raise ValueError("generate needs at least one prompt token")
     device = next(model.parameters()).device
     seq = torch.tensor([list(prompt)], device=device)
-    ctx = _Context(model, seq, use_cache, cache_dtype(model), compile)
+    ctx = _Context(model, seq, use_cache, cache_dtype(model), compile, new_tokens=max_new_tokens)
     logits = ctx.first()
     ctx.expand(num_samples)
     logits = logits.expand(num_samples, -1)
