@@ -71,6 +71,19 @@ def test_the_cache_holds_what_the_prompt_and_new_tokens_need(model, monkeypatch)
         assert sizes == want and got == naive_sliding_greedy(model, prompt, n)
 
 
+def test_argmax_is_torchs_for_ties_nans_infinities_and_views():
+    from gptcli.infer.generate import argmax
+
+    rows = torch.randn(6, 50257)
+    rows[1, [7, 9000]] = 50.0  # a tie: the first
+    rows[2, 123] = float("nan")  # NaN wins, as in torch
+    rows[3] = float("-inf")
+    rows[4, [5, 6]] = float("inf")
+    for logits in (rows, rows[:, ::3], rows[:1].expand(4, -1), rows[0], rows.T.contiguous().T):
+        got = argmax(logits)
+        assert got.dtype == torch.long and torch.equal(got, logits.argmax(dim=-1))
+
+
 def test_temperature_zero_is_argmax_decoding(model):
     prompt = [1, 5, 7]
     got = [int(s.tokens[0]) for s in generate(model, prompt, 8, sampling=GREEDY)]

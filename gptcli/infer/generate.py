@@ -64,7 +64,7 @@ class Sampling:
         """q (B, V) for logits (B, V); all mass on the argmax when greedy."""
         logits = logits.float()
         if self.greedy:
-            return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
+            return F.one_hot(argmax(logits), logits.size(-1)).float()
         if not self.reshapes:  # p itself: softmax subtracts the max on its own, to the same bits
             return logits.softmax(-1)
         # subtract the max first, so the largest logit is 0 and the others only fall towards
@@ -78,8 +78,17 @@ class Sampling:
         """Next token ids (B,) for logits (B, V); generator: one for the batch, or one per
         row (each row's draws then depend on nothing but its own generator)."""
         if self.greedy:
-            return logits.argmax(dim=-1)
+            return argmax(logits)
         return draw_from(self.distribution(logits), generator)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(-1), (B, V) -> (B,): on the CPU through numpy's, which takes 5 us for a
+    row of GPT-2's vocabulary where torch's takes 44 (a token of a greedy decoding costs
+    6 ms); the same rule for ties (the first) and NaN (the first NaN)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+        return torch.as_tensor(logits.numpy().argmax(-1))
+    return logits.argmax(dim=-1)
 
 
 Generators = torch.Generator | Sequence[torch.Generator] | None

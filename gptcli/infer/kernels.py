@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import operator
 import os
 import platform
 import shutil
@@ -43,6 +44,7 @@ from gptcli.model import GPT, KVCache
 SOURCE = Path(__file__).with_name("decode.c")
 F32, BF16, I8 = 0, 1, 2
 PACK = 64  # decode.c's packed copies have their rows rounded up to a multiple of this
+_VERSION = operator.attrgetter("_version")
 _DTYPES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
 
 
@@ -286,7 +288,7 @@ class Decoder:
         self.versions = self._versions()
 
     def _versions(self) -> tuple[int, ...]:
-        return tuple(t._version for t in self.sources)
+        return tuple(map(_VERSION, self.sources))  # (150 tensors for GPT-2 124M: about 5 us)
 
     def stale(self) -> bool:
         """Whether a weight was changed in place since the copies were made."""
