@@ -227,14 +227,14 @@ def run(args) -> list[Result]:
         ours_tps(m, prompt, 8)
     ours_runs: dict[str, list[float]] = {k: [] for k in models}
     peer_runs: dict[str, list[float]] = {k: [] for k in llms}
-    bws = []
+    bws = []  # measured before every round: this shared machine's bandwidth moves within a run
     for _ in range(args.repeats):
-        bws.append(memory_bandwidth())
         for ours_kind, peer_kind in PAIRS:
+            bws.append(memory_bandwidth())
             ours_runs[ours_kind].append(ours_tps(models[ours_kind], prompt, n))
             if peer_kind in llms:
                 peer_runs[peer_kind].append(llama_tps(llms[peer_kind], prompt, n)[0])
-    bw = statistics.median(bws)
+    bw = max(bws)  # the limit: the most the machine gave in this run, so no share is flattered
     results = []
     targets = {
         "bf16": (1.1, ">= 1.1x, >= 80% of bandwidth"),
@@ -254,7 +254,8 @@ def run(args) -> list[Result]:
             met = (met if met is not None else True) and vs_bf16 >= 1.6
         notes = [
             f"{n} new tokens from a 16-token prompt, greedy, {torch.get_num_threads()} threads; "
-            f"{100 * share:.0f}% of the bandwidth limit ({bw / 1e9:.1f} GB/s, "
+            f"{100 * share:.0f}% of the bandwidth limit ({bw / 1e9:.1f} GB/s, the highest of "
+            f"{len(bws)} measurements between rounds, the lowest {min(bws) / 1e9:.1f}; "
             f"{weight_bytes(models[ours_kind]) / 1e6:.0f} MB read per token)"
         ]
         if ours_kind == "int8":
