@@ -84,6 +84,17 @@ def test_argmax_is_torchs_for_ties_nans_infinities_and_views():
         assert got.dtype == torch.long and torch.equal(got, logits.argmax(dim=-1))
 
 
+@pytest.mark.parametrize("rows,V,k", [(4, 50257, 8), (1, 7, 2), (3, 2, 6), (5, 23, 10)])
+def test_top_of_all_is_topk_over_the_flattened_scores(rows, V, k):
+    from gptcli.infer.generate import top_of_all
+
+    scores = torch.randn(rows, V, generator=torch.Generator().manual_seed(V))
+    scores[0, :2] = float("-inf")
+    want = torch.topk(scores.view(-1), k)
+    got = top_of_all(scores, k)
+    assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+
+
 def test_temperature_zero_is_argmax_decoding(model):
     prompt = [1, 5, 7]
     got = [int(s.tokens[0]) for s in generate(model, prompt, 8, sampling=GREEDY)]
