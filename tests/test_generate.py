@@ -84,6 +84,21 @@ def test_argmax_is_torchs_for_ties_nans_infinities_and_views():
         assert got.dtype == torch.long and torch.equal(got, logits.argmax(dim=-1))
 
 
+CONTINUED = [([2, 0, 1, 1], 1), ([0, 1, 2, 3], 0), ([3, 3, 3, 3], 3), ([1, 0, 3, 2], 0), ([0, 0, 1, 1], 2)]
+
+
+@pytest.mark.parametrize("parents,copies", CONTINUED)
+def test_beams_keep_their_cache_rows_where_they_can(parents, copies):
+    """Each cache row goes to one beam, every beam gets a row, and only a row's second and
+    later continuations are copied into another row."""
+    from gptcli.infer.generate import _cache_rows
+
+    order = _cache_rows(parents)
+    assert sorted(order) == list(range(len(parents)))  # a permutation of the beams
+    placed = [parents[beam] for beam in order]  # the row each cache row is filled from
+    assert sum(src != row for row, src in enumerate(placed)) == copies
+
+
 @pytest.mark.parametrize("rows,V,k", [(4, 50257, 8), (1, 7, 2), (3, 2, 6), (5, 23, 10)])
 def test_top_of_all_is_topk_over_the_flattened_scores(rows, V, k):
     from gptcli.infer.generate import top_of_all
