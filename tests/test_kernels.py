@@ -100,6 +100,10 @@ ISAS = {  # the code paths of decode.c, by what the compiler may use
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma"],
         ("avx512f", "avx512_bf16", "avx512_vnni"),
     ),
+    "avx512-vnni": (  # packed int8 without packed bf16 (Cascade Lake, Ice Lake)
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"],
+        ("avx512f", "avx512_vnni"),
+    ),
     "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"], ("avx512f",)),
     "avx2": (["-mavx2", "-mfma"], ("avx2", "fma")),
     "plain": ([], ()),
