@@ -53,6 +53,9 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, nh, max_len, hs)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.key_mask: torch.Tensor | None = None  # (B, max_len) bool
+        # (B, max_len) int32 or None: which row of k and v holds each slot of each row, where
+        # a reorder has not moved them (see reorder); None: every row holds its own
+        self.sources: torch.Tensor | None = None
         self.max_len = max_len
         self.pos = 0  # tokens stored
         self.static = static
@@ -84,6 +87,7 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new (B, nh, T, hs) keys/values of `layer`; return all (B, nh, S, hs)
         (static: all max_len slots)."""
+        self.settle()
         if self.static:
             at = self.pos_t + self.slots[: k.size(2)]
             self.k[layer].index_copy_(2, at, k)
@@ -101,32 +105,62 @@ class KVCache:
         self.key_mask[:, : valid.size(1)] = valid
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep the rows `index` of the batch, in that order (beam search survivors). With as
-        many rows as before, in place: only the rows that change are copied, and only the
-        slots written so far (a static cache keeps its buffers, which a compiled step holds
-        on to)."""
-        if index.numel() == self.batch_size:
-            moved = [(dst, src) for dst, src in enumerate(index.tolist()) if src != dst]
-            if not moved:
-                return
-            end = self.max_len if self.static else self.pos  # a static cache's position is a tensor
-            rows = {src: (self.k[:, src, :, :end], self.v[:, src, :, :end]) for _, src in moved}
-            overwritten = {dst for dst, _ in moved}
-            for src in overwritten & rows.keys():  # read before they are written over
-                rows[src] = (rows[src][0].clone(), rows[src][1].clone())
-            for dst, src in moved:  # row by row: faster than one indexed copy of them all
-                self.k[:, dst, :, :end].copy_(rows[src][0])
-                self.v[:, dst, :, :end].copy_(rows[src][1])
-            if self.key_mask is not None:
-                dst, src = (torch.tensor(side, device=self.k.device) for side in zip(*moved, strict=True))
-                self.key_mask[dst] = self.key_mask[src]
+        """Keep the rows `index` of the batch, in that order (beam search survivors).
+
+        With as many rows as before, on the CPU and not static, nothing is copied: `sources`
+        records which row holds each slot (the C decoding step reads them there; the
+        slots still to be written stay each row's own), and `settle` moves them the first
+        time anything else reads the cache. Otherwise in place where the size stays (only
+        the rows that change, only the slots written so far: a static cache keeps its
+        buffers, which a compiled step holds on to), or into new buffers."""
+        same = index.numel() == self.batch_size
+        if self.key_mask is not None:
+            moved = self.key_mask.index_select(0, index)
+            self.key_mask = self.key_mask.copy_(moved) if same else moved
+        if same and not self.static and self.k.device.type == "cpu":
+            if self.sources is None:
+                rows = torch.arange(self.batch_size, dtype=torch.int32)
+                self.sources = rows[:, None].expand(-1, self.max_len).contiguous()
+            self.sources[:, : self.pos] = self.sources[index, : self.pos]
+            return
+        self.settle()
+        if same:
+            self._move_rows(index.tolist())
             return
         self.k = self.k.index_select(1, index)
         self.v = self.v.index_select(1, index)
-        if self.key_mask is not None:
-            self.key_mask = self.key_mask.index_select(0, index)
         if self.static:  # new buffers, of the new batch size
             self._mark_static()
+
+    def settle(self) -> None:
+        """Move every slot into its own row, as `sources` says (see reorder): k and v then
+        hold each row's keys and values where the model's own attention reads them."""
+        if self.sources is None:
+            return
+        src, self.sources = self.sources[:, : self.pos], None
+        if src.size(1) == 0:
+            return
+        if bool((src == src[:, :1]).all()):  # whole rows (one reorder since the last settle)
+            self._move_rows(src[:, 0].tolist())
+            return
+        slots = torch.arange(src.size(1))
+        for t in (self.k, self.v):  # (B, S, L, nh, hs) gathered, then put back in place
+            t[:, :, :, : src.size(1)] = t[:, src.long(), :, slots].permute(2, 0, 3, 1, 4)
+
+    def _move_rows(self, index: list[int]) -> None:
+        """Row r takes row index[r]'s slots written so far, in place: only the rows that
+        change are copied, one by one (faster than one indexed copy of them all), those read
+        after being written over from a copy."""
+        moved = [(dst, src) for dst, src in enumerate(index) if src != dst]
+        if not moved:
+            return
+        end = self.max_len if self.static else self.pos  # a static cache's position is a tensor
+        rows = {src: (self.k[:, src, :, :end], self.v[:, src, :, :end]) for _, src in moved}
+        for src in {dst for dst, _ in moved} & rows.keys():  # read before they are written over
+            rows[src] = (rows[src][0].clone(), rows[src][1].clone())
+        for dst, src in moved:
+            self.k[:, dst, :, :end].copy_(rows[src][0])
+            self.v[:, dst, :, :end].copy_(rows[src][1])
 
     def expand(self, n: int) -> None:
         """Repeat every row n times: prefill a prompt once, then decode n continuations."""

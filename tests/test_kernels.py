@@ -38,8 +38,10 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-def steps_both_ways(model: GPT, rows: int, prompt_len: int, steps: int, padded: bool):
-    """Logits and caches after `steps` one-token steps, by the model's code and by the C step."""
+def steps_both_ways(model: GPT, rows: int, prompt_len: int, steps: int, padded: bool, reorder: bool = False):
+    """Logits and caches after `steps` one-token steps, by the model's code and by the C step.
+    reorder: the rows reordered after every step, as beam search does (the C step then reads
+    each slot from the row the cache's `sources` names; the model's code settles first)."""
     g = torch.Generator().manual_seed(rows * 100 + prompt_len)
     idx = torch.randint(0, 97, (rows, prompt_len), generator=g)
     mask = None
@@ -59,6 +61,9 @@ def steps_both_ways(model: GPT, rows: int, prompt_len: int, steps: int, padded: 
                 logits.append(
                     step(model, new, kv_cache=cache) if step is GPT.next_logits else step(new, kv_cache=cache)
                 )
+                if reorder:
+                    cache.reorder(torch.randint(0, rows, (rows,), generator=torch.Generator().manual_seed(i)))
+        cache.settle()
         out.append((torch.stack(logits).float(), cache))
     return out
 
@@ -72,8 +77,10 @@ def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
     model = small_model(dtype, *shape, int8=kind == "int8")
     assert kernels.use_fast_decode(model)
-    # a prompt of 20 and 4 steps: attention over more than 16 positions (the 16-key blocks)
-    (want, want_cache), (got, got_cache) = steps_both_ways(model, rows, 20, 4, padded=rows > 1)
+    # a prompt of 20 and 4 steps: attention over more than 16 positions (the 16-key blocks); the
+    # rows reordered between steps as beams are
+    both = steps_both_ways(model, rows, 20, 4, padded=rows > 1, reorder=rows > 1)
+    (want, want_cache), (got, got_cache) = both
     decoder = model.__dict__["_decoder"]  # the C step ran
     stored = {"bf16": kernels.BF16, "int8": kernels.I8}.get(kind)
     if stored is not None and library().gptcli_packs(stored):  # and read packed copies of the weights
@@ -130,7 +137,7 @@ def test_every_instruction_set_path_gives_the_models_logits(isa, tmp_path, monke
         for rows in (1, 5):
             model = small_model(torch.bfloat16 if kind == "bf16" else torch.float32, int8=kind == "int8")
             assert kernels.use_fast_decode(model)
-            (want, _), (got, cache) = steps_both_ways(model, rows, 20, 3, padded=rows > 1)
+            (want, _), (got, cache) = steps_both_ways(model, rows, 20, 3, padded=rows > 1, reorder=rows > 1)
             assert "_decoder" in model.__dict__
             tol = 0.03 * want.abs().max().item() if kind == "bf16" else 2e-5
             torch.testing.assert_close(got, want, atol=tol, rtol=1e-5, msg=f"{isa} {kind} rows={rows}")

@@ -166,11 +166,41 @@ def test_reordering_in_place_keeps_what_each_row_is_given(index):
     k, v, mask = cache.k.clone(), cache.v.clone(), cache.key_mask.clone()
     buffers = cache.k.data_ptr(), cache.v.data_ptr()
     cache.reorder(torch.tensor(index))
+    assert torch.equal(cache.k, k) and torch.equal(cache.v, v)  # recorded, not yet copied
+    cache.settle()
     assert (cache.k.data_ptr(), cache.v.data_ptr()) == buffers  # in place
     for dst, src in enumerate(index):
         assert torch.equal(cache.k[:, dst, :, :9], k[:, src, :, :9])
         assert torch.equal(cache.v[:, dst, :, :9], v[:, src, :, :9])
         assert torch.equal(cache.key_mask[dst], mask[src])
+
+
+def test_reorders_between_steps_are_recorded_then_settled():
+    """Beam steps on the CPU: each step writes every row's new slot in that row, then the
+    rows are reordered. Nothing is copied until settle, which leaves each row holding its
+    own history, as if every reorder had copied (histories kept here as lists)."""
+    config = ModelConfig(vocab_size=17, block_size=16, n_layer=2, n_head=2, n_embd=8)
+    cache = KVCache(config, batch_size=4, max_len=12)
+    gen = torch.Generator().manual_seed(0)
+    history: list[list[torch.Tensor]] = [[] for _ in range(4)]  # per row: its slots' (L, nh, 2, hs)
+    for step in range(10):
+        new = torch.randn(config.n_layer, 4, config.n_head, 2, config.head_dim, generator=gen)
+        cache.k[:, :, :, step], cache.v[:, :, :, step] = new[..., 0, :], new[..., 1, :]
+        for r in range(4):
+            history[r].append(new[:, r])
+        cache.pos += 1
+        index = torch.randint(0, 4, (4,), generator=gen)
+        before = cache.k.clone()
+        cache.reorder(index)
+        assert torch.equal(cache.k, before)  # only recorded
+        history = [list(history[i]) for i in index.tolist()]
+    assert cache.sources is not None and not bool((cache.sources[:, :10] == cache.sources[:, :1]).all())
+    cache.settle()
+    assert cache.sources is None
+    for r in range(4):
+        want = torch.stack(history[r], dim=2)  # (L, nh, S, 2, hs)
+        assert torch.equal(cache.k[:, r, :, :10], want[..., 0, :])
+        assert torch.equal(cache.v[:, r, :, :10], want[..., 1, :])
 
 
 class Seen(Probe):

@@ -180,17 +180,18 @@ static inline __m512 sum16(const __m512 *a) {
                          _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* p[s] = K[s] . q * scale for s < n: keys of hs values (fp32 or bf16), 16 keys summed at
- * once; where it does not apply (hs not a multiple of 16), 0 and the caller goes on */
+/* p[s] = K[s] . q * scale for s < n: keys of hs values (fp32 or bf16), key s at K + at[s]
+ * (elements), 16 keys summed at once; where it does not apply (hs not a multiple of 16), 0
+ * and the caller goes on */
 #define HAVE_SCORES16 1
-static int scores16(const void *K, int dtype, const float *q, int hs, int n, float scale, float *p) {
+static int scores16(const void *K, const size_t *at, int dtype, const float *q, int hs, int n, float scale, float *p) {
     if (hs % 16) return 0;
     int s = 0;
     for (; s + 16 <= n; s += 16) {
         __m512 acc[16];
         for (int t = 0; t < 16; t++) {
             __m512 a = _mm512_setzero_ps();
-            const size_t row = (size_t)(s + t) * hs;
+            const size_t row = at[s + t];
             for (int i = 0; i < hs; i += 16) {
                 const __m512 kv = dtype == BF16 ? widen_bf16((const uint16_t *)K + row + i) : _mm512_loadu_ps((const float *)K + row + i);
                 a = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q + i), a);
@@ -202,29 +203,30 @@ static int scores16(const void *K, int dtype, const float *q, int hs, int n, flo
     return s;
 }
 
-/* acc[v] += p[s] V[s][16v .. 16v + 16) for v < NV, s < n: the values' rows read once each, in
- * order, NV vectors of sums in registers */
-static inline __attribute__((always_inline)) void weighted_columns(const void *V, int dtype, const float *p, int n,
-                                                                   int hs, __m512 *acc, const int NV) {
+/* acc[v] += p[s] V[s][16v .. 16v + 16) for v < NV, s < n, V[s] at V + at[s]: the values' rows
+ * read once each, in order, NV vectors of sums in registers */
+static inline __attribute__((always_inline)) void weighted_columns(const void *V, const size_t *at, int dtype,
+                                                                   const float *p, int n, __m512 *acc, const int NV) {
     if (dtype == BF16)
         for (int s = 0; s < n; s++) {
             const __m512 w = _mm512_set1_ps(p[s]);
-            const uint16_t *row = (const uint16_t *)V + (size_t)s * hs;
+            const uint16_t *row = (const uint16_t *)V + at[s];
             for (int v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(w, widen_bf16(row + 16 * v), acc[v]);
         }
     else
         for (int s = 0; s < n; s++) {
             const __m512 w = _mm512_set1_ps(p[s]);
-            const float *row = (const float *)V + (size_t)s * hs;
+            const float *row = (const float *)V + at[s];
             for (int v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16 * v), acc[v]);
         }
 }
 
-/* out[i] = scale * sum over s < n of p[s] V[s][i]: values of hs (fp32 or bf16), 64 columns
- * at a time in registers; 0 where it does not apply (hs not a multiple of 16). A slot of
- * weight 0 (masked) adds 0 x its values, which are finite (the cache starts zeroed). */
+/* out[i] = scale * sum over s < n of p[s] V[s][i]: values of hs (fp32 or bf16), V[s] at V +
+ * at[s], 64 columns at a time in registers; 0 where it does not apply (hs not a multiple of
+ * 16). A slot of weight 0 (masked) adds 0 x its values, which are finite (the cache starts
+ * zeroed). */
 #define HAVE_WEIGHTED16 1
-static int weighted16(const void *V, int dtype, const float *p, int n, int hs, float scale, float *out) {
+static int weighted16(const void *V, const size_t *at, int dtype, const float *p, int n, int hs, float scale, float *out) {
     if (hs % 16) return 0;
     const size_t size = dtype == BF16 ? 2 : 4;
     for (int c = 0; c < hs;) {
@@ -232,9 +234,9 @@ static int weighted16(const void *V, int dtype, const float *p, int n, int hs, f
         const int nv = hs - c >= 64 ? 4 : 1;
         const void *Vc = (const char *)V + (size_t)c * size;
         if (nv == 4)
-            weighted_columns(Vc, dtype, p, n, hs, acc, 4);
+            weighted_columns(Vc, at, dtype, p, n, acc, 4);
         else
-            weighted_columns(Vc, dtype, p, n, hs, acc, 1);
+            weighted_columns(Vc, at, dtype, p, n, acc, 1);
         for (int v = 0; v < nv; v++, c += 16) _mm512_storeu_ps(out + c, _mm512_mul_ps(acc[v], _mm512_set1_ps(scale)));
     }
     return 1;
@@ -299,14 +301,14 @@ static void to_bf16(const float *x, uint16_t *y, size_t n) {
     for (; i < n; i++) y[i] = f32_to_bf16(x[i]);
 }
 
-/* p[s] = K[s] . q * scale for the first keys (bf16), 16 at a time, the query in bf16 too (as
- * the model's own bf16 code has it), hs % 32 == 0; returns how many */
-static int scores16_pairs(const uint16_t *K, const uint16_t *q, int hs, int n, float scale, float *p) {
+/* p[s] = K[s] . q * scale for the first keys (bf16, key s at K + at[s]), 16 at a time, the
+ * query in bf16 too (as the model's own bf16 code has it), hs % 32 == 0; returns how many */
+static int scores16_pairs(const uint16_t *K, const size_t *at, const uint16_t *q, int hs, int n, float scale, float *p) {
     int s = 0;
     for (; s + 16 <= n; s += 16) {
         __m512 acc[16];
         for (int t = 0; t < 16; t++) {
-            const uint16_t *key = K + (size_t)(s + t) * hs;
+            const uint16_t *key = K + at[s + t];
             __m512 a = _mm512_setzero_ps();
             for (int i = 0; i < hs; i += 32)
                 a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(key + i), (__m512bh)_mm512_loadu_si512(q + i));
@@ -659,29 +661,33 @@ static inline float load_any(const void *p, int dtype, size_t i) {
 }
 
 /* the first scores by 16 at a time where the CPU can; returns how many */
-static inline int first_scores(const void *K, int dtype, const float *q, int hs, int n, float scale, float *p) {
+static inline int first_scores(const void *K, const size_t *at, int dtype, const float *q, int hs, int n, float scale,
+                               float *p) {
 #ifdef HAVE_SCORES16
-    return scores16(K, dtype, q, hs, n, scale, p);
+    return scores16(K, at, dtype, q, hs, n, scale, p);
 #else
-    (void)K, (void)dtype, (void)q, (void)hs, (void)n, (void)scale, (void)p;
+    (void)K, (void)at, (void)dtype, (void)q, (void)hs, (void)n, (void)scale, (void)p;
     return 0;
 #endif
 }
 
 /* the weighted sum of the values by 16 columns where the CPU can; whether it did */
-static inline int weighted_values(const void *V, int dtype, const float *p, int n, int hs, float scale, float *out) {
+static inline int weighted_values(const void *V, const size_t *at, int dtype, const float *p, int n, int hs,
+                                  float scale, float *out) {
 #ifdef HAVE_WEIGHTED16
-    return weighted16(V, dtype, p, n, hs, scale, out);
+    return weighted16(V, at, dtype, p, n, hs, scale, out);
 #else
-    (void)V, (void)dtype, (void)p, (void)n, (void)hs, (void)scale, (void)out;
+    (void)V, (void)at, (void)dtype, (void)p, (void)n, (void)hs, (void)scale, (void)out;
     return 0;
 #endif
 }
 
 /* single-query attention for every row and head over the slots 0..slot of this layer's
- * cache, after writing the new keys and values at slot; qkv (rows, 3C), y (rows, C) */
-static void attend(const Model *m, int layer, const float *qkv, void *kc, void *vc, int rows, int batch,
-                   int cache_len, int slot, const uint8_t *key_mask, float *y, float *scratch) {
+ * cache, after writing the new keys and values at slot; qkv (rows, 3C), y (rows, C).
+ * at (rows, cache_len): where row r's slot s is, in elements from the cache of this layer
+ * and head at batch row 0 (see slot_offsets) */
+static void attend(const Model *m, int layer, const float *qkv, void *kc, void *vc, const size_t *ats, int rows,
+                   int batch, int cache_len, int slot, const uint8_t *key_mask, float *y, float *scratch) {
     const int C = m->n_embd, nh = m->n_head, hs = C / nh, dt = m->cache_dtype;
     const size_t head_stride = (size_t)cache_len * hs;
     const size_t layer_off = (size_t)layer * batch * nh * head_stride;
@@ -689,30 +695,30 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
 #pragma omp for collapse(2) schedule(static)
     for (int r = 0; r < rows; r++) {
         for (int h = 0; h < nh; h++) {
-            const size_t base = layer_off + ((size_t)r * nh + h) * head_stride;
+            const size_t base = layer_off + (size_t)h * head_stride, *at = ats + (size_t)r * cache_len;
             const float *q = qkv + (size_t)r * 3 * C + h * hs;
             const float *k = q + C, *v = q + 2 * C;
             float *p = scratch + (size_t)(r * nh + h) * cache_len; /* (slot + 1) scores */
             float *out = y + (size_t)r * C + h * hs;
             if (dt == BF16) {
                 uint16_t *K = (uint16_t *)kc + base, *V = (uint16_t *)vc + base;
-                for (int i = 0; i < hs; i++) K[(size_t)slot * hs + i] = f32_to_bf16(k[i]), V[(size_t)slot * hs + i] = f32_to_bf16(v[i]);
+                for (int i = 0; i < hs; i++) K[at[slot] + i] = f32_to_bf16(k[i]), V[at[slot] + i] = f32_to_bf16(v[i]);
 #ifdef HAVE_BF16_PAIRS
                 if (hs % 32 == 0 && hs <= 256) {
                     uint16_t qb[256];
                     to_bf16(q, qb, hs);
-                    for (int s = scores16_pairs(K, qb, hs, slot + 1, scale, p); s <= slot; s++)
-                        p[s] = dot_bf16_pairs(K + (size_t)s * hs, qb, hs) * scale;
+                    for (int s = scores16_pairs(K, at, qb, hs, slot + 1, scale, p); s <= slot; s++)
+                        p[s] = dot_bf16_pairs(K + at[s], qb, hs) * scale;
                 } else
 #endif
-                    for (int s = first_scores(K, BF16, q, hs, slot + 1, scale, p); s <= slot; s++)
-                        p[s] = dot_bf16(K + (size_t)s * hs, q, hs) * scale;
+                    for (int s = first_scores(K, at, BF16, q, hs, slot + 1, scale, p); s <= slot; s++)
+                        p[s] = dot_bf16(K + at[s], q, hs) * scale;
             } else {
                 float *K = (float *)kc + base, *V = (float *)vc + base;
-                memcpy(K + (size_t)slot * hs, k, sizeof(float) * hs);
-                memcpy(V + (size_t)slot * hs, v, sizeof(float) * hs);
-                for (int s = first_scores(K, F32, q, hs, slot + 1, scale, p); s <= slot; s++)
-                    p[s] = dot_f32(K + (size_t)s * hs, q, hs) * scale;
+                memcpy(K + at[slot], k, sizeof(float) * hs);
+                memcpy(V + at[slot], v, sizeof(float) * hs);
+                for (int s = first_scores(K, at, F32, q, hs, slot + 1, scale, p); s <= slot; s++)
+                    p[s] = dot_f32(K + at[s], q, hs) * scale;
             }
             if (key_mask) {
                 const uint8_t *keep = key_mask + (size_t)r * cache_len;
@@ -729,23 +735,39 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
                 sum += p[s];
             }
             const void *Vh = dt == BF16 ? (const void *)((const uint16_t *)vc + base) : (const void *)((const float *)vc + base);
-            if (weighted_values(Vh, dt, p, slot + 1, hs, 1.f / sum, out)) continue;
+            if (weighted_values(Vh, at, dt, p, slot + 1, hs, 1.f / sum, out)) continue;
             for (int i = 0; i < hs; i++) out[i] = 0.f;
             for (int s = 0; s <= slot; s++) {
                 const float w = p[s] / sum;
                 if (w == 0.f) continue;
                 if (dt == BF16) {
-                    const uint16_t *V = (const uint16_t *)vc + base + (size_t)s * hs;
+                    const uint16_t *V = (const uint16_t *)Vh + at[s];
 #pragma omp simd
                     for (int i = 0; i < hs; i++) out[i] += w * bf16_to_f32(V[i]);
                 } else {
-                    const float *V = (const float *)vc + base + (size_t)s * hs;
+                    const float *V = (const float *)Vh + at[s];
 #pragma omp simd
                     for (int i = 0; i < hs; i++) out[i] += w * V[i];
                 }
             }
         }
     }
+}
+
+/* at (rows, cache_len): where each row's slots 0..slot are in the cache, in elements from a
+ * layer and head's slots at batch row 0. A row's own slots, unless sources (batch,
+ * cache_len) says which row of the cache holds each of its slots before `slot` (beams that
+ * share their history read it where it was written, and are not copied); the new slot is
+ * the row's own. */
+static void slot_offsets(size_t *at, const int32_t *sources, int rows, int batch, int nh, int hs, int cache_len,
+                         int slot) {
+    const size_t row_stride = (size_t)nh * cache_len * hs;
+    for (int r = 0; r < rows; r++)
+        for (int s = 0; s <= slot; s++) {
+            int src = sources && s < slot ? sources[(size_t)r * cache_len + s] : r;
+            if (src < 0 || src >= batch) src = r; /* (never so: gptcli's own cache keeps them in range) */
+            at[(size_t)r * cache_len + s] = (size_t)src * row_stride + (size_t)s * hs;
+        }
 }
 
 /* whether weights of this dtype are read from a packed copy (gptcli_pack) on this CPU */
@@ -762,27 +784,31 @@ int gptcli_packs(int dtype) {
 
 /* tokens (rows): each row's new token, at position positions[r] of the model (its
  * positional embedding) and at slot `slot` of the cache (which holds `batch` rows of
- * cache_len slots); key_mask (rows, cache_len) or NULL: which slots a row may attend to.
- * logits (rows, vocab). threads: how many to use (torch's own setting). One parallel region for the whole step: the threads meet at
- * barriers between the operations, rather than starting anew for each. */
+ * cache_len slots); sources (batch, cache_len) or NULL: which row of the cache holds each
+ * slot of each row (see slot_offsets); key_mask (rows, cache_len) or NULL: which slots a row
+ * may attend to. logits (rows, vocab). threads: how many to use (torch's own setting). One
+ * parallel region for the whole step: the threads meet at barriers between the operations,
+ * rather than starting anew for each. */
 int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *positions, int rows, int batch,
-                       int slot, int cache_len, void *k_cache, void *v_cache, const uint8_t *key_mask,
-                       float *logits, int threads) {
+                       int slot, int cache_len, void *k_cache, void *v_cache, const int32_t *sources,
+                       const uint8_t *key_mask, float *logits, int threads) {
     const int C = m->n_embd, F = 4 * C;
     float *x = malloc(sizeof(float) * rows * C), *h = malloc(sizeof(float) * rows * C);
     float *qkv = malloc(sizeof(float) * rows * 3 * C), *a = malloc(sizeof(float) * rows * C);
     float *f = malloc(sizeof(float) * rows * F);
     float *scratch = malloc(sizeof(float) * (size_t)rows * m->n_head * cache_len);
+    size_t *at = malloc(sizeof(size_t) * (size_t)rows * cache_len);
 #ifndef _OPENMP
     threads = 1;
 #endif
     if (threads < 1) threads = 1;
     const size_t room = (size_t)rows * F + 2 * (size_t)rows; /* each thread's: x in bf16 or int16, and int8's row scales */
     uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)threads * room);
-    if (!x || !h || !qkv || !a || !f || !scratch || !xb) {
-        free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(xb);
+    if (!x || !h || !qkv || !a || !f || !scratch || !at || !xb) {
+        free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(at), free(xb);
         return -1;
     }
+    slot_offsets(at, sources, rows, batch, m->n_head, C / m->n_head, cache_len, slot);
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < C; i++)
             x[(size_t)r * C + i] = load_any(m->wte, m->emb_dtype, (size_t)tokens[r] * C + i) +
@@ -798,7 +824,7 @@ int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *pos
             const Layer *L = &m->layers[l];
             layer_norm(x, L->ln1_w, L->ln1_b, h, rows, C);
             matvec(&L->attn, h, mine, qkv, rows, STORE);
-            attend(m, l, qkv, k_cache, v_cache, rows, batch, cache_len, slot, key_mask, a, scratch);
+            attend(m, l, qkv, k_cache, v_cache, at, rows, batch, cache_len, slot, key_mask, a, scratch);
             matvec(&L->proj, a, mine, x, rows, ADD);
             layer_norm(x, L->ln2_w, L->ln2_b, h, rows, C);
             matvec(&L->fc, h, mine, f, rows, GELU);
@@ -807,6 +833,6 @@ int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *pos
         layer_norm(x, m->lnf_w, m->lnf_b, h, rows, C);
         matvec(&m->head, h, mine, logits, rows, STORE);
     }
-    free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(xb);
+    free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(at), free(xb);
     return 0;
 }

@@ -339,8 +339,10 @@ def _beam_logprobs(
 def _cache_rows(parents: list[int]) -> list[int]:
     """The beams (given by the cache row each continues) in the order of the cache rows they
     take: the first continuation of a row stays in it, the others move into the rows no beam
-    continues. The beams' order means nothing to the search, and the cache then copies only
-    the rows of second continuations instead of every row whose beam changed place."""
+    continues. The beams' order means nothing to the search, and where the cache copies rows
+    (the model's own code) it then copies only those of second continuations instead of every
+    row whose beam changed place; where it records them (the C step), a row's slots come from
+    fewer rows."""
     stay: dict[int, int] = {}  # row -> the beam that stays in it
     for beam, row in enumerate(parents):
         stay.setdefault(row, beam)
@@ -384,7 +386,8 @@ def beam_search(
     counting the end token. These are Hugging Face's rules for
     generate(num_beams=beams, early_stopping=True, length_penalty=...).
 
-    The prompt is encoded once; the KV cache is then reordered by beam index every step.
+    The prompt is encoded once; the KV cache is then reordered by beam index every step
+    (on the CPU, recorded rather than copied: see KVCache.reorder).
     compile: a static cache and a compiled step (see generate).
     """
     if beams < 1:

@@ -318,6 +318,7 @@ class Decoder:
             cache.max_len,
             ctypes.c_void_p(cache.k.data_ptr()),
             ctypes.c_void_p(cache.v.data_ptr()),
+            ctypes.c_void_p(None if cache.sources is None else cache.sources.data_ptr()),
             ctypes.c_void_p(mask_ptr),
             ctypes.c_void_p(logits.data_ptr()),
             torch.get_num_threads(),
