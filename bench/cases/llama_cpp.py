@@ -156,9 +156,11 @@ def first_token(run: Path, gguf: Path | None, repeats: int) -> list[Result]:
     ]
 
 
-def batches(model: GPT, prompt: list[int], n: int, bw: float, peak: float) -> list[Result]:
+def batches(model: GPT, prompt: list[int], n: int, bw: float, peak: float, greedy: float) -> list[Result]:
     """Beams and a batch of 16, bf16, against this machine's limits: tokens/s at which the
-    weights stream at the measured bandwidth, or the products run at the bf16 peak."""
+    weights stream at the measured bandwidth, or the products run at the bf16 peak. greedy:
+    batch-1 tokens/s (steps/s) in the same run, beside which a step of several rows is put
+    (what the rows cost, whatever the machine's bandwidth did meanwhile)."""
     out = []
     params = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     for name, rows in (("beam search B=4", 4), ("sampling a batch of 16", 16)):
@@ -189,7 +191,8 @@ def batches(model: GPT, prompt: list[int], n: int, bw: float, peak: float) -> li
                 [
                     f"{steps:.1f} steps/s; bandwidth limit {by_bw:.0f} steps/s ({100 * steps / by_bw:.0f}%), "
                     f"bf16 compute limit {by_flops:.0f} steps/s ({100 * steps / by_flops:.0f}%; "
-                    f"peak {peak / 1e9:.0f} GFLOP/s)"
+                    f"peak {peak / 1e9:.0f} GFLOP/s); {steps / greedy:.2f}x the steps/s of batch-1 "
+                    f"greedy decoding in this run ({greedy:.1f})"
                 ],
             )
         )
@@ -274,6 +277,7 @@ def run(args) -> list[Result]:
                 notes,
             )
         )
-    results += batches(models["bf16"], prompt, 30 if args.quick else 100, bw, bf16_peak())
+    greedy = statistics.median(ours_runs["bf16"])
+    results += batches(models["bf16"], prompt, 30 if args.quick else 100, bw, bf16_peak(), greedy)
     results += first_token(run_dir, files.get("f16"), 2 if args.quick else 3)
     return results
