@@ -189,6 +189,7 @@ def batches(model: GPT, prompt: list[int], n: int, bw: float, peak: float, greed
                 ">= 80% of the binding limit",
                 steps >= 0.8 * limit,
                 [
+                    f"{n} steps from the 16-token prompt, the median of 3; "
                     f"{steps:.1f} steps/s; bandwidth limit {by_bw:.0f} steps/s ({100 * steps / by_bw:.0f}%), "
                     f"bf16 compute limit {by_flops:.0f} steps/s ({100 * steps / by_flops:.0f}%; "
                     f"peak {peak / 1e9:.0f} GFLOP/s); {steps / greedy:.2f}x the steps/s of batch-1 "
@@ -278,6 +279,6 @@ def run(args) -> list[Result]:
             )
         )
     greedy = statistics.median(ours_runs["bf16"])
-    results += batches(models["bf16"], prompt, 30 if args.quick else 100, bw, bf16_peak(), greedy)
+    results += batches(models["bf16"], prompt, n, bw, bf16_peak(), greedy)  # as many steps as greedy
     results += first_token(run_dir, files.get("f16"), 2 if args.quick else 3)
     return results
