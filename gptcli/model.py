@@ -20,7 +20,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptcli.config import ModelConfig
-from gptcli.runtime import zeros_in_huge_pages
 
 IGNORE_INDEX = -1  # targets with this value add nothing to the loss (padding, SFT prompts)
 
@@ -51,8 +50,8 @@ class KVCache:
         static: bool = False,
     ) -> None:
         shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
-        self.k = self._zeros(shape, device, dtype)  # (L, B, nh, max_len, hs)
-        self.v = self._zeros(shape, device, dtype)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, nh, max_len, hs)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.key_mask: torch.Tensor | None = None  # (B, max_len) bool
         # (B, max_len) int32 or None: which row of k and v holds each slot of each row, where
         # a reorder has not moved them (see reorder); None: every row holds its own
@@ -64,12 +63,6 @@ class KVCache:
         self.slots = torch.arange(max_len, device=device)
         if static:
             self._mark_static()
-
-    @staticmethod
-    def _zeros(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
-        if torch.device(device).type == "cpu":  # read through at every step: in 2 MiB pages
-            return zeros_in_huge_pages(shape, dtype)
-        return torch.zeros(shape, device=device, dtype=dtype)
 
     def _mark_static(self) -> None:
         # unguarded: a new cache (the next generate call's) must not recompile the step
@@ -134,9 +127,8 @@ class KVCache:
         if same:
             self._move_rows(index.tolist())
             return
-        shape = (self.k.size(0), index.numel(), *self.k.shape[2:])
-        self.k = torch.index_select(self.k, 1, index, out=self._zeros(shape, self.k.device, self.k.dtype))
-        self.v = torch.index_select(self.v, 1, index, out=self._zeros(shape, self.v.device, self.v.dtype))
+        self.k = self.k.index_select(1, index)
+        self.v = self.v.index_select(1, index)
         if self.static:  # new buffers, of the new batch size
             self._mark_static()
 

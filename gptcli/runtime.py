@@ -294,36 +294,6 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
 
 
-_HUGE_PAGE = 2 << 20
-
-
-def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """torch.zeros(shape, dtype) on the CPU, in memory the kernel backs with 2 MiB pages where
-    it can (Linux's transparent huge pages, which most distributions give only to memory
-    that asks). For what decoding streams through every step (packed weights, KV caches):
-    a TLB entry covers 2 MiB instead of 4 KiB, and the hardware prefetcher is not stopped at
-    every 4 KiB boundary. Reading 256 MB on this 2-core Zen 4: 23 to 27 GB/s in 4 KiB pages,
-    29 to 35 GB/s in 2 MiB pages. Elsewhere, or below 2 MiB, plain torch.zeros."""
-    import mmap
-
-    numel = math.prod(shape)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    if platform.system() != "Linux" or not hasattr(mmap, "MADV_HUGEPAGE") or nbytes < _HUGE_PAGE:
-        return torch.zeros(shape, dtype=dtype)
-    import ctypes
-
-    size = nbytes + _HUGE_PAGE  # room to start at a 2 MiB boundary
-    try:  # private and anonymous: zeroed by the kernel, page by page as it is first touched
-        memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        view = ctypes.c_char.from_buffer(memory)
-        start = -ctypes.addressof(view) % _HUGE_PAGE
-        del view
-        memory.madvise(mmap.MADV_HUGEPAGE, start, size - start)
-    except (OSError, ValueError):  # no memory to map, or a kernel without the advice
-        return torch.zeros(shape, dtype=dtype)
-    return torch.frombuffer(memory, dtype=dtype, count=numel, offset=start).view(shape)  # keeps memory
-
-
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 

@@ -73,47 +73,6 @@ def test_kept_memory_is_reused_without_page_faults():
     assert faults("keep") < pages // 50
 
 
-def _huge_pages_given() -> int:
-    """kB of this process's memory in transparent huge pages."""
-    with open("/proc/self/smaps_rollup") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:"))
-
-
-def _huge_pages_on_request() -> bool:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return "[never]" not in f.read()
-    except OSError:
-        return False
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int8])
-def test_zeros_in_huge_pages_are_zeros_that_stay(dtype):
-    """What decoding streams through (packed weights, KV caches): zeros of the shape and dtype
-    asked for, contiguous and writable, whose memory lives as long as the tensor; small ones
-    are plain tensors."""
-    import gc
-
-    shape = (3, 5, 1 << 18)  # 3.75 to 15 MiB
-    t = runtime.zeros_in_huge_pages(shape, dtype)
-    gc.collect()
-    assert t.shape == shape and t.dtype == dtype and t.is_contiguous()
-    assert int(t.count_nonzero()) == 0
-    t.fill_(3)
-    assert int(t[2, 4, -1]) == 3 and int(t.sum(dtype=torch.float64)) == 3 * t.numel()
-    small = runtime.zeros_in_huge_pages((4, 4), dtype)
-    assert small.shape == (4, 4) and int(small.count_nonzero()) == 0
-
-
-@pytest.mark.skipif(not _huge_pages_on_request(), reason="no transparent huge pages on this system")
-def test_zeros_in_huge_pages_are_given_huge_pages():
-    before = _huge_pages_given()
-    t = runtime.zeros_in_huge_pages((64 << 20,), torch.uint8)
-    t.fill_(1)  # touched: the kernel now backs it
-    assert t.data_ptr() % (2 << 20) == 0
-    assert _huge_pages_given() - before >= 32 << 10  # at least half of the 64 MiB in 2 MiB pages
-
-
 def test_the_training_memory_estimate_is_a_lower_bound():
     """What training_bytes counts for activations and logits is at most what autograd really
     saves for backward (measured with saved-tensor hooks), so a refusal is never wrong."""

@@ -40,7 +40,6 @@ import torch.nn as nn
 
 from gptcli.infer.quantize import Int8Linear as _Quantized
 from gptcli.model import GPT, KVCache
-from gptcli.runtime import zeros_in_huge_pages
 
 SOURCE = Path(__file__).with_name("decode.c")
 F32, BF16, I8 = 0, 1, 2
@@ -218,7 +217,7 @@ def _packed(lib: ctypes.CDLL, w: torch.Tensor, keep: list[torch.Tensor]) -> int 
     dtype = _DTYPES[w.dtype]
     if k % 2 or not lib.gptcli_packs(dtype):
         return None
-    packed = zeros_in_huge_pages((-(-n // PACK) * PACK * k,), w.dtype)  # (streamed at every step)
+    packed = torch.empty(-(-n // PACK) * PACK * k, dtype=w.dtype)
     threads = torch.get_num_threads()
     lib.gptcli_pack(ctypes.c_void_p(w.data_ptr()), dtype, n, k, ctypes.c_void_p(packed.data_ptr()), threads)
     keep.append(packed)
