@@ -73,6 +73,7 @@ class KVCache:
         """Empty, to be filled again from position 0 (the same buffers)."""
         self.pos = 0
         self.pos_t.zero_()
+        self.sources = None
 
     def static_positions(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Static cache: the positions (T,) of T new tokens, and which slots each may see,
@@ -140,7 +141,7 @@ class KVCache:
         src, self.sources = self.sources[:, : self.pos], None
         if src.size(1) == 0:
             return
-        if bool((src == src[:, :1]).all()):  # whole rows (one reorder since the last settle)
+        if bool((src == src[:, :1]).all()):  # each row's slots all in one row: whole rows move
             self._move_rows(src[:, 0].tolist())
             return
         slots = torch.arange(src.size(1))

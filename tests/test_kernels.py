@@ -157,6 +157,24 @@ def test_greedy_fp32_decoding_gives_the_same_tokens_as_the_model(trained):
     assert got == want
 
 
+@pytest.mark.parametrize("beams", [2, 4])
+def test_beams_through_the_c_step_find_what_the_models_code_finds(beams):
+    """Beam search reads each beam's history where it was written (no rows copied): the
+    same hypotheses and scores as through the model's own code, which copies them (fp32;
+    histories past 16 slots, the 16-key blocks)."""
+    library()
+    from gptcli.infer.generate import beam_search
+
+    stock, fast = small_model(torch.float32), small_model(torch.float32)
+    assert kernels.use_fast_decode(fast)
+    for prompt in ([3, 1, 4, 1, 5], [7]):
+        want = beam_search(stock, prompt, beams, 40, end_ids=[])
+        got = beam_search(fast, prompt, beams, 40, end_ids=[])
+        assert "_decoder" in fast.__dict__  # the C step ran
+        assert [h.ids for h in got] == [h.ids for h in want]
+        torch.testing.assert_close([h.logprob for h in got], [h.logprob for h in want], atol=1e-4, rtol=0)
+
+
 def test_the_model_moved_or_reloaded_is_read_anew():
     library()
     model = small_model(torch.float32)

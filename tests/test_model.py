@@ -201,6 +201,9 @@ def test_reorders_between_steps_are_recorded_then_settled():
         want = torch.stack(history[r], dim=2)  # (L, nh, S, 2, hs)
         assert torch.equal(cache.k[:, r, :, :10], want[..., 0, :])
         assert torch.equal(cache.v[:, r, :, :10], want[..., 1, :])
+    cache.reorder(torch.tensor([1, 0, 3, 2]))
+    cache.reset()  # emptied: what was recorded goes too
+    assert cache.sources is None and cache.pos == 0
 
 
 class Seen(Probe):
