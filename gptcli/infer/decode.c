@@ -322,12 +322,29 @@ static int scores16_pairs(const uint16_t *K, const size_t *at, const uint16_t *q
 /* the products from packed bf16 weights (gptcli_pack) */
 #define HAVE_PACKED 1
 
+/* More than 6 rows take several passes over a tile's weights: the first waited on memory,
+ * the others on arithmetic. So each pass also asks for the next tile's weights, two cache
+ * lines (into L2) per pair of inputs, and memory streams them while the core computes
+ * (GPT-2 124M, 16 rows, Zen 4: the products of a step 10% faster; with 6 rows or fewer,
+ * one pass, it gained nothing). */
+typedef struct {
+    const char *next, *end; /* what is left to ask for */
+} Ahead;
+
+static inline void fetch_ahead(Ahead *a) {
+    if (a->next < a->end) {
+        _mm_prefetch(a->next, _MM_HINT_T1);
+        _mm_prefetch(a->next + 64, _MM_HINT_T1);
+        a->next += 128;
+    }
+}
+
 /* y[r0 + i][j .. j + 64) for i < M (M <= 6) from the packed tile at w (4 blocks, bs apart)
  * and the rows x (M, k) in bf16, then stored, or added to y, with the bias; outputs past n
  * (the packing's zeros) are not written */
 static inline __attribute__((always_inline)) void packed_tile(const Mat *m, const uint16_t *w, size_t bs,
                                                               const uint16_t *x, float *y, int r0, int j, int mode,
-                                                              const int M) {
+                                                              const int M, Ahead *ahead) {
     const int k = m->k, n = m->n;
     __m512 acc[6][4];
     for (int i = 0; i < M; i++)
@@ -335,6 +352,7 @@ static inline __attribute__((always_inline)) void packed_tile(const Mat *m, cons
     for (int p = 0; p < k / 2; p++) {
         __m512bh wv[4];
         for (int b = 0; b < 4; b++) wv[b] = (__m512bh)_mm512_loadu_si512(w + b * bs + (size_t)p * 32);
+        fetch_ahead(ahead);
         for (int i = 0; i < M; i++) {
             int32_t pair;
             memcpy(&pair, x + (size_t)i * k + 2 * p, 4);
@@ -360,9 +378,11 @@ static void packed_product(const Mat *m, const uint16_t *xb, float *y, int rows,
     const size_t bs = (size_t)16 * m->k; /* between blocks of 16 outputs */
     for (int j = lo; j < hi; j += PACK) {
         const uint16_t *w = (const uint16_t *)m->packed + (size_t)j * m->k;
+        const char *next = (const char *)(w + (size_t)PACK * m->k); /* the next tile */
+        Ahead ahead = {next, rows > 6 && j + PACK < hi ? next + (size_t)PACK * m->k * 2 : next};
         for (int r = 0; r < rows; r += 6) {
             const uint16_t *x = xb + (size_t)r * m->k;
-#define TILE(M) packed_tile(m, w, bs, x, y, r, j, mode, M)
+#define TILE(M) packed_tile(m, w, bs, x, y, r, j, mode, M, &ahead)
             FOR_ROWS_OF_6(rows, r, TILE)
 #undef TILE
         }
