@@ -246,6 +246,26 @@ def test_without_a_working_compiler_decoding_uses_the_models_code(cc, tmp_path, 
     assert not list((tmp_path / "k").glob("*.so"))  # nothing half-written left behind
 
 
+def test_a_cc_that_does_not_run_falls_back_and_a_cc_with_flags_builds(tmp_path, monkeypatch):
+    """CC naming a program that is not there: the model's code decodes (the server too, where
+    this was an error at start); CC as a command with its own flags ("gcc -O2"): built."""
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    lib = kernels._Library()
+    assert lib.start() is False and lib.lib is None
+    assert "did not run" in lib.failed and "no-such-cc" in lib.failed
+    monkeypatch.setattr(kernels, "LIBRARY", lib)
+    model = small_model(torch.float32)
+    kernels.use_fast_decode(model)
+    with torch.no_grad():
+        out = [int(s.tokens[0]) for s in generate(model, [1, 2], 5, sampling=GREEDY)]
+    assert len(out) == 5 and "_decoder" not in model.__dict__
+    real = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    monkeypatch.setenv("CC", f"{real} -Wall")
+    lib = kernels._Library()
+    assert lib.start() is True and lib.wait() is not None, lib.failed
+
+
 # --- --quantize int8 ---------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ import hashlib
 import operator
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import threading
@@ -122,9 +123,9 @@ def _cpu_features() -> str:
 
 def library_path(compiler: str) -> Path:
     """Where the library for this source, compiler and CPU lives."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    version = subprocess.run([*shlex.split(compiler), "--version"], capture_output=True, text=True, check=False)
     key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), version, " ".join(FLAGS + THREADS), _cpu_features()]).encode()
+        "\0".join([SOURCE.read_text(), version.stdout, " ".join(FLAGS + THREADS), _cpu_features()]).encode()
     )
     return kernels_dir() / f"gptcli-decode-{key.hexdigest()[:16]}.so"
 
@@ -147,7 +148,11 @@ class _Library:
             if compiler is None:
                 self.failed = "no C compiler (cc, gcc or clang)"
                 return False
-            path = library_path(compiler)
+            try:  # CC may name a program that is not there, or be a command with flags
+                path = library_path(compiler)
+            except (OSError, ValueError) as e:
+                self.failed = f"the C compiler {compiler!r} did not run ({e})"
+                return False
             if path.is_file():
                 self._load(path)
                 return False
@@ -166,7 +171,7 @@ class _Library:
                 portable = [f for f in FLAGS if not f.startswith("-march=")]
                 for flags, threads in ((FLAGS, THREADS), (FLAGS, []), (portable, THREADS), (portable, [])):
                     done = subprocess.run(
-                        [compiler, *flags, *threads, str(SOURCE), "-o", str(tmp), "-lm"],
+                        [*shlex.split(compiler), *flags, *threads, str(SOURCE), "-o", str(tmp), "-lm"],
                         capture_output=True,
                         text=True,
                         check=False,
