@@ -123,7 +123,9 @@ def _cpu_features() -> str:
 
 def library_path(compiler: str) -> Path:
     """Where the library for this source, compiler and CPU lives."""
-    version = subprocess.run([*shlex.split(compiler), "--version"], capture_output=True, text=True, check=False)
+    version = subprocess.run(
+        [*shlex.split(compiler), "--version"], capture_output=True, text=True, check=False
+    )
     key = hashlib.sha256(
         "\0".join([SOURCE.read_text(), version.stdout, " ".join(FLAGS + THREADS), _cpu_features()]).encode()
     )
