@@ -382,12 +382,80 @@ def serving(report: Report, ctx: Context) -> None:
     from bench.run import table
 
     report.section("gptcli serve, GPT-2 124M, 1, 4 and 16 concurrent clients")
+    _engine_alone(report, ctx)
     if ctx.dry_run:
-        report.say("skipped in a dry run: the bench's serve case measures it on the CPU")
+        report.say("the HTTP clients: skipped in a dry run: the bench's serve case measures them on the CPU")
         return
     report.command(["python", "bench/run.py", "--only", "serve", "--quick"])
     results = serve.run(_argparse.Namespace(quick=True, llama_convert=None, llama_server=None))
     report.say(table(results))
+
+
+def _engine_alone(report: Report, ctx: Context) -> None:
+    """The server's decoding loop (gptcli/infer/engine.py) without HTTP, on the model as
+    `gptcli serve` loads it: tokens/s for 1 and 16 sequences at once, and how much of each
+    step is the model's (timed with the device synchronized around it) and how much the
+    loop's own. Beside the HTTP clients' figures, it says whether a slow server is its
+    decoding loop or its HTTP side."""
+    import threading
+
+    from gptcli.cli.common import load_model
+    from gptcli.data.tokenizer import gpt2_tokenizer
+    from gptcli.infer.engine import Engine, Event, Sequence
+    from gptcli.infer.generate import SAMPLE, row_generators
+    from gptcli.store.checkpoint import save_checkpoint
+
+    cfg = (
+        TINY
+        if ctx.dry_run
+        else ModelConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    )
+    tokens = 16 if ctx.dry_run else 128
+    torch.manual_seed(0)
+    save_checkpoint(ctx.work / "served", "best", GPT(cfg).eval(), gpt2_tokenizer(), {"task": "lm"})
+    loaded = load_model(str(ctx.work / "served"), ctx.device)  # as `gptcli serve` does: --dtype auto
+    device = next(loaded.model.parameters()).device
+    rows = []
+    for clients in (1, 16):
+        engine = Engine(loaded.model, max_batch=16, vocab_size=loaded.tokenizer.vocab_size)
+        inner, steps = engine.next_logits, []
+
+        def timed(*args, inner=inner, steps=steps, **kwargs):
+            _sync()
+            t0 = time.perf_counter()
+            out = inner(*args, **kwargs)
+            _sync()
+            steps.append(time.perf_counter() - t0)
+            return out
+
+        engine.next_logits = timed
+        ended = threading.Semaphore(0)
+
+        def emit(event: Event, ended: threading.Semaphore = ended) -> None:
+            if event.kind in ("done", "error"):
+                ended.release()
+
+        try:
+            for _ in range(2):  # a warm-up, then the one measured
+                steps.clear()
+                seqs = [
+                    Sequence([1, 2, 3], tokens, SAMPLE, row_generators(i, 1, device)[0], emit)
+                    for i in range(clients)
+                ]
+                t0 = time.perf_counter()
+                engine.submit(seqs)
+                for _ in seqs:
+                    if not ended.acquire(timeout=600):
+                        raise RuntimeError("the engine did not finish")
+                wall = time.perf_counter() - t0
+        finally:
+            engine.close()
+        per_step = wall / max(1, len(steps))
+        model = sum(steps) / max(1, len(steps))
+        figures = [clients * tokens / wall, per_step * 1e3, model * 1e3, (per_step - model) * 1e3]
+        rows.append([clients, *(f"{x:,.2f}" for x in figures)])
+    report.say(f"The decoding loop alone (no HTTP), {tokens} tokens per sequence, temperature 1:")
+    report.table(["sequences", "tokens/s", "ms a step", "the model's step, ms", "the rest, ms"], rows)
 
 
 def _decode_pair(transformers, hf_cfg, cfg: ModelConfig, dtype: torch.dtype, device: str, new: int) -> list:
