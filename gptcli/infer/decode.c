@@ -13,6 +13,7 @@
  * (-O3 -march=native -fopenmp), and called through ctypes with the tensors' pointers.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -180,18 +181,32 @@ static inline __m512 sum16(const __m512 *a) {
                          _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* Each head's keys and values are a short stream (a few KB): read one after another, each
+ * waited on memory anew. So while attention reads a slot's key or values, it asks for the
+ * same slot of the next head, `ahead` bytes on (0: none), which the thread reads next (into
+ * L2; GPT-2 124M, bf16, slot 100, Zen 4: a whole 16-row step 6% faster, 1 and 4 rows the
+ * same within the noise). __builtin_prefetch, as _mm_prefetch here was dropped by GCC 12's
+ * interprocedural optimizations (its `ahead` then an unused argument). */
+static inline void ask_ahead(const void *p, ptrdiff_t ahead, int bytes) {
+    if (ahead)
+        for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + ahead + b, 0, 2);
+}
+
 /* p[s] = K[s] . q * scale for s < n: keys of hs values (fp32 or bf16), key s at K + at[s]
  * (elements), 16 keys summed at once; where it does not apply (hs not a multiple of 16), 0
  * and the caller goes on */
 #define HAVE_SCORES16 1
-static int scores16(const void *K, const size_t *at, int dtype, const float *q, int hs, int n, float scale, float *p) {
+static int scores16(const void *K, const size_t *at, int dtype, const float *q, int hs, int n, float scale, float *p,
+                    ptrdiff_t ahead) {
     if (hs % 16) return 0;
+    const int size = dtype == BF16 ? 2 : 4;
     int s = 0;
     for (; s + 16 <= n; s += 16) {
         __m512 acc[16];
         for (int t = 0; t < 16; t++) {
             __m512 a = _mm512_setzero_ps();
             const size_t row = at[s + t];
+            ask_ahead((const char *)K + row * size, ahead, hs * size);
             for (int i = 0; i < hs; i += 16) {
                 const __m512 kv = dtype == BF16 ? widen_bf16((const uint16_t *)K + row + i) : _mm512_loadu_ps((const float *)K + row + i);
                 a = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q + i), a);
@@ -206,17 +221,20 @@ static int scores16(const void *K, const size_t *at, int dtype, const float *q, 
 /* acc[v] += p[s] V[s][16v .. 16v + 16) for v < NV, s < n, V[s] at V + at[s]: the values' rows
  * read once each, in order, NV vectors of sums in registers */
 static inline __attribute__((always_inline)) void weighted_columns(const void *V, const size_t *at, int dtype,
-                                                                   const float *p, int n, __m512 *acc, const int NV) {
+                                                                   const float *p, int n, __m512 *acc, const int NV,
+                                                                   ptrdiff_t ahead) {
     if (dtype == BF16)
         for (int s = 0; s < n; s++) {
             const __m512 w = _mm512_set1_ps(p[s]);
             const uint16_t *row = (const uint16_t *)V + at[s];
+            ask_ahead(row, ahead, 32 * NV);
             for (int v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(w, widen_bf16(row + 16 * v), acc[v]);
         }
     else
         for (int s = 0; s < n; s++) {
             const __m512 w = _mm512_set1_ps(p[s]);
             const float *row = (const float *)V + at[s];
+            ask_ahead(row, ahead, 64 * NV);
             for (int v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16 * v), acc[v]);
         }
 }
@@ -226,7 +244,8 @@ static inline __attribute__((always_inline)) void weighted_columns(const void *V
  * 16). A slot of weight 0 (masked) adds 0 x its values, which are finite (the cache starts
  * zeroed). */
 #define HAVE_WEIGHTED16 1
-static int weighted16(const void *V, const size_t *at, int dtype, const float *p, int n, int hs, float scale, float *out) {
+static int weighted16(const void *V, const size_t *at, int dtype, const float *p, int n, int hs, float scale, float *out,
+                      ptrdiff_t ahead) {
     if (hs % 16) return 0;
     const size_t size = dtype == BF16 ? 2 : 4;
     for (int c = 0; c < hs;) {
@@ -234,9 +253,9 @@ static int weighted16(const void *V, const size_t *at, int dtype, const float *p
         const int nv = hs - c >= 64 ? 4 : 1;
         const void *Vc = (const char *)V + (size_t)c * size;
         if (nv == 4)
-            weighted_columns(Vc, at, dtype, p, n, acc, 4);
+            weighted_columns(Vc, at, dtype, p, n, acc, 4, ahead);
         else
-            weighted_columns(Vc, at, dtype, p, n, acc, 1);
+            weighted_columns(Vc, at, dtype, p, n, acc, 1, ahead);
         for (int v = 0; v < nv; v++, c += 16) _mm512_storeu_ps(out + c, _mm512_mul_ps(acc[v], _mm512_set1_ps(scale)));
     }
     return 1;
@@ -303,12 +322,14 @@ static void to_bf16(const float *x, uint16_t *y, size_t n) {
 
 /* p[s] = K[s] . q * scale for the first keys (bf16, key s at K + at[s]), 16 at a time, the
  * query in bf16 too (as the model's own bf16 code has it), hs % 32 == 0; returns how many */
-static int scores16_pairs(const uint16_t *K, const size_t *at, const uint16_t *q, int hs, int n, float scale, float *p) {
+static int scores16_pairs(const uint16_t *K, const size_t *at, const uint16_t *q, int hs, int n, float scale, float *p,
+                          ptrdiff_t ahead) {
     int s = 0;
     for (; s + 16 <= n; s += 16) {
         __m512 acc[16];
         for (int t = 0; t < 16; t++) {
             const uint16_t *key = K + at[s + t];
+            ask_ahead(key, ahead, 2 * hs);
             __m512 a = _mm512_setzero_ps();
             for (int i = 0; i < hs; i += 32)
                 a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(key + i), (__m512bh)_mm512_loadu_si512(q + i));
@@ -333,8 +354,8 @@ typedef struct {
 
 static inline void fetch_ahead(Ahead *a) {
     if (a->next < a->end) {
-        _mm_prefetch(a->next, _MM_HINT_T1);
-        _mm_prefetch(a->next + 64, _MM_HINT_T1);
+        __builtin_prefetch(a->next, 0, 2); /* (prefetcht1) */
+        __builtin_prefetch(a->next + 64, 0, 2);
         a->next += 128;
     }
 }
@@ -682,22 +703,22 @@ static inline float load_any(const void *p, int dtype, size_t i) {
 
 /* the first scores by 16 at a time where the CPU can; returns how many */
 static inline int first_scores(const void *K, const size_t *at, int dtype, const float *q, int hs, int n, float scale,
-                               float *p) {
+                               float *p, ptrdiff_t ahead) {
 #ifdef HAVE_SCORES16
-    return scores16(K, at, dtype, q, hs, n, scale, p);
+    return scores16(K, at, dtype, q, hs, n, scale, p, ahead);
 #else
-    (void)K, (void)at, (void)dtype, (void)q, (void)hs, (void)n, (void)scale, (void)p;
+    (void)K, (void)at, (void)dtype, (void)q, (void)hs, (void)n, (void)scale, (void)p, (void)ahead;
     return 0;
 #endif
 }
 
 /* the weighted sum of the values by 16 columns where the CPU can; whether it did */
 static inline int weighted_values(const void *V, const size_t *at, int dtype, const float *p, int n, int hs,
-                                  float scale, float *out) {
+                                  float scale, float *out, ptrdiff_t ahead) {
 #ifdef HAVE_WEIGHTED16
-    return weighted16(V, at, dtype, p, n, hs, scale, out);
+    return weighted16(V, at, dtype, p, n, hs, scale, out, ahead);
 #else
-    (void)V, (void)at, (void)dtype, (void)p, (void)n, (void)hs, (void)scale, (void)out;
+    (void)V, (void)at, (void)dtype, (void)p, (void)n, (void)hs, (void)scale, (void)out, (void)ahead;
     return 0;
 #endif
 }
@@ -720,6 +741,8 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
             const float *k = q + C, *v = q + 2 * C;
             float *p = scratch + (size_t)(r * nh + h) * cache_len; /* (slot + 1) scores */
             float *out = y + (size_t)r * C + h * hs;
+            /* the next pair this thread takes: the next head of this row (but after the last) */
+            const ptrdiff_t ahead = h + 1 < nh ? (ptrdiff_t)(head_stride * (dt == BF16 ? 2 : 4)) : 0;
             if (dt == BF16) {
                 uint16_t *K = (uint16_t *)kc + base, *V = (uint16_t *)vc + base;
                 for (int i = 0; i < hs; i++) K[at[slot] + i] = f32_to_bf16(k[i]), V[at[slot] + i] = f32_to_bf16(v[i]);
@@ -727,17 +750,17 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
                 if (hs % 32 == 0 && hs <= 256) {
                     uint16_t qb[256];
                     to_bf16(q, qb, hs);
-                    for (int s = scores16_pairs(K, at, qb, hs, slot + 1, scale, p); s <= slot; s++)
+                    for (int s = scores16_pairs(K, at, qb, hs, slot + 1, scale, p, ahead); s <= slot; s++)
                         p[s] = dot_bf16_pairs(K + at[s], qb, hs) * scale;
                 } else
 #endif
-                    for (int s = first_scores(K, at, BF16, q, hs, slot + 1, scale, p); s <= slot; s++)
+                    for (int s = first_scores(K, at, BF16, q, hs, slot + 1, scale, p, ahead); s <= slot; s++)
                         p[s] = dot_bf16(K + at[s], q, hs) * scale;
             } else {
                 float *K = (float *)kc + base, *V = (float *)vc + base;
                 memcpy(K + at[slot], k, sizeof(float) * hs);
                 memcpy(V + at[slot], v, sizeof(float) * hs);
-                for (int s = first_scores(K, at, F32, q, hs, slot + 1, scale, p); s <= slot; s++)
+                for (int s = first_scores(K, at, F32, q, hs, slot + 1, scale, p, ahead); s <= slot; s++)
                     p[s] = dot_f32(K + at[s], q, hs) * scale;
             }
             if (key_mask) {
@@ -755,7 +778,7 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
                 sum += p[s];
             }
             const void *Vh = dt == BF16 ? (const void *)((const uint16_t *)vc + base) : (const void *)((const float *)vc + base);
-            if (weighted_values(Vh, at, dt, p, slot + 1, hs, 1.f / sum, out)) continue;
+            if (weighted_values(Vh, at, dt, p, slot + 1, hs, 1.f / sum, out, ahead)) continue;
             for (int i = 0; i < hs; i++) out[i] = 0.f;
             for (int s = 0; s <= slot; s++) {
                 const float w = p[s] / sum;
