@@ -12,7 +12,7 @@ import torch
 
 from gptcli.config import ModelConfig
 from gptcli.infer import kernels
-from gptcli.infer.generate import GREEDY, generate
+from gptcli.infer.generate import GREEDY, generate, inverse_cdf
 from gptcli.infer.quantize import Int8Linear, quantize
 from gptcli.model import GPT, KVCache
 from tests.helpers import run
@@ -264,6 +264,31 @@ def test_a_cc_that_does_not_run_falls_back_and_a_cc_with_flags_builds(tmp_path, 
     monkeypatch.setenv("CC", f"{real} -Wall")
     lib = kernels._Library()
     assert lib.start() is True and lib.wait() is not None, lib.failed
+
+
+def test_the_c_draw_finds_the_ids_torchs_search_finds():
+    """Sampling's inverse-CDF draw in C against torch's (generate.inverse_cdf): the same ids,
+    whole blocks of zero mass and all mass on the last id included; at the ends of [0, 1)
+    ids of mass > 0 (where a point falls within 1e-16 of the total, the two sums' rounding
+    may pick neighbours)."""
+    library()
+    g = torch.Generator().manual_seed(0)
+    for V in (5, 1024, 1025, 3001, 50257):
+        for scale in (0.5, 3.0, 20.0):
+            q = torch.softmax(torch.randn(16, V, generator=g) * scale, -1)
+            q[:4, : V // 3] = 0.0  # blocks with no mass at all
+            q[4] = 0.0
+            q[4, V - 1] = 1.0  # everything on the last id
+            u = torch.rand(16, 1, generator=g, dtype=torch.float64)
+            got = kernels.draw(q, u)
+            assert got is not None and got.dtype == torch.long
+            assert torch.equal(got, inverse_cdf(q, u)), V
+            u[0], u[1] = 0.0, 1.0 - 2.0**-53
+            ends = kernels.draw(q, u)
+            assert ends is not None and (q.gather(-1, ends[:, None]) > 0).all()
+            assert ends[0] == (q[0] > 0).nonzero()[0, 0]  # the first id with any mass
+    # not a CPU float32 q: torch's search does it
+    assert kernels.draw(q.double(), u) is None
 
 
 # --- --quantize int8 ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gptcli.infer import kernels
 from gptcli.model import GPT, KVCache
 
 
@@ -109,14 +110,22 @@ def draw_from(q: torch.Tensor, generator: Generators = None) -> torch.Tensor:
     where it falls, then the id within it, so the sums cost one pass over q.
     torch.multinomial does the same per row at about 1 ms per 50k-token row on a CPU (18 ms
     for a batch of 16). The sums run in float64 (float32 on MPS, which has none), so even
-    tokens of p ~ 1e-12 keep their share; an id of probability 0 is never drawn.
+    tokens of p ~ 1e-12 keep their share; an id of probability 0 is never drawn. On the CPU,
+    with the decoding library loaded (gptcli/infer/kernels.py), the same search runs in C.
     generator: one for all rows, or one per row (each row's draw from its own)."""
     wide = torch.float32 if q.device.type == "mps" else torch.float64
-    B, V = q.shape
+    B = q.size(0)
     if isinstance(generator, Sequence):
         u = torch.cat([torch.rand(1, 1, generator=g, device=q.device, dtype=wide) for g in generator])
     else:
         u = torch.rand(B, 1, generator=generator, device=q.device, dtype=wide)
+    fast = kernels.draw(q, u)  # the same search in C, where the CPU library is loaded
+    return fast if fast is not None else inverse_cdf(q, u)
+
+
+def inverse_cdf(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """draw_from's search in torch: ids (B,) for q (B, V) at the uniforms u (B, 1)."""
+    wide, (B, V) = u.dtype, q.shape
     size = min(1024, V)
     whole = V // size  # whole blocks, then the last V % size ids, if any, in a shorter one
     # (views of q, not a padded copy; widened before summing, which torch does 2x faster

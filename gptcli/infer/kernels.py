@@ -192,6 +192,7 @@ class _Library:
             lib.gptcli_decode_step.restype = ctypes.c_int
             lib.gptcli_packs.restype = ctypes.c_int
             lib.gptcli_pack.restype = None
+            lib.gptcli_draw.restype = ctypes.c_int
             self.lib = lib
         except OSError as e:
             self.failed = f"the CPU decoding kernel did not load ({e})"
@@ -375,6 +376,22 @@ def _next_logits(self: GPT, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
             decoder.weights = weights
         return decoder.step(lib, idx[:, 0], cache)
     return GPT.next_logits(self, idx, **kwargs)
+
+
+def draw(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
+    """Sampling's inverse-CDF draw (gptcli.infer.generate.draw_from) in C: ids (B,) for q (B, V)
+    fp32 on the CPU at the uniforms u (B, 1) float64; None where the library is not loaded
+    (torch's code then draws)."""
+    lib = LIBRARY.lib
+    if lib is None or q.device.type != "cpu" or q.dtype != torch.float32 or u.dtype != torch.float64:
+        return None
+    q, u = q.contiguous(), u.contiguous()
+    ids = torch.empty(q.size(0), dtype=torch.long)
+    rc = lib.gptcli_draw(
+        ctypes.c_void_p(q.data_ptr()), q.size(0), q.size(1), ctypes.c_void_p(u.data_ptr()),
+        ctypes.c_void_p(ids.data_ptr()),
+    )  # fmt: skip
+    return ids if rc == 0 else None
 
 
 def use_fast_decode(model: nn.Module) -> bool:
