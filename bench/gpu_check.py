@@ -18,7 +18,8 @@ into it and the next goes on):
   Hugging Face's generate on the same weights, fp32 and bf16, and whether they agree;
 - fits: the largest GPT-2 shape that trains on this GPU (with one GPU, FSDP has nothing to
   shard over and is not measured);
-- serve: the bench's serve case, `gptcli serve` under 1, 4 and 16 concurrent clients;
+- serve: the server's decoding loop alone (1 and 16 sequences, the model's share of a step),
+  then the bench's serve case, `gptcli serve` under 1, 4 and 16 concurrent clients;
 - demo: `make demo`'s training and sampling on the device;
 - suite: the whole test suite with CUDA present.
 
