@@ -136,6 +136,7 @@ class Engine:
         self.active: list[Sequence] = []
         self.joining: list[Sequence] = []  # taken from waiting, being encoded
         self.cache: KVCache | None = None
+        self.stepped: tuple[torch.Tensor | None, list[Sequence]] = (None, [])  # the last step's logits, rows
         self.lock = threading.Condition()
         self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="gptcli-engine", daemon=True)
@@ -315,14 +316,24 @@ class Engine:
         each from its own generator) and report it; the finish reason of rows that end."""
         if not rows:
             return []
-        logits = self._visible(torch.stack([s.logits for s in rows if s.logits is not None]))  # (B, V)
+        stepped, batch = self.stepped
+        if (
+            stepped is not None
+            and len(batch) == len(rows)
+            and all(a is b for a, b in zip(batch, rows, strict=True))
+        ):
+            logits = stepped  # the last step's rows, in order: not copied into a stack of them
+        else:
+            logits = torch.stack([s.logits for s in rows if s.logits is not None])
+        logits = self._visible(logits)  # (B, V)
         tokens = [0] * len(rows)
         groups: dict[Sampling, list[int]] = {}
         for i, s in enumerate(rows):
             groups.setdefault(s.sampling, []).append(i)
         for sampling, idx in groups.items():
             gens = [rows[i].generator for i in idx]
-            drawn = sampling.draw(logits[idx], None if sampling.greedy else gens)
+            some = logits if len(idx) == len(rows) else logits[idx]  # (every row: no copy)
+            drawn = sampling.draw(some, None if sampling.greedy else gens)
             for i, t in zip(idx, drawn.tolist(), strict=True):
                 tokens[i] = t
         wanted = [i for i, s in enumerate(rows) if s.logprobs is not None]
@@ -359,6 +370,7 @@ class Engine:
         for i, s in enumerate(rows):
             s.cached += 1
             s.logits = logits[i]
+        self.stepped = (logits, list(rows))
 
     def _rebuild(self, rows: list[Sequence]) -> KVCache:
         """A batch cache holding each row's keys right-aligned at the same slot."""
