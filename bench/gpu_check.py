@@ -15,7 +15,8 @@ into it and the next goes on):
   --optimizer muon's tokens/s beside AdamW's; beside nanoGPT's train.py on the same tokens,
   shape and batch when a checkout is given;
 - decoding: greedy (batch 1, 200 tokens) and beam search (B=4) of the 124M shape against
-  Hugging Face's generate on the same weights, fp32 and bf16, and whether they agree;
+  Hugging Face's generate on the same weights, fp32 and bf16, and whether they agree; then
+  a bf16 token profiled (its wall time against its kernels' time, the busiest kernels);
 - fits: the largest GPT-2 shape that trains on this GPU (with one GPU, FSDP has nothing to
   shard over and is not measured);
 - serve: the server's decoding loop alone (1 and 16 sequences, the model's share of a step),
@@ -369,6 +370,47 @@ def decoding(report: Report, ctx: Context) -> None:
         how = "compiled (a static KV cache, CUDA graphs), as sample and beam decode there"
     report.say(f"Random weights, a 16-token prompt; gptcli {how}; HF generate as it comes. Beams: "
                f"{max(1, new // 4)} new tokens, early stopping.")  # fmt: skip
+    _decode_profile(report, cfg, device, new)
+
+
+def _decode_profile(report: Report, cfg: ModelConfig, device: str, new: int) -> None:
+    """Where a bf16 greedy token's time goes, decoded as `sample` does on this device: the
+    wall time a token, the device's kernels a token (torch.profiler), and the busiest kernels:
+    kernels well under the wall time mean the host (Python, launches, syncs) is what bounds it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = GPT(cfg).eval().to(device, torch.bfloat16)
+    ids = torch.randint(0, cfg.vocab_size, (16,), generator=torch.Generator().manual_seed(1)).tolist()
+    compiled = device.startswith("cuda")
+
+    def decode() -> None:
+        for _ in generate(model, ids, new, sampling=GREEDY, compile=compiled):
+            pass
+
+    decode()  # compiled and warm
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if compiled else [])
+    with profile(activities=activities) as prof:
+        _sync()
+        t0 = time.perf_counter()
+        decode()
+        _sync()
+        wall = time.perf_counter() - t0
+    kernels = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6  # seconds
+    where = "no device kernels (the CPU)"
+    if compiled:
+        where = f"{busy / new * 1e3:.3f} ms of it in the device's kernels ({100 * busy / wall:.0f}%)"
+    report.say(
+        f"A bf16 greedy token, profiled ({new} tokens): {wall / new * 1e3:.3f} ms of wall time, {where}"
+    )
+    top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:6]
+    rows = [
+        [e.key[:60].replace("|", "/"), f"{e.self_device_time_total / 1e3 / new:.3f}", f"{e.count / new:.1f}"]
+        for e in top
+    ]
+    if rows:
+        report.table(["kernel", "ms a token", "calls a token"], rows)
 
 
 # --- serving ----------------------------------------------------------------------------------
