@@ -8,7 +8,7 @@
  * of each. Alternating in one process is what makes the two comparable on a machine whose
  * memory bandwidth moves by 2x within a minute. bench/step_ab.sh does the building:
  *
- *     bash bench/step_ab.sh REV [ROWS SLOT REPS]    # decode.c at git REV against the work tree's
+ *     bash bench/step_ab.sh REV [ROWS SLOT REPS [int8]]   # decode.c at REV (A), the work tree's (B)
  */
 #ifdef STEP_TU
 #include DECODE
@@ -54,10 +54,18 @@ static float *floats(size_t n, float base) {
     for (size_t i = 0; i < n; i++) p[i] = base + ((int)(i * 40503u % 201) - 100) * 1e-4f;
     return p;
 }
+static int int8 = 0; /* weights in int8 with a scale per output (--quantize int8), else bf16 */
 static Mat mat(int n, int k) {
     Mat m = {bf16s((size_t)n * k), NULL, floats(n, 0), BF16, n, k, NULL};
-    void *p = aligned_alloc(64, (size_t)((n + 63) / 64 * 64) * k * 2);
-    gptcli_pack(m.w, BF16, n, k, p, 2);
+    if (int8) {
+        int8_t *w = malloc((size_t)n * k);
+        for (size_t i = 0; i < (size_t)n * k; i++) w[i] = (int8_t)((int)(i * 2654435761u % 255) - 127);
+        float *scale = floats(n, 0.001f);
+        m = (Mat){w, scale, floats(n, 0), I8, n, k, NULL};
+    }
+    const size_t size = int8 ? 1 : 2;
+    void *p = aligned_alloc(64, (size_t)((n + 63) / 64 * 64) * k * size);
+    gptcli_pack(m.w, m.dtype, n, k, p, 2);
     m.packed = p;
     return m;
 }
@@ -68,6 +76,7 @@ static int by_value(const void *a, const void *b) {
 int main(int argc, char **argv) {
     const int rows = argc > 1 ? atoi(argv[1]) : 16, slot = argc > 2 ? atoi(argv[2]) : 100;
     const int reps = argc > 3 ? atoi(argv[3]) : 30;
+    int8 = argc > 4 && !strcmp(argv[4], "int8");
     const int C = 768, L = 12, nh = 12, V = 50257, F = 4 * C, cache_len = 1024;
     if (rows < 1 || slot < 0 || slot >= cache_len || reps < 1) return fprintf(stderr, "ROWS SLOT REPS\n"), 2;
     Layer layers[12];
@@ -91,7 +100,7 @@ int main(int argc, char **argv) {
         if (rep >= 2) t[b][(rep - 2) / 2] = now() - t0;
     }
     qsort(t[0], reps, 8, by_value), qsort(t[1], reps, 8, by_value);
-    printf("rows %d, slot %d, %d steps each: A %.2f ms, B %.2f ms (medians; B/A %.3f)\n", rows, slot, reps,
+    printf("%s, rows %d, slot %d, %d steps each: A %.2f ms, B %.2f ms (medians; B/A %.3f)\n", int8 ? "int8" : "bf16", rows, slot, reps,
            t[0][reps / 2] * 1e3, t[1][reps / 2] * 1e3, t[1][reps / 2] / t[0][reps / 2]);
     return 0;
 }
