@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import pytest
 import torch
@@ -100,6 +101,10 @@ def test_tokens_do_not_depend_on_the_batch_joining_leaving_or_sliding(fast, comp
             assert tokens == alone(model, prompt, n, sampling, seed), (prompt, sampling)
         if compile:
             assert counters["stats"]["unique_graphs"] == graphs
+        deadline = time.monotonic() + 10  # all done: the loop lets go of the last batch's logits
+        while engine.stepped[1] and time.monotonic() < deadline:
+            threading.Event().wait(0.01)
+        assert engine.stepped == (None, [])
     finally:
         engine.close()
 

@@ -264,6 +264,7 @@ def test_a_cc_that_does_not_run_falls_back_and_a_cc_with_flags_builds(tmp_path, 
     monkeypatch.setenv("CC", f"{real} -Wall")
     lib = kernels._Library()
     assert lib.start() is True and lib.wait() is not None, lib.failed
+    assert kernels.library_path(f"{real} -Wall") != kernels.library_path(real)  # built apart
 
 
 def test_the_c_draw_finds_the_ids_torchs_search_finds():
@@ -287,8 +288,12 @@ def test_the_c_draw_finds_the_ids_torchs_search_finds():
             ends = kernels.draw(q, u)
             assert ends is not None and (q.gather(-1, ends[:, None]) > 0).all()
             assert ends[0] == (q[0] > 0).nonzero()[0, 0]  # the first id with any mass
-    # not a CPU float32 q: torch's search does it
-    assert kernels.draw(q.double(), u) is None
+    # one u for every row, as torch broadcasts it (a list of one generator for a batch)
+    one = torch.full((1, 1), 0.5, dtype=torch.float64)
+    assert torch.equal(kernels.draw(q, one), inverse_cdf(q, one))
+    # not a CPU float32 q, or a u of another number of rows: torch's search does it (or refuses)
+    assert kernels.draw(q.double(), u) is None and kernels.draw(q, u[:3]) is None
+    assert kernels.draw(q[:, :0], u) is None
 
 
 # --- --quantize int8 ---------------------------------------------------------------------------

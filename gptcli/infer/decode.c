@@ -847,6 +847,7 @@ static int64_t argmax_row(const float *q, int V) { /* the first largest, or the 
 }
 
 int gptcli_draw(const float *q, int rows, int V, const double *u, int64_t *ids) {
+    if (V < 1) return -1;
     const int size = V < 1024 ? V : 1024, blocks = (V + size - 1) / size;
     double *ends = malloc(sizeof(double) * blocks);
     if (!ends) return -1;

@@ -215,7 +215,7 @@ class Engine:
                 except Exception as e:  # one failed step fails its sequences, not the server
                     for seq in self.active + self.joining:
                         seq.report(Event("error", message=f"decoding failed: {e}"))
-                    self.active, self.cache = [], None
+                    self.active, self.cache, self.stepped = [], None, (None, [])
                 with self.lock:
                     self.joining = []
         with self.lock:
@@ -260,6 +260,8 @@ class Engine:
         self.active = staying
         if staying:
             self._step(staying)
+        else:  # nothing left decoding: let go of the last batch's logits and sequences
+            self.stepped = (None, [])
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         """Encode the prompts together: their keys in a cache of their own, their next

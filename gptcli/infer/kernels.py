@@ -127,7 +127,9 @@ def library_path(compiler: str) -> Path:
         [*shlex.split(compiler), "--version"], capture_output=True, text=True, check=False
     )
     key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), version.stdout, " ".join(FLAGS + THREADS), _cpu_features()]).encode()
+        "\0".join(
+            [SOURCE.read_text(), compiler, version.stdout, " ".join(FLAGS + THREADS), _cpu_features()]
+        ).encode()
     )
     return kernels_dir() / f"gptcli-decode-{key.hexdigest()[:16]}.so"
 
@@ -383,9 +385,11 @@ def draw(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
     fp32 on the CPU at the uniforms u (B, 1) float64; None where the library is not loaded
     (torch's code then draws)."""
     lib = LIBRARY.lib
-    if lib is None or q.device.type != "cpu" or q.dtype != torch.float32 or u.dtype != torch.float64:
+    if lib is None or q.dim() != 2 or q.size(1) == 0 or q.dtype != torch.float32 or u.dtype != torch.float64:
         return None
-    q, u = q.contiguous(), u.contiguous()
+    if q.device.type != "cpu" or u.device.type != "cpu" or u.dim() != 2 or u.size(0) not in (1, q.size(0)):
+        return None
+    q, u = q.contiguous(), u.expand(q.size(0), 1).contiguous()  # (one u for every row, as torch broadcasts)
     ids = torch.empty(q.size(0), dtype=torch.long)
     rc = lib.gptcli_draw(
         ctypes.c_void_p(q.data_ptr()), q.size(0), q.size(1), ctypes.c_void_p(u.data_ptr()),
