@@ -261,7 +261,11 @@ def test_a_cc_that_does_not_run_falls_back_and_a_cc_with_flags_builds(tmp_path, 
         out = [int(s.tokens[0]) for s in generate(model, [1, 2], 5, sampling=GREEDY)]
     assert len(out) == 5 and "_decoder" not in model.__dict__
     real = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    monkeypatch.setenv("CC", f"{real} -Wall")
+    monkeypatch.setenv("CC", f"{real} -Wall -Werror")
+    stub = tmp_path / "stub.c"  # the library's names, built in a moment where decode.c takes seconds
+    stub.write_text("int gptcli_decode_step(void) { return 0; }\nint gptcli_packs(int d) { return d < 0; }\n"
+                    "void gptcli_pack(void) {}\nint gptcli_draw(void) { return -1; }\n")  # fmt: skip
+    monkeypatch.setattr(kernels, "SOURCE", stub)
     lib = kernels._Library()
     assert lib.start() is True and lib.wait() is not None, lib.failed
     assert kernels.library_path(f"{real} -Wall") != kernels.library_path(real)  # built apart
