@@ -243,13 +243,18 @@ def check_fits(needed: int, device: torch.device, what: str) -> None:
         raise OutOfMemory(what, needed, free, device)
 
 
+def kv_cache_bytes(config: Any, rows: int, dtype: torch.dtype, positions: int = 1) -> int:
+    """The keys and values of rows sequences at `positions` positions, in every layer."""
+    item = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.n_layer * rows * positions * config.n_embd * item
+
+
 def decoding_bytes(config: Any, rows: int, dtype: torch.dtype, length: int | None = None) -> int:
     """A lower bound on what decoding rows sequences at once needs beyond the weights: the
     KV cache (length positions, default the model's block_size), and the float32 logits
     that sampling works on."""
-    item = torch.empty((), dtype=dtype).element_size()
     positions = min(length or config.block_size, config.block_size)
-    cache = 2 * config.n_layer * rows * positions * config.n_embd * item
+    cache = kv_cache_bytes(config, rows, dtype, positions)
     return cache + 4 * rows * (config.vocab_size or 0) * 4
 
 

@@ -29,6 +29,7 @@ from gptcli.infer import kernels
 from gptcli.infer.generate import GREEDY, beam_search, cache_dtype, generate
 from gptcli.infer.quantize import quantize, weight_bytes
 from gptcli.model import GPT
+from gptcli.runtime import kv_cache_bytes
 
 PAIRS = (("bf16", "f16"), ("fp32", "f32"), ("int8", "q8_0"))
 
@@ -159,9 +160,7 @@ def first_token(run: Path, gguf: Path | None, repeats: int) -> list[Result]:
 def kv_bytes(model: GPT, rows: int, prompt: int, n: int) -> float:
     """Bytes of keys and values a decoding step reads, on average over n steps after a prompt:
     step t attends over prompt + t + 1 slots of every row, in every layer."""
-    c = model.config
-    per_slot = 2 * c.n_layer * c.n_embd * torch.empty((), dtype=cache_dtype(model)).element_size()
-    return rows * per_slot * (prompt + (n + 1) / 2)
+    return kv_cache_bytes(model.config, rows, cache_dtype(model)) * (prompt + (n + 1) / 2)
 
 
 def batches(model: GPT, prompt: list[int], n: int, bw: float, peak: float, greedy: float) -> list[Result]:
