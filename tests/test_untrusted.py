@@ -435,8 +435,13 @@ def test_a_prompt_file_that_never_ends_is_bounded(trained, tmp_path):
     ids=["num-samples", "beams", "batch-size"],
 )
 def test_what_cannot_fit_is_refused_before_allocating(trained, tmp_path, args, flag):
+    """...in one line, before anything starts: on a machine with no decoding kernel built yet
+    (an empty kernel cache), nothing is built and nothing is said about one."""
     make_corpus(tmp_path / "c.txt")
-    result = gptcli([a.format(run=trained, corpus=tmp_path / "c.txt") for a in args], tmp_path)
+    cold = tmp_path / "kernels"
+    args = [a.format(run=trained, corpus=tmp_path / "c.txt") for a in args]
+    result = gptcli(args, tmp_path, GPTCLI_KERNELS_DIR=str(cold))
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip()
     assert line.startswith("error: out of memory on this machine: ") and flag in line and "\n" not in line
+    assert not cold.exists() or not any(cold.iterdir())

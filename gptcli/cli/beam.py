@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from gptcli.cli import render
-from gptcli.cli.common import check_decoding_fits, decode_compiled, load_model, text_arg, warn_if_cut
+from gptcli.cli.common import (
+    check_decoding_fits,
+    decode_compiled,
+    load_model,
+    start_decoding,
+    text_arg,
+    warn_if_cut,
+)
 from gptcli.config.verbs import BeamSettings
 from gptcli.errors import UsageError
 
@@ -24,7 +31,7 @@ def beam(s: BeamSettings) -> None:
     from gptcli.infer.completion import beam_complete, encode_prompt
 
     n_best = s.beams if s.n_best is None else s.n_best
-    loaded = load_model(s.ckpt, s.device, s.dtype, decode=s.compile is None, base=s.base, quantize=s.quantize)
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     new_tokens = min(40, block // 2) if s.max_new_tokens is None else s.max_new_tokens
     if new_tokens >= block:
@@ -32,6 +39,8 @@ def beam(s: BeamSettings) -> None:
     p = encode_prompt(tok, text_arg(s.prompt, "the prompt"), block - new_tokens)
     warn_if_cut(p, f"the model's block_size {block} less the {new_tokens} new tokens")
     check_decoding_fits(loaded.model, s.beams, f"--beams {s.beams}", len(p.ids) + new_tokens)
+    if s.compile is None:
+        start_decoding(loaded)
     hyps = beam_complete(
         loaded.model,
         tok,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptcli.cli import render
-from gptcli.cli.common import load_model, text_arg
+from gptcli.cli.common import load_model, start_decoding, text_arg
 from gptcli.config.verbs import ChatSettings
 from gptcli.errors import GptcliError, UsageError
 
@@ -57,6 +57,7 @@ def chat(s: ChatSettings) -> None:
             "`gptcli finetune --ckpt RUN DATA --task chat`"
         )
     convo = Conversation(tok, loaded.model.config.block_size, s.system)
+    start_decoding(loaded)
     if given is not None or s.message is not None:
         if given is not None:
             if given[0]["role"] == "system":

@@ -26,7 +26,7 @@ def classify(s: ClassifySettings) -> None:
 
     if s.file is not None:
         check_input(s.file, "--file")  # before the model is loaded
-    loaded = load_model(s.ckpt, s.device, s.dtype, decode=False, classifier=True, base=s.base)
+    loaded = load_model(s.ckpt, s.device, s.dtype, classifier=True, base=s.base)
     kind = loaded.meta.get("task")
     if kind not in ("classify", "choice"):
         raise UsageError(

@@ -106,7 +106,6 @@ def load_model(
     ckpt: str | None,
     device: str = "auto",
     dtype: str = "auto",
-    decode: bool = True,
     classifier: bool = False,
     base: Path | None = None,
     quantize: str | None = None,
@@ -115,10 +114,8 @@ def load_model(
     """Load --ckpt, or the newest run under ./runs that fits the verb (one that writes
     text; with classifier a classify/choice run; with chat a chat run) and say which, onto the device in the
     dtype for inference, its weights quantized if asked (--quantize); say where it runs and
-    why. decode: the verb generates token by token, so CPU models decode through the C step
-    (gptcli/infer/kernels.py). A LoRA run comes merged into its base (base: where that is
+    why. A LoRA run comes merged into its base (base: where that is
     now, if it moved)."""
-    from gptcli.infer import kernels
     from gptcli.infer.quantize import quantize as quantize_weights
     from gptcli.runtime import pick_device, pick_inference_dtype
     from gptcli.store import loading
@@ -143,15 +140,23 @@ def load_model(
     if quantize is not None:
         quantize_weights(loaded.model, quantize)
         why_dtype += f", {quantize} weights (quantized at load)"
-    if decode and kernels.use_fast_decode(loaded.model):
-        why_dtype += "; decoding in one C call per token"
     render.note(f"{why_device}; {why_dtype}")
-    if decode and kernels.building():
+    return loaded
+
+
+def start_decoding(loaded: Loaded) -> None:
+    """Generate token by token through the C step where the model is on the CPU
+    (gptcli/infer/kernels.py), building it the first time on this machine, which it says.
+    Called once the verb's input is checked: a refused command starts nothing and says one line."""
+    from gptcli.infer import kernels
+
+    if kernels.use_fast_decode(loaded.model):
+        render.note("decoding in one C call per token")
+    if kernels.building():
         render.info(
             f"building the CPU decoding kernel for this machine, once (kept in {kernels.kernels_dir()}); "
             "until it is ready, tokens come from the model's own code"
         )
-    return loaded
 
 
 def decode_compiled(compile: bool | None, loaded: Loaded) -> bool:

@@ -22,7 +22,7 @@ def eval_(s: EvalSettings) -> None:
         check_input(f, "the file to score")
     rows, results, said = [], [], {}
     for spec in s.ckpt or [None]:
-        loaded = load_model(spec, s.device, s.dtype, decode=False, base=s.base, quantize=s.quantize)
+        loaded = load_model(spec, s.device, s.dtype, base=s.base, quantize=s.quantize)
         name = str(spec) if spec is not None else str(loaded.path)
         for f in s.files:
             task_, how = plan(loaded.meta, f, s.task)

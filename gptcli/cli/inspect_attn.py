@@ -42,7 +42,7 @@ def inspect_attn(s: InspectAttnSettings) -> None:
     if not s.prompt:
         raise UsageError("give a prompt to look at")
     prompt = text_arg(s.prompt, "the prompt")
-    loaded = load_model(s.ckpt, s.device, s.dtype, decode=False, base=s.base, quantize=s.quantize)
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
     tok, cfg = loaded.tokenizer, loaded.model.config
     layers = _pick(s.layer, cfg.n_layer, "layer", allow_mean=False)
     heads = _pick(s.head, cfg.n_head, "head", allow_mean=True)

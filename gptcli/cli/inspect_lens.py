@@ -53,7 +53,7 @@ def inspect_lens(s: InspectLensSettings) -> None:
     if s.track == "":
         raise UsageError("--track needs a token, e.g. --track ' hole'")
     prompt = text_arg(s.prompt, "the prompt")
-    loaded = load_model(s.ckpt, s.device, s.dtype, decode=False, base=s.base, quantize=s.quantize)
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
     tok, cfg = loaded.tokenizer, loaded.model.config
     track_id = None if s.track is None else _track_id(tok, text_arg(s.track, "--track"))
     p = encode_prompt(tok, prompt, cfg.block_size)

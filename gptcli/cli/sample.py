@@ -6,7 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gptcli.cli import render
-from gptcli.cli.common import check_decoding_fits, decode_compiled, load_model, text_arg, warn_if_cut
+from gptcli.cli.common import (
+    check_decoding_fits,
+    decode_compiled,
+    load_model,
+    start_decoding,
+    text_arg,
+    warn_if_cut,
+)
 from gptcli.config.verbs import SampleSettings
 
 if TYPE_CHECKING:
@@ -30,7 +37,7 @@ def sample(s: SampleSettings) -> None:
         text_arg(s.prompt, "--prompt")
     if s.prompt_file is not None:
         check_prompt_file(s.prompt_file)
-    loaded = load_model(s.ckpt, s.device, s.dtype, decode=s.compile is None, base=s.base, quantize=s.quantize)
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
     check_decoding_fits(loaded.model, s.num_samples, f"--num-samples {s.num_samples}")
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     text = s.prompt
@@ -42,6 +49,8 @@ def sample(s: SampleSettings) -> None:
     warn_if_cut(p, f"the model's block_size {block}")
     live = (render.out.is_terminal if s.stream is None else s.stream) and not s.json_out
     streaming = live and s.num_samples == 1 and not s.show_probs
+    if s.compile is None:
+        start_decoding(loaded)
     if streaming:
         render.stream_text(p.text, style="dim")
     results = complete(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gptcli.cli import render
-from gptcli.cli.common import check_decoding_fits, load_model
+from gptcli.cli.common import check_decoding_fits, load_model, start_decoding
 from gptcli.config.verbs import ServeSettings
 from gptcli.errors import UsageError, need
 
@@ -31,11 +31,13 @@ def serve(s: ServeSettings) -> None:
     from gptcli.infer.server import Served, create_app
 
     listener = _listen(s.host, s.port)  # before loading: a taken port fails at once
-    loaded = load_model(s.ckpt, s.device, s.dtype, decode=not s.compile, base=s.base, quantize=s.quantize)
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
     block = loaded.model.config.block_size
     check_decoding_fits(loaded.model, s.max_batch, f"--max-batch {s.max_batch}")
     if s.max_tokens_limit is not None and s.max_tokens_limit > 1 << 20:
         raise UsageError("--max-tokens-limit over 1,048,576 is not a limit; give a smaller one")
+    if not s.compile:
+        start_decoding(loaded)
     api_key = s.api_key or os.environ.get("GPTCLI_API_KEY") or None
     name = s.model_name or _model_name(s.ckpt, loaded.path)
     engine = Engine(
