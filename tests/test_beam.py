@@ -52,8 +52,24 @@ def hf_best(hf, prompt: list[int], beams: int, alpha: float, n: int) -> tuple[li
     return ids, out.sequences_scores[0].item()
 
 
+@pytest.fixture(params=["c", "torch"])
+def ranking(request, monkeypatch):
+    """Beams ranked in C (kernels.logsumexp, kernels.top_rows) or by torch (top_of_all)."""
+    from gptcli.infer import kernels
+
+    if request.param == "torch":
+        monkeypatch.setattr(kernels, "logsumexp", lambda *args: None)
+        monkeypatch.setattr(kernels, "top_rows", lambda *args: None)
+    else:
+        if kernels._compiler() is None:
+            pytest.skip("no C compiler on this machine")
+        kernels.LIBRARY.start()
+        assert kernels.LIBRARY.wait() is not None, kernels.LIBRARY.failed
+    return request.param
+
+
 @pytest.mark.parametrize(("beams", "alpha"), [(2, 1.0), (4, 1.0), (4, 0.5), (3, 2.0), (5, 0.0)])
-def test_best_hypothesis_and_score_match_hugging_face(models, beams, alpha):
+def test_best_hypothesis_and_score_match_hugging_face(models, beams, alpha, ranking):
     finished_early = 0
     for i, (hf, ours) in enumerate(models):
         for j in range(3):
@@ -97,7 +113,7 @@ def test_scores_are_the_models_log_probabilities(models):
         assert h.finished == (h.ids[-1] == EOS)
 
 
-def test_no_repeat_ngram_and_custom_end_condition():
+def test_no_repeat_ngram_and_custom_end_condition(ranking):
     torch.manual_seed(3)
     model = GPT(ModelConfig(vocab_size=12, block_size=40, n_layer=1, n_head=2, n_embd=16)).eval()
     for h in beam_search(model, [1, 2], 3, 25, no_repeat_ngram=2):
@@ -113,3 +129,28 @@ def test_beam_search_refuses_to_run_past_the_context():
     model = GPT(ModelConfig(vocab_size=12, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
     with pytest.raises(ValueError, match="block_size"):
         beam_search(model, [1, 2, 3], 2, 6)
+
+
+def test_the_c_and_torch_rankings_find_the_same_beams(monkeypatch):
+    """The same hypotheses and scores (within float rounding) whichever ranks, with n-grams
+    banned and padded ids ruled out."""
+    from gptcli.infer import kernels
+
+    if kernels._compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    kernels.LIBRARY.start()
+    assert kernels.LIBRARY.wait() is not None, kernels.LIBRARY.failed
+    torch.manual_seed(5)
+    model = GPT(ModelConfig(vocab_size=40, block_size=40, n_layer=1, n_head=2, n_embd=16)).eval()
+
+    def search() -> list[tuple[list[int], float]]:
+        hyps = beam_search(model, [1, 2, 3], 4, 20, no_repeat_ngram=2, vocab_size=33, end_ids=[7])
+        assert all(t < 33 for h in hyps for t in h.ids)
+        return [(h.ids, h.score) for h in hyps]
+
+    c = search()
+    monkeypatch.setattr(kernels, "logsumexp", lambda *args: None)
+    monkeypatch.setattr(kernels, "top_rows", lambda *args: None)
+    by_torch = search()
+    assert [ids for ids, _ in c] == [ids for ids, _ in by_torch]
+    assert [s for _, s in c] == pytest.approx([s for _, s in by_torch], abs=1e-5)

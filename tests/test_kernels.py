@@ -263,8 +263,7 @@ def test_a_cc_that_does_not_run_falls_back_and_a_cc_with_flags_builds(tmp_path, 
     real = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     monkeypatch.setenv("CC", f"{real} -Wall -Werror")
     stub = tmp_path / "stub.c"  # the library's names, built in a moment where decode.c takes seconds
-    stub.write_text("int gptcli_decode_step(void) { return 0; }\nint gptcli_packs(int d) { return d < 0; }\n"
-                    "void gptcli_pack(void) {}\nint gptcli_draw(void) { return -1; }\n")  # fmt: skip
+    stub.write_text("".join(f"int {name}(void) {{ return -1; }}\n" for name in kernels.FUNCTIONS))
     monkeypatch.setattr(kernels, "SOURCE", stub)
     lib = kernels._Library()
     assert lib.start() is True and lib.wait() is not None, lib.failed
@@ -298,6 +297,46 @@ def test_the_c_draw_finds_the_ids_torchs_search_finds():
     # not a CPU float32 q, or a u of another number of rows: torch's search does it (or refuses)
     assert kernels.draw(q.double(), u) is None and kernels.draw(q, u[:3]) is None
     assert kernels.draw(q[:, :0], u) is None
+
+
+def test_the_c_ranking_of_beams_is_torchs_topk_over_the_sums():
+    """gptcli_top_rows against torch.topk over offsets[r] + x[r, j] for j < n: the same values and
+    indices, dead rows (offset -inf) and ids past n never ranked, places left over -inf and -1."""
+    library()
+    g = torch.Generator().manual_seed(0)
+    shapes = ((4, 50257, 50257, 8), (4, 50304, 50257, 8), (3, 100, 7, 6), (1, 5, 5, 2), (16, 999, 999, 32))
+    for rows, V, n, k in shapes:
+        x = torch.randn(rows, V, generator=g) * 4
+        offsets = -torch.rand(rows, generator=g) * 30
+        if rows > 1:
+            offsets[1] = float("-inf")  # a dead beam
+        x[0, :3] = float("-inf")  # banned ids
+        got = kernels.top_rows(x, offsets, n, k)
+        assert got is not None
+        total = offsets[:, None] + x
+        total[:, n:] = float("-inf")
+        want = torch.topk(total.view(-1), k)
+        assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices), (rows, V, n)
+    # fewer live entries than k: the rest are -inf at index -1
+    x = torch.tensor([[0.5, float("-inf"), 2.0]])
+    values, index = kernels.top_rows(x, torch.zeros(1), 3, 4)
+    assert values.tolist() == [2.0, 0.5, float("-inf"), float("-inf")] and index.tolist() == [2, 0, -1, -1]
+    # equal sums: the lower index first
+    values, index = kernels.top_rows(torch.ones(2, 4), torch.zeros(2), 4, 3)
+    assert index.tolist() == [0, 1, 2]
+    assert kernels.top_rows(x.double(), torch.zeros(1), 3, 2) is None  # not fp32: torch ranks
+
+
+def test_the_c_log_sum_exp_is_torchs():
+    library()
+    g = torch.Generator().manual_seed(1)
+    for rows, V, scale in ((4, 50257, 1.0), (4, 50257, 30.0), (3, 7, 5.0), (2, 1, 1.0)):
+        x = torch.randn(rows, V, generator=g) * scale
+        x[0, : V // 2] = float("-inf")
+        got = kernels.logsumexp(x)
+        torch.testing.assert_close(got, torch.logsumexp(x, -1), atol=1e-5, rtol=1e-6)
+    nothing = kernels.logsumexp(torch.full((1, 5), float("-inf")))
+    assert nothing is not None and nothing.item() == float("-inf")
 
 
 # --- --quantize int8 ---------------------------------------------------------------------------

@@ -336,19 +336,38 @@ def _banned_by_ngrams(seq: Sequence[int], n: int) -> list[int]:
     return [seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i : i + n - 1]) == prefix]
 
 
-def _beam_logprobs(
-    logits: torch.Tensor, prompt: Sequence[int], seqs: list[list[int]], vocab_size: int | None, ngram: int
-) -> torch.Tensor:
-    """Each row's next-token log-probabilities, ids that are not tokens and n-grams that
-    would repeat ruled out (-inf)."""
-    logp = F.log_softmax(logits.float(), dim=-1)  # (beams, V)
-    if vocab_size is not None and vocab_size < logp.size(-1):
-        logp[:, vocab_size:] = float("-inf")
-    for row, seq in enumerate(seqs):
-        banned = _banned_by_ngrams(list(prompt) + seq, ngram)
-        if banned:
-            logp[row, banned] = float("-inf")
-    return logp
+def best_continuations(
+    logits: torch.Tensor,
+    scores: torch.Tensor,
+    k: int,
+    vocab_size: int | None = None,
+    banned: Sequence[Sequence[int]] = (),
+) -> tuple[list[float], list[int]]:
+    """The k best continuations of all beams: scores[r] + log p(j | beam r) for logits (beams, V),
+    best first, as values and flat indices r * V + j. Ids that are not tokens (>= vocab_size)
+    and banned[r]'s ids never rank. Where the library is loaded, in C: log p = logit - the row's
+    log-sum-exp, so one offset a row (score - log-sum-exp) is added to its logits as they are
+    ranked, with no (beams, V) tensor of sums (kernels.logsumexp, kernels.top_rows); else by
+    torch, as Hugging Face ranks them (top_of_all over score + log-softmax)."""
+    logits = logits.float()
+    V = logits.size(-1)
+    n = V if vocab_size is None else min(vocab_size, V)
+    k = min(k, logits.size(0) * n)
+    lse = kernels.logsumexp(logits)
+    if lse is not None:
+        if any(banned):  # (ruled out after the log-sum-exp, as Hugging Face bans after its log-softmax)
+            logits = logits.clone()
+            for row, ids in enumerate(banned):
+                logits[row, list(ids)] = float("-inf")
+        found = kernels.top_rows(logits, scores - lse, n, k)
+        if found is not None:
+            return found[0].tolist(), found[1].tolist()
+    total = scores[:, None] + F.log_softmax(logits, dim=-1)  # (beams, V)
+    total[:, n:] = float("-inf")
+    for row, ids in enumerate(banned):
+        total[row, list(ids)] = float("-inf")
+    top, index = top_of_all(total, k)
+    return top.tolist(), index.tolist()
 
 
 def _cache_rows(parents: list[int]) -> list[int]:
@@ -424,13 +443,12 @@ def beam_search(
     scores[0] = 0.0  # at first, every row holds the same (empty) hypothesis: expand only one
     finished: list[Hypothesis] = []
     for step in range(max_new_tokens):
-        logp = _beam_logprobs(logits, prompt, seqs, vocab_size, no_repeat_ngram)  # (beams, V)
-        V = logp.size(-1)
-        total = scores[:, None] + logp  # (beams, V)
-        top_scores, top_index = top_of_all(total, min(2 * beams, total.numel()))
+        banned = [_banned_by_ngrams([*prompt, *seq], no_repeat_ngram) for seq in seqs]
+        top_scores, top_index = best_continuations(logits, scores, 2 * beams, vocab_size, banned)
+        V = logits.size(-1)
         last = step == max_new_tokens - 1
         rows, tokens, kept = [], [], []
-        for rank, (s, i) in enumerate(zip(top_scores.tolist(), top_index.tolist(), strict=True)):
+        for rank, (s, i) in enumerate(zip(top_scores, top_index, strict=True)):
             if s == float("-inf"):
                 break
             row, token = divmod(i, V)
