@@ -11,8 +11,9 @@ git -C "$root" show "$rev:gptcli/infer/decode.c" > "$work/a.c"
 cp "$root/gptcli/infer/decode.c" "$work/b.c"
 cc=${CC:-cc}
 flags=(-O3 -march=native -fno-trapping-math -std=gnu11 -fopenmp -w)
-rename() {  # a version's public names, prefixed, so that several link into one program
-  echo "-Dgptcli_pack=$1_pack -Dgptcli_packs=$1_packs -Dgptcli_decode_step=$1_decode_step -Dgptcli_draw=$1_draw"
+names=$(cat "$work/a.c" "$work/b.c" | grep -o '^[a-z].*\bgptcli_[a-z0-9_]*(' | grep -o 'gptcli_[a-z0-9_]*' | sort -u)
+rename() {  # a version's public names (gptcli_*), prefixed, so that several link into one program
+  for name in $names; do echo "-D$name=$1_${name#gptcli_}"; done
 }
 for v in a b; do
   # shellcheck disable=SC2046
