@@ -289,8 +289,21 @@ def test_crafted_headers_and_keys_are_one_line_each(gpt2_dir, tmp_path):
     )
     deep = "[" * 100000 + "]" * 100000
     own = ("gptcli.tokenizer",)
+    twice = tmp_path / "twice.gguf"  # a key given twice
+    twice.write_bytes(
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + 2 * (struct.pack("<Q", 1) + b"a" + struct.pack("<IB", 0, 1))
+    )
+    strings = tmp_path / "strings.gguf"  # an array of 2 strings whose second runs past the end
+    strings.write_bytes(
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"a" + struct.pack("<IIQ", 9, 8, 2)
+        + struct.pack("<Q", 1) + b"x" + struct.pack("<Q", 1 << 40) + b"y" * 40
+    )  # fmt: skip
     for path, words in [
         (array, "an array claims"),
+        (twice, "the key a appears twice"),
+        (strings, "a string of 1099511627776 bytes is longer than the file"),
+        (_rebuilt(good, tmp_path / "align.gguf", {"general.alignment": (3, gguf.GGUFValueType.UINT32)}),
+         "an alignment of 3"),
         (_rebuilt(good, tmp_path / "list.gguf", {"gptcli.tokenizer": ("[1]", S)}), "not a tokenizer"),
         (_rebuilt(good, tmp_path / "deep.gguf", {"gptcli.tokenizer": (deep, S)}), "not JSON"),
         (_rebuilt(good, tmp_path / "pre.gguf", {"tokenizer.ggml.pre": ("llama-bpe", S)}, drop=own),
@@ -301,6 +314,35 @@ def test_crafted_headers_and_keys_are_one_line_each(gpt2_dir, tmp_path):
     # a name that is not UTF-8 or not a string: the file's stem
     odd = _rebuilt(good, tmp_path / "odd.gguf", {"general.name": (b"\xff\xfe", S)})
     assert load(odd).meta["name"] == "odd"
+
+
+def test_the_header_reads_what_ggufs_own_reader_reads(gpt2_dir, tmp_path):
+    """gptcli.store.gguf_header against the gguf package's reader, on a q8_0 export (every value
+    kind the converter writes, and quantized tensors): the same keys, values and tensors."""
+    from gptcli.store.gguf_header import ARRAY, STRING, read_header
+
+    path = tmp_path / "m.gguf"
+    export(gpt2_dir, path, "--outtype", "q8_0")
+    theirs = gguf.GGUFReader(path)
+    ours = read_header(path)
+    assert set(ours.fields) == {k for k in theirs.fields if not k.startswith("GGUF.")}
+    for key, field in ours.fields.items():
+        want = theirs.fields[key]
+        assert field.kind == want.types[0], key
+        if field.kind == ARRAY and field.item == STRING:
+            assert [b.decode() for b in field.items()] == want.contents(), key
+        elif field.kind == ARRAY:
+            assert list(field.items()) == want.contents(), key
+        elif field.kind == STRING:
+            assert field.text() == want.contents(), key
+        else:
+            assert field.value == pytest.approx(want.contents()), key
+    assert [(t.name, t.shape, t.tensor_type) for t in ours.tensors] == [
+        (t.name, tuple(int(n) for n in t.shape), int(t.tensor_type)) for t in theirs.tensors
+    ]
+    for mine, t in zip(ours.tensors, theirs.tensors, strict=True):
+        assert ours.data_start + mine.offset == t.data_offset
+        assert np.array_equal(ours.data(mine, t.data.nbytes), np.asarray(t.data).view(np.uint8).reshape(-1))
 
 
 def test_a_gguf_file_by_any_name_and_lora_on_top_of_one(gpt2_dir, tmp_path):

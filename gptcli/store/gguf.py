@@ -2,9 +2,10 @@
 written as llama.cpp's own GPT-2 converter writes one, and GGUF files of the `gpt2`
 architecture read back as a model for every verb's --ckpt.
 
-Written and read with the `gguf` package (llama.cpp's own writer and reader; the `gguf`
-extra). Tensors go under llama.cpp's names in nn.Linear's (out, in) layout, which is its
-GPT-2 layout too. As the converter does: norms, biases and the position embedding stay
+Written with the `gguf` package (llama.cpp's own writer; the `gguf` extra), which also
+dequantizes; read through gptcli.store.gguf_header, one checked pass over the header.
+Tensors go under llama.cpp's names in nn.Linear's (out, in) layout, which is its GPT-2
+layout too. As the converter does: norms, biases and the position embedding stay
 f32, the other matrices take the chosen type (q8_0 where a row is a multiple of 32 values,
 else f16). GPT-2's BPE is written as llama.cpp expects it (model `gpt2`, pre-tokenizer
 `gpt-2`, GPT-2's byte-to-character tokens, merges, <|endoftext|> as bos and eos, no bos
@@ -18,7 +19,6 @@ checked against the file before anything is allocated.
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,9 @@ from gptcli.data.tokenizer import (
 )
 from gptcli.errors import UsageError, need
 from gptcli.model import GPT
+from gptcli.store.gguf_header import ARRAY, STRING, Field, Header, Tensor, read_header
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
-MAX_TENSORS, MAX_KV = 1 << 14, 1 << 12  # GPT-2 XL has 580 tensors; the converter writes ~30 keys
-MIN_TENSOR_INFO, MIN_KV = 8 + 4 + 8 + 4 + 8, 8 + 4 + 1  # the bytes each takes in the header, at least
 
 
 def _gguf() -> Any:
@@ -196,92 +195,19 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-# a GGUF value's type -> its size in bytes (8: string, 9: array, sized as they are read)
-_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def _check_header(path: Path) -> None:
-    """Walk the header (every key and value, every tensor's description) and check each
-    length, count and dimension against the bytes the file has, before a reader trusts any:
-    a few bytes claiming an array of 10^18 items, or a tensor of 10^10 rows, stop here."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        raw = f.read(min(size, 1 << 28))  # the header is small: tokens and merges, some MB
-    end = len(raw)
-
-    def damaged(what: str) -> UsageError:
-        return UsageError(f"{path}: {what}; the file is damaged")
-
-    def take(at: int, fmt: str) -> tuple[Any, int]:
-        n = struct.calcsize(fmt)
-        if at + n > end:
-            raise damaged("its header runs past the end of the file")
-        return struct.unpack_from(fmt, raw, at)[0], at + n
-
-    def string(at: int) -> int:
-        n, at = take(at, "<Q")
-        if n > end - at:
-            raise damaged(f"a string of {n} bytes is longer than the file")
-        return at + n
-
-    if end < 24 or raw[:4] != b"GGUF":
-        raise UsageError(f"{path}: not a GGUF file (no GGUF header)")
-    version, n_tensors, n_kv = struct.unpack_from("<IQQ", raw, 4)
-    if version not in (2, 3):
-        raise UsageError(f"{path}: GGUF version {version}; gptcli reads versions 2 and 3")
-    if n_tensors > MAX_TENSORS or n_kv > MAX_KV or 24 + n_tensors * MIN_TENSOR_INFO + n_kv * MIN_KV > size:
-        raise UsageError(
-            f"{path}: its header claims {n_tensors} tensors and {n_kv} keys, more than a file of "
-            f"{size} bytes can hold; the file is damaged"
-        )
-    at = 24
-    for _ in range(n_kv):
-        at = string(at)
-        kind, at = take(at, "<I")
-        if kind == 8:
-            at = string(at)
-        elif kind == 9:
-            item, at = take(at, "<I")
-            count, at = take(at, "<Q")
-            if item == 8:
-                if count * 8 > end - at:
-                    raise damaged(f"an array claims {count} strings")
-                for _ in range(count):
-                    at = string(at)
-            elif item in _SCALARS:
-                if count * _SCALARS[item] > end - at:
-                    raise damaged(f"an array claims {count} values")
-                at += count * _SCALARS[item]
-            else:
-                raise damaged(f"an array of value type {item}")
-        elif kind in _SCALARS:
-            at += _SCALARS[kind]
-        else:
-            raise damaged(f"a key of value type {kind}")
-    for _ in range(n_tensors):
-        at = string(at)
-        n_dims, at = take(at, "<I")
-        if not 1 <= n_dims <= 4:
-            raise damaged(f"a tensor of {n_dims} dimensions")
-        count = 1
-        for _ in range(n_dims):
-            dim, at = take(at, "<Q")
-            count *= dim
-        if count > size * 4:  # at most about 4 values a byte (q8_0 packs 32 in 34)
-            raise damaged(f"a tensor of {count} values is larger than the file")
-        _, at = take(at, "<I")
-        _, at = take(at, "<Q")
-
-
-def _field(reader: Any, key: str, kind: type, path: Path) -> Any:
+def _field(header: Header, key: str, kind: type, path: Path) -> Any:
     """A scalar or string key of the file, checked to be of kind."""
-    field = reader.fields.get(key)
+    field = header.fields.get(key)
     if field is None:
         raise UsageError(f"{path}: the key {key} is missing; it is not a GPT-2 GGUF file gptcli can read")
-    try:
-        value = field.contents()
-    except Exception:
-        raise UsageError(f"{path}: the key {key} cannot be read; the file is damaged") from None
+    if field.kind == ARRAY:
+        raise UsageError(f"{path}: {key} is an array, not a single value")
+    value = field.value
+    if field.kind == STRING:
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"{path}: the key {key} cannot be read; the file is damaged") from None
     if kind is int and (isinstance(value, bool) or not isinstance(value, int | np.integer)):
         raise UsageError(f"{path}: {key} is {value!r}, not an integer")
     if kind is float and not isinstance(value, int | float | np.floating):
@@ -295,16 +221,12 @@ def load_gguf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Toke
     """A GPT with the weights of a GGUF file of the gpt2 architecture (f32, f16, bf16 and
     q8_0 dequantized to float32), its tokenizer, and metadata."""
     gguf = _gguf()
-    _check_header(path)
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as e:  # the reader's own checks: offsets, types, lengths
-        raise UsageError(f"{path}: the GGUF file cannot be read ({e}); it is damaged") from None
-    arch = _field(reader, "general.architecture", str, path)
+    header = read_header(path)
+    arch = _field(header, "general.architecture", str, path)
     if arch != "gpt2":
         raise UsageError(f"{path}: a GGUF model of the {arch!r} architecture; gptcli reads gpt2 only")
     ints = {
-        k: int(_field(reader, f"gpt2.{k}", int, path))
+        k: int(_field(header, f"gpt2.{k}", int, path))
         for k in (
             "block_count",
             "context_length",
@@ -313,7 +235,7 @@ def load_gguf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Toke
             "feed_forward_length",
         )
     }
-    eps = float(_field(reader, "gpt2.attention.layer_norm_epsilon", float, path))
+    eps = float(_field(header, "gpt2.attention.layer_norm_epsilon", float, path))
     n_layer, n_embd, n_head = ints["block_count"], ints["embedding_length"], ints["attention.head_count"]
     if not (0 < n_layer <= 1024 and 0 < n_head <= n_embd <= 1 << 16 and n_embd % n_head == 0):
         shape = f"{n_layer} layers, {n_head} heads of width {n_embd}"
@@ -322,12 +244,15 @@ def load_gguf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Toke
         raise UsageError(f"{path}: its feed-forward width or layer-norm epsilon is not GPT-2's")
     if not 0 < ints["context_length"] <= 1 << 20:
         raise UsageError(f"{path}: context length {ints['context_length']} is out of range")
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in header.tensors}
+    if len(tensors) != len(header.tensors):
+        raise UsageError(f"{path}: a tensor name appears twice; the file is damaged")
     allowed = {gguf.GGMLQuantizationType[t.upper()] for t in OUTTYPES}
     for t in tensors.values():
         if t.tensor_type not in allowed:
             raise UsageError(
-                f"{path}: {t.name} is {t.tensor_type.name}; gptcli reads f32, f16, bf16 and q8_0 GGUF files"
+                f"{path}: {t.name} is {_type_name(t.tensor_type)}; "
+                "gptcli reads f32, f16, bf16 and q8_0 GGUF files"
             )
     embd = tensors.get("token_embd.weight")
     if embd is None:
@@ -340,7 +265,7 @@ def load_gguf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Toke
         n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=ints["context_length"],
         vocab_size=vocab_size, dropout=0.0, bias=True,
     )  # fmt: skip
-    tokenizer = _gguf_tokenizer(reader, path, vocab_size)
+    tokenizer = _gguf_tokenizer(header, path, vocab_size)
     expected = {theirs: _shape(ours, config) for ours, theirs in _tensor_names(n_layer).items()}
     state: dict[str, torch.Tensor] = {}
     ours_of = {theirs: ours for ours, theirs in _tensor_names(n_layer).items()}
@@ -352,13 +277,13 @@ def load_gguf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Toke
         shape = tuple(int(n) for n in reversed(t.shape))  # ggml lists dimensions innermost first
         if shape != expected[name]:
             raise UsageError(f"{path}: {name} has shape {shape}, the model's is {expected[name]}")
-        state[ours_of[name]] = _dequantized(t, shape, path)
+        state[ours_of[name]] = _dequantized(header, t, shape)
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise UsageError(f"{path}: it lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
     if "output.weight" in tensors:
         out = tensors["output.weight"]
-        head = _dequantized(out, tuple(int(n) for n in reversed(out.shape)), path)
+        head = _dequantized(header, out, tuple(int(n) for n in reversed(out.shape)))
         if head.shape != state["transformer.wte.weight"].shape or not torch.allclose(
             head, state["transformer.wte.weight"], atol=1e-2
         ):
@@ -367,14 +292,14 @@ def load_gguf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Toke
             )
     model = GPT.from_weights(config, state)
     model.to(device).eval()
-    name = reader.fields.get("general.name")
-    kinds = [t.tensor_type.name.lower() for t in tensors.values() if len(t.shape) == 2]
+    name = header.fields.get("general.name")
+    kinds = [_type_name(t.tensor_type).lower() for t in tensors.values() if len(t.shape) == 2]
     meta = {
         "task": "lm",
         "source": "gguf",
         "gguf_path": str(path),
         "model": vars(config),
-        "name": (_text(name) if name is not None else "") or path.stem,
+        "name": (name.text() if name is not None else "") or path.stem,
         "gguf_type": max(set(kinds), key=kinds.count),  # the matrices' type
     }
     return model, tokenizer, meta
@@ -395,37 +320,47 @@ def _shape(name: str, c: ModelConfig) -> tuple[int, ...]:
     return (C,)  # LayerNorms
 
 
-def _dequantized(t: Any, shape: tuple[int, ...], path: Path) -> torch.Tensor:
+def _type_name(tensor_type: int) -> str:
+    try:
+        return _gguf().GGMLQuantizationType(tensor_type).name
+    except ValueError:
+        return f"of type {tensor_type}"
+
+
+def _dequantized(header: Header, t: Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     gguf = _gguf()
     n = int(np.prod(shape))
-    block, nbytes = gguf.GGML_QUANT_SIZES[t.tensor_type]
-    if n % block or t.data.nbytes != n // block * nbytes:  # the reader's view ends where the file does
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.tensor_type)]
+    need = n // block * nbytes
+    data = header.data(t, need)  # (ends where the file does)
+    if n % block or data.nbytes != need:
         raise UsageError(
-            f"{path}: {t.name} holds {t.data.nbytes} bytes, not the {n // block * nbytes} its shape needs; "
+            f"{header.path}: {t.name} holds {data.nbytes} bytes, not the {need} its shape needs; "
             "the file is damaged"
         )
-    values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+    values = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(t.tensor_type))
     return torch.from_numpy(
         np.array(values, dtype=np.float32).reshape(shape)
     )  # a copy: the file stays read-only
 
 
-def _gguf_tokenizer(reader: Any, path: Path, vocab_size: int) -> Tokenizer:
+def _gguf_tokenizer(header: Header, path: Path, vocab_size: int) -> Tokenizer:
     """GPT-2's BPE (with a chat model's tokens) when the file's vocabulary is exactly what
     gptcli would write for it, else refused: gptcli cannot tokenize for another vocabulary."""
-    model = _field(reader, "tokenizer.ggml.model", str, path)
-    tokens_field = reader.fields.get("tokenizer.ggml.tokens")
+    model = _field(header, "tokenizer.ggml.model", str, path)
+    tokens_field = header.fields.get("tokenizer.ggml.tokens")
     if model != "gpt2" or tokens_field is None:
         raise UsageError(f"{path}: its tokenizer is {model!r}; gptcli reads GPT-2's BPE only")
-    pre = reader.fields.get("tokenizer.ggml.pre")
-    if pre is not None and _text(pre) != "gpt-2":
+    pre = header.fields.get("tokenizer.ggml.pre")
+    if pre is not None and pre.text() != "gpt-2":
         raise UsageError(
-            f"{path}: its pre-tokenizer is {_text(pre)!r}, not GPT-2's; gptcli cannot tokenize for it"
+            f"{path}: its pre-tokenizer is {pre.text()!r}, not GPT-2's; gptcli cannot tokenize for it"
         )
-    own = reader.fields.get("gptcli.tokenizer")
+    tokens = tokens_field.items()
+    own = header.fields.get("gptcli.tokenizer")
     if own is not None:
         try:
-            d = json.loads(_text(own))
+            d = json.loads(own.text())
         except (ValueError, TypeError, RecursionError):
             raise UsageError(f"{path}: its gptcli.tokenizer is not JSON; the file is damaged") from None
         if not isinstance(d, dict):
@@ -433,22 +368,18 @@ def _gguf_tokenizer(reader: Any, path: Path, vocab_size: int) -> Tokenizer:
         tok = tokenizer_from_dict(d, f"{path}: gptcli.tokenizer")
     else:
         tok = gpt2_tokenizer()
-        if len(tokens_field.data) > 50257 and any(
-            t in _strings(tokens_field, 50257, 50259) for t in CHAT_TOKENS
-        ):
+        if len(tokens) > 50257 and any(t in _strings(tokens_field, 50257, 50259) for t in CHAT_TOKENS):
             tok = tok.with_chat_tokens()
-    if tok.name != "gpt2" or tok.vocab_size > vocab_size or len(tokens_field.data) != vocab_size:
+    if tok.name != "gpt2" or tok.vocab_size > vocab_size or len(tokens) != vocab_size:
         raise UsageError(f"{path}: its vocabulary is not GPT-2's; gptcli cannot tokenize for it")
     want, types = _gpt2_tokens(tok, vocab_size)  # type: ignore[arg-type]
-    merges, given_types = (
-        reader.fields.get("tokenizer.ggml.merges"),
-        reader.fields.get("tokenizer.ggml.token_type"),
-    )
+    merges = header.fields.get("tokenizer.ggml.merges")
+    given_types = header.fields.get("tokenizer.ggml.token_type")
     if (
         _strings(tokens_field, 0, tok.vocab_size) != want[: tok.vocab_size]
         or merges is None
-        or _strings(merges, 0, len(merges.data)) != _gpt2_merges()
-        or (given_types is not None and [int(given_types.parts[i][0]) for i in given_types.data] != types)
+        or _strings(merges, 0, len(merges.items())) != _gpt2_merges()
+        or (given_types is not None and [int(v) for v in given_types.items()] != types)
     ):
         raise UsageError(
             f"{path}: its vocabulary is not GPT-2's (nor a gptcli export's); gptcli cannot tokenize for it"
@@ -456,19 +387,8 @@ def _gguf_tokenizer(reader: Any, path: Path, vocab_size: int) -> Tokenizer:
     return tok
 
 
-def _text(field: Any) -> str:
-    """A string key's value; "" for a value that is not a string of UTF-8."""
-    if not field.types or field.types[0] != 8:  # GGUFValueType.STRING
-        return ""
-    try:
-        return bytes(field.parts[field.data[0]]).decode("utf-8")
-    except UnicodeDecodeError:
-        return ""
-
-
-def _strings(field: Any, start: int, end: int) -> list[str]:
-    """Items start..end-1 of a string-array key."""
-    out = []
-    for i in field.data[start:end]:
-        out.append(bytes(field.parts[i]).decode("utf-8", errors="replace"))
-    return out
+def _strings(field: Field, start: int, end: int) -> list[str]:
+    """Items start..end-1 of a string-array key (none for a key of another kind)."""
+    if field.item != STRING:
+        return []
+    return [b.decode("utf-8", errors="replace") for b in field.items()[start:end]]
