@@ -307,6 +307,15 @@ def causal_mask(T: int, S: int, device: torch.device | str) -> torch.Tensor:
     return torch.arange(S, device=device)[None, :] <= (past + torch.arange(T, device=device))[:, None]
 
 
+def _embedding(n: int, dim: int) -> nn.Embedding:
+    """nn.Embedding; on the meta device (GPT.from_weights lays a model out there) without its
+    random draw, which has nothing to fill there and whose meta kernel imports Dynamo: a
+    second of every load."""
+    if torch.empty(0).is_meta:
+        return nn.Embedding(n, dim, _weight=torch.empty(n, dim))
+    return nn.Embedding(n, dim)
+
+
 class GPT(nn.Module):
     """Decoder-only transformer language model with GPT-2's architecture and init."""
 
@@ -318,8 +327,8 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(
             dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),  # W_e
-                wpe=nn.Embedding(config.block_size, config.n_embd),  # W_p
+                wte=_embedding(config.vocab_size, config.n_embd),  # W_e
+                wpe=_embedding(config.block_size, config.n_embd),  # W_p
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
                 ln_f=nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias),
@@ -331,6 +340,8 @@ class GPT(nn.Module):
         self.classifier = nn.Linear(config.n_embd, config.n_classes) if config.n_classes else None
 
         # GPT-2 init: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2L)
+        if self.lm_head.weight.is_meta:
+            return  # laid out for from_weights: nothing to draw (see _embedding)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):

@@ -186,3 +186,24 @@ def test_sample_warns_and_truncates_a_long_prompt(trained):
     result = run("sample", "--ckpt", trained, "-p", "The fox dug a den. " * 5, "-n", "2")
     assert result.exit_code == 0
     assert "more than the model's block_size 16; kept its last 16" in result.output
+
+
+def test_sampling_on_the_cpu_never_imports_dynamo(trained):
+    """A second of every start went to importing torch._dynamo, which the CPU never uses: the
+    model was laid out on the meta device, whose random draws import it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from gptcli.cli.app import app\n"
+        "try:\n"
+        f"    app(['sample', '--ckpt', {str(trained)!r}, '-n', '2', '--temp', '0'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('DYNAMO', 'torch._dynamo' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "DYNAMO False" in proc.stdout
