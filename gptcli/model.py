@@ -164,9 +164,26 @@ class KVCache:
             self.v[:, dst, :, :end].copy_(rows[src][1])
 
     def expand(self, n: int) -> None:
-        """Repeat every row n times: prefill a prompt once, then decode n continuations."""
-        index = torch.arange(self.batch_size, device=self.k.device).repeat_interleave(n)
-        self.reorder(index)
+        """Repeat every row n times: prefill a prompt once, then decode n continuations.
+
+        On the CPU (not static, no padding mask) row b's slots written so far are copied once,
+        into row b * n, and the other n - 1 copies are recorded in `sources` (see reorder):
+        16 samples of 200 tokens from GPT-2 124M copied 127 MB (70 ms) before their first step."""
+        B = self.batch_size
+        if n == 1:
+            return
+        moved_as_stored = self.static or self.k.device.type != "cpu" or self.key_mask is not None
+        if moved_as_stored or self.sources is not None:
+            self.reorder(torch.arange(B, device=self.k.device).repeat_interleave(n))
+            return
+        shape = (self.k.size(0), B * n, *self.k.shape[2:])
+        k, v = torch.empty(shape, dtype=self.k.dtype), torch.empty(shape, dtype=self.v.dtype)
+        k[:, ::n, :, : self.pos] = self.k[:, :, :, : self.pos]  # (the slots past pos are written before read)
+        v[:, ::n, :, : self.pos] = self.v[:, :, :, : self.pos]
+        self.k, self.v = k, v
+        rows = torch.arange(B * n, dtype=torch.int32)
+        self.sources = rows[:, None].expand(-1, self.max_len).contiguous()
+        self.sources[:, : self.pos] = (rows // n * n)[:, None]
 
 
 class Probe:

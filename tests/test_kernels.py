@@ -12,7 +12,7 @@ import torch
 
 from gptcli.config import ModelConfig
 from gptcli.infer import kernels
-from gptcli.infer.generate import GREEDY, generate, inverse_cdf
+from gptcli.infer.generate import GREEDY, Sampling, generate, inverse_cdf
 from gptcli.infer.quantize import Int8Linear, quantize
 from gptcli.model import GPT, KVCache
 from tests.helpers import run
@@ -268,6 +268,30 @@ def test_a_cc_that_does_not_run_falls_back_and_a_cc_with_flags_builds(tmp_path, 
     lib = kernels._Library()
     assert lib.start() is True and lib.wait() is not None, lib.failed
     assert kernels.library_path(f"{real} -Wall") != kernels.library_path(real)  # built apart
+
+
+def test_samples_of_one_prompt_read_its_slots_where_they_were_written():
+    """expand(n) copies the prompt's slots once and records the other rows' (cache.sources):
+    the C step reads them there, the model's own attention after they are moved, and both
+    sample the same tokens as a model decoding without the C step (fp32)."""
+    library()
+    model, plain = small_model(torch.float32), small_model(torch.float32)
+    kernels.use_fast_decode(model)
+
+    def samples(m: GPT) -> list[list[int]]:
+        g = torch.Generator().manual_seed(5)
+        steps = generate(m, [1, 2, 3, 4], 12, num_samples=5, sampling=Sampling(1.0), generator=g)
+        return torch.stack([s.tokens for s in steps], 1).tolist()
+
+    assert samples(model) == samples(plain)
+    cache = KVCache(plain.config, 1, 10)
+    with torch.no_grad():
+        plain.next_logits(torch.tensor([[1, 2, 3]]), kv_cache=cache)
+    before = cache.k[:, 0, :, :3].clone()
+    cache.expand(3)
+    assert cache.k.size(1) == 3 and cache.sources is not None and cache.sources[:, :3].eq(0).all()
+    cache.settle()
+    assert all(torch.equal(cache.k[:, r, :, :3], before) for r in range(3))
 
 
 def test_the_c_draw_finds_the_ids_torchs_search_finds():
