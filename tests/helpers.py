@@ -55,6 +55,16 @@ def gptcli(args: list[str], cwd: Path, procs: int = 1, **env: str) -> subprocess
                           timeout=300, check=False)  # fmt: skip
 
 
+def assert_refused_cold(args: list[str], start: str, cwd: Path) -> None:
+    """gptcli args, on an empty decoding-kernel cache, refused in one line that begins with
+    start, and the cache left empty (nothing was built for a command that could not run)."""
+    cold = cwd / f"kernels-{args[0]}"
+    result = gptcli(args, cwd, GPTCLI_KERNELS_DIR=str(cold))
+    line = result.stderr.strip()
+    assert result.returncode == 2 and line.startswith(start) and "\n" not in line, result.stderr
+    assert not cold.exists() or not any(cold.iterdir())
+
+
 def failure(result: subprocess.CompletedProcess) -> str:
     """What a failed child printed: the end of stdout, and both ends of stderr (under torchrun a
     process's own error comes before the launcher's long report of which rank failed)."""

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.helpers import (
     TINY,
+    assert_refused_cold,
     assert_usage_error,
     chromium,
     digest,
@@ -417,6 +418,13 @@ def test_a_prompt_file_that_never_ends_is_bounded(trained, tmp_path):
     result = gptcli(["sample", "--ckpt", str(trained), "--prompt-file", "/dev/zero", "-n", "2"], tmp_path)
     assert result.returncode == 2  # the NUL characters are not in the vocabulary: the read ended
     assert "is not a plain file; read its first" in result.stderr and "'\\x00'" in result.stderr
+
+
+def test_decoding_refused_on_its_input_starts_nothing(trained, tmp_path):
+    """A decoding verb refused for its input says one line and builds no kernel, even where the
+    check comes late (beam's --eos; chat's message: tests/test_chat.py)."""
+    args = ["beam", "The", "--ckpt", str(trained), "--eos", "ab"]
+    assert_refused_cold(args, "error: --eos 'ab' is 2 tokens", tmp_path)
 
 
 @pytest.mark.parametrize(

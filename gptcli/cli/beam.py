@@ -28,7 +28,7 @@ def beam(s: BeamSettings) -> None:
     gptcli beam "The rabbit" --beams 4
     gptcli beam "The fox dug a" --beams 8 --n-best 3 --eos . --length-penalty 0.6
     """
-    from gptcli.infer.completion import beam_complete, encode_prompt
+    from gptcli.infer.completion import beam_complete, encode_prompt, end_token_ids
 
     n_best = s.beams if s.n_best is None else s.n_best
     loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
@@ -39,6 +39,7 @@ def beam(s: BeamSettings) -> None:
     p = encode_prompt(tok, text_arg(s.prompt, "the prompt"), block - new_tokens)
     warn_if_cut(p, f"the model's block_size {block} less the {new_tokens} new tokens")
     check_decoding_fits(loaded.model, s.beams, f"--beams {s.beams}", len(p.ids) + new_tokens)
+    end_token_ids(tok, s.eos)  # (each --eos one token, checked before anything starts)
     if s.compile is None:
         start_decoding(loaded)
     hyps = beam_complete(

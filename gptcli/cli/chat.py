@@ -57,7 +57,6 @@ def chat(s: ChatSettings) -> None:
             "`gptcli finetune --ckpt RUN DATA --task chat`"
         )
     convo = Conversation(tok, loaded.model.config.block_size, s.system)
-    start_decoding(loaded)
     if given is not None or s.message is not None:
         if given is not None:
             if given[0]["role"] == "system":
@@ -65,8 +64,12 @@ def chat(s: ChatSettings) -> None:
             convo.turns, text = given[:-1], given[-1]["content"]
         else:
             text = s.message or ""
+        for content in (convo.system or "", *(m["content"] for m in convo.turns), text):
+            tok.encode(content)  # (a text it cannot encode is refused before anything starts)
+        start_decoding(loaded)
         _answer_once(loaded.model, convo, text, s, sampling)
     else:
+        start_decoding(loaded)
         _talk(loaded.model, convo, s, sampling, str(loaded.path))
 
 
