@@ -154,3 +154,24 @@ def test_the_c_and_torch_rankings_find_the_same_beams(monkeypatch):
     by_torch = search()
     assert [ids for ids, _ in c] == [ids for ids, _ in by_torch]
     assert [s for _, s in c] == pytest.approx([s for _, s in by_torch], abs=1e-5)
+
+
+def test_a_row_of_nan_logits_has_no_continuation_whichever_ranks(monkeypatch):
+    """A row whose logits hold a NaN (or +inf) is dropped by both rankings alike."""
+    from gptcli.infer import kernels
+    from gptcli.infer.generate import best_continuations
+
+    if kernels._compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    kernels.LIBRARY.start()
+    assert kernels.LIBRARY.wait() is not None, kernels.LIBRARY.failed
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(0))
+    logits[0, 4] = float("nan")
+    logits[2, 7] = float("inf")
+    scores = torch.zeros(3)
+    c = best_continuations(logits, scores, 6)
+    monkeypatch.setattr(kernels, "logsumexp", lambda *args: None)
+    monkeypatch.setattr(kernels, "top_rows", lambda *args: None)
+    by_torch = best_continuations(logits, scores, 6)
+    assert c[1] == by_torch[1] and all(20 <= i < 40 for i in c[1])  # only row 1's continuations
+    assert c[0] == pytest.approx(by_torch[0], abs=1e-5)

@@ -345,7 +345,8 @@ def best_continuations(
 ) -> tuple[list[float], list[int]]:
     """The k best continuations of all beams: scores[r] + log p(j | beam r) for logits (beams, V),
     best first, as values and flat indices r * V + j. Ids that are not tokens (>= vocab_size)
-    and banned[r]'s ids never rank. Where the library is loaded, in C: log p = logit - the row's
+    and banned[r]'s ids never rank, nor does any continuation of a row whose logits hold a NaN
+    or +inf (its log-sum-exp is not finite). Where the library is loaded, in C: log p = logit - the row's
     log-sum-exp, so one offset a row (score - log-sum-exp) is added to its logits as they are
     ranked, with no (beams, V) tensor of sums (kernels.logsumexp, kernels.top_rows); else by
     torch, as Hugging Face ranks them (top_of_all over score + log-softmax)."""
@@ -362,7 +363,9 @@ def best_continuations(
         found = kernels.top_rows(logits, scores - lse, n, k)
         if found is not None:
             return found[0].tolist(), found[1].tolist()
-    total = scores[:, None] + F.log_softmax(logits, dim=-1)  # (beams, V)
+    logp = F.log_softmax(logits, dim=-1)  # (beams, V)
+    total = scores[:, None] + logp
+    total[logp.isnan().any(-1)] = float("-inf")  # a row with a NaN or +inf logit: no continuation, as in C
     total[:, n:] = float("-inf")
     for row, ids in enumerate(banned):
         total[row, list(ids)] = float("-inf")

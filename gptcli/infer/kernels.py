@@ -204,7 +204,7 @@ class _Library:
             for name, restype in FUNCTIONS.items():
                 getattr(lib, name).restype = restype
             self.lib = lib
-        except OSError as e:
+        except (OSError, AttributeError) as e:  # (AttributeError: a library without one of FUNCTIONS)
             self.failed = f"the CPU decoding kernel did not load ({e})"
 
     def wait(self) -> ctypes.CDLL | None:
@@ -428,7 +428,7 @@ def top_rows(
     lib = LIBRARY.lib
     if lib is None or x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
         return None
-    if not 0 < n <= x.size(1) or k < 1:
+    if not 0 < n <= x.size(1) or k < 1 or offsets.numel() != x.size(0):
         return None
     x, offsets = x.contiguous(), offsets.to(torch.float32).contiguous()
     values, index = torch.empty(k, dtype=torch.float32), torch.empty(k, dtype=torch.long)
