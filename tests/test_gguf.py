@@ -278,7 +278,7 @@ def _rebuilt(src, dst, keys: dict | None = None, drop=(), tensors=None):
 def test_crafted_headers_and_keys_are_one_line_each(gpt2_dir, tmp_path):
     good = tmp_path / "m.gguf"
     export(gpt2_dir, good)
-    S = gguf.GGUFValueType.STRING
+    S, ARR = gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY
     array = tmp_path / "array.gguf"  # 49 bytes claiming an array of 2^62 items
     array.write_bytes(
         b"GGUF"
@@ -309,6 +309,8 @@ def test_crafted_headers_and_keys_are_one_line_each(gpt2_dir, tmp_path):
         (_rebuilt(good, tmp_path / "pre.gguf", {"tokenizer.ggml.pre": ("llama-bpe", S)}, drop=own),
          "pre-tokenizer is 'llama-bpe'"),
         (_rebuilt(good, tmp_path / "merges.gguf", drop=(*own, "tokenizer.ggml.merges")), "not GPT-2's"),
+        (_rebuilt(good, tmp_path / "types.gguf", {"tokenizer.ggml.token_type": (["x"] * 50257, ARR)},
+                  drop=own), "not GPT-2's"),
     ]:  # fmt: skip
         assert_usage_error(run("sample", "--ckpt", path, "-n", "2"), words)
     # a name that is not UTF-8 or not a string: the file's stem

@@ -39,7 +39,7 @@ from gptcli.data.tokenizer import (
 )
 from gptcli.errors import UsageError, need
 from gptcli.model import GPT
-from gptcli.store.gguf_header import ARRAY, STRING, Field, Header, Tensor, read_header
+from gptcli.store.gguf_header import ARRAY, INTEGERS, STRING, Field, Header, Tensor, read_header
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 
@@ -378,8 +378,12 @@ def _gguf_tokenizer(header: Header, path: Path, vocab_size: int) -> Tokenizer:
     if (
         _strings(tokens_field, 0, tok.vocab_size) != want[: tok.vocab_size]
         or merges is None
+        or len(merges.items()) != len(_gpt2_merges())  # (before decoding any of them)
         or _strings(merges, 0, len(merges.items())) != _gpt2_merges()
-        or (given_types is not None and [int(v) for v in given_types.items()] != types)
+        or (
+            given_types is not None
+            and (given_types.item not in INTEGERS or given_types.items().tolist() != types)
+        )
     ):
         raise UsageError(
             f"{path}: its vocabulary is not GPT-2's (nor a gptcli export's); gptcli cannot tokenize for it"

@@ -26,6 +26,7 @@ SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "
 MAX_TENSORS, MAX_KV = 1 << 14, 1 << 12  # GPT-2 XL has 580 tensors; the converter writes ~30 keys
 MIN_TENSOR_INFO, MIN_KV = 8 + 4 + 8 + 4 + 8, 8 + 4 + 1  # the bytes each takes in the header, at least
 HEADER_LIMIT = 1 << 28  # the header is small: tokens and merges, some MB
+MAX_ITEMS = 1 << 22  # an array's items: GPT-2 has 50,257 tokens and 50,000 merges
 
 
 @dataclass
@@ -130,6 +131,8 @@ def read_header(path: Path) -> Header:
         elif kind == ARRAY:
             item, at = take(at, "<I")
             count, at = take(at, "<Q")
+            if count > MAX_ITEMS:
+                raise damaged(f"an array claims {count} items")
             if item == STRING:
                 if count * 8 > end - at:
                     raise damaged(f"an array claims {count} strings")
@@ -180,5 +183,7 @@ def read_header(path: Path) -> Header:
     align = 32 if alignment is None else alignment.value
     if align < 1 or align & (align - 1):
         raise damaged(f"an alignment of {align}")
+    if any(t.offset % align for t in header.tensors):
+        raise damaged(f"a tensor's data is not aligned to {align} bytes")
     header.data_start = (at + align - 1) // align * align
     return header
