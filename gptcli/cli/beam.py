@@ -39,7 +39,7 @@ def beam(s: BeamSettings) -> None:
     p = encode_prompt(tok, text_arg(s.prompt, "the prompt"), block - new_tokens)
     warn_if_cut(p, f"the model's block_size {block} less the {new_tokens} new tokens")
     check_decoding_fits(loaded.model, s.beams, f"--beams {s.beams}", len(p.ids) + new_tokens)
-    end_token_ids(tok, s.eos)  # (each --eos one token, checked before anything starts)
+    end_ids = end_token_ids(tok, s.eos)  # (each --eos one token, checked before anything starts)
     if s.compile is None:
         start_decoding(loaded)
     hyps = beam_complete(
@@ -49,7 +49,7 @@ def beam(s: BeamSettings) -> None:
         beams=s.beams,
         max_new_tokens=new_tokens,
         length_penalty=s.length_penalty,
-        eos=s.eos,
+        end_ids=end_ids,
         stops=s.stop,
         no_repeat_ngram=s.no_repeat_ngram,
         compile=decode_compiled(s.compile, loaded),

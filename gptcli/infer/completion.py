@@ -240,14 +240,13 @@ def beam_complete(
     beams: int,
     max_new_tokens: int,
     length_penalty: float = 1.0,
-    eos: Sequence[str] = (),
+    end_ids: Sequence[int] = (),
     stops: Sequence[str] = (),
     no_repeat_ngram: int = 0,
     compile: bool = False,
 ) -> list[Beam]:
-    """Beam search from a text prompt: a hypothesis ends at the end-of-text token, an eos
-    token, or once its text contains a stop string."""
-    end_ids = end_token_ids(tokenizer, eos)
+    """Beam search from a text prompt: a hypothesis ends at one of end_ids (end_token_ids:
+    the end-of-text token and any --eos), or once its text contains a stop string."""
     stops = [s for s in stops if s]
 
     def is_end(ids: list[int]) -> bool:
