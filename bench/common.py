@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import shutil
 import statistics
@@ -23,6 +24,22 @@ from gptcli.reports import Reporter
 from gptcli.store.hf import hf_to_gptcli_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+
+_SCRATCH: list[Path] = []
+
+
+def scratch(prefix: str = "gptcli-bench-") -> Path:
+    """A fresh directory for a case's files (models, GGUF files, corpora: a gigabyte or more),
+    removed when the bench process exits, whether the case finished or failed."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    _SCRATCH.append(path)
+    return path
+
+
+@atexit.register
+def _remove_scratch() -> None:
+    for path in _SCRATCH:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import gptcli.train.optim as optim  # noqa: E402
 from bench.cases.muon import CHAR, gptcli_run  # noqa: E402
+from bench.common import scratch  # noqa: E402
 
 RUNS = {
     "muon-original-0.02": dict(optimizer="muon", lr=1e-3, muon_lr=0.02, adjust="original", wd=0.0),
@@ -60,7 +60,7 @@ BASELINE = "adamw-3e-3"  # the bench's AdamW
 
 def main() -> None:
     tokens, only = Path(sys.argv[1]), sys.argv[2:] or list(RUNS)
-    work = Path(tempfile.mkdtemp(prefix="gptcli-muon-settings-"))
+    work = scratch("gptcli-muon-settings-")
     runs = {}
     for name in only:
         settings = dict(RUNS[name])

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-from bench.common import Result, generated_text
+from bench.common import Result, generated_text, scratch
 
 
 def run(args) -> list[Result]:
     from gptcli.data.corpus import tokenize_corpus
     from gptcli.data.tokenizer import gpt2_tokenizer
 
-    work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
+    work = scratch("gptcli-bench-")
     seed = (args.corpus.read_text(encoding="utf-8") if args.corpus else None) or generated_text()
     size = (10 if args.quick else 50) * 1_000_000
     text = (seed * (size // len(seed.encode()) + 1))[:size]

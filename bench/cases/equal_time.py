@@ -6,11 +6,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench.common import ROOT, Result
+from bench.common import ROOT, Result, scratch
 
 
 def run(args) -> list[Result]:
@@ -33,7 +32,7 @@ def run(args) -> list[Result]:
     from gptcli.data.corpus import load_split, tokenize_corpus
     from gptcli.store.checkpoint import load_checkpoint
 
-    work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
+    work = scratch("gptcli-bench-")
     wall = _nanogpt(args, work / "nanogpt")
     tok_dir = work / "tokens"
     tokenize_corpus([args.corpus], tok_dir, "char")

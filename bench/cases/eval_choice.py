@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from bench.common import Result, eval_text_source, gpt2_pair
+from bench.common import Result, eval_text_source, gpt2_pair, scratch
 
 
 @torch.no_grad()
@@ -47,7 +45,7 @@ def run(args) -> list[Result]:
         context = " ".join(lines[(3 * i + k) % len(lines)] for k in range(3))  # about 40 tokens
         choices = [" ".join(rng.choice(lines).split()[:14]) for _ in range(4)]  # about 18 tokens each
         rows.append({"context": context, "choices": choices, "label": i % 4})
-    work = Path(tempfile.mkdtemp())
+    work = scratch()
     (work / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     evaluate_choice(ours, tok, work / "c.jsonl", limit=2)  # warm-up
     ours_runs, hf_runs, got, ref = [], [], None, None

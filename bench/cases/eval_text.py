@@ -5,13 +5,11 @@ from __future__ import annotations
 import math
 import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from bench.common import Result, eval_text_source, gpt2_pair
+from bench.common import Result, eval_text_source, gpt2_pair, scratch
 from gptcli.model import GPT
 
 
@@ -45,7 +43,7 @@ def run(args) -> list[Result]:
     hf, ours32 = gpt2_pair()
     tok = gpt2_tokenizer()
     windows = 4 if args.quick else 12
-    work = Path(tempfile.mkdtemp())
+    work = scratch()
     text, chars = eval_text_source(args), 4000 * windows
     (work / "t.txt").write_text(text[:chars], encoding="utf-8")
     ids = encode_text(work / "t.txt", tok).ids

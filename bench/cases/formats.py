@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Result, generated_text
+from bench.common import Result, generated_text, scratch
 
 
 def run(args) -> list[Result]:
@@ -17,7 +16,7 @@ def run(args) -> list[Result]:
     from gptcli.data.corpus import tokenize_corpus
     from gptcli.data.sources import Reader
 
-    work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
+    work = scratch("gptcli-bench-")
     seed = (args.corpus.read_text(encoding="utf-8") if args.corpus else None) or generated_text()
     lines = [ln for ln in seed.splitlines() if ln.strip()]
     size = (5 if args.quick else 25) * 1_000_000

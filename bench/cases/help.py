@@ -6,11 +6,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Result
+from bench.common import Result, scratch
 
 MINIMAL_TYPER_APP = """
 import typer
@@ -29,7 +28,7 @@ def run(args) -> list[Result]:
     """`gptcli --help` against the floor of any Typer CLI on this machine: a two-command
     Typer app's --help, interleaved."""
     exe = shutil.which("gptcli") or str(Path(sys.executable).parent / "gptcli")
-    minimal = Path(tempfile.mkdtemp()) / "app.py"
+    minimal = scratch() / "app.py"
     minimal.write_text(MINIMAL_TYPER_APP)
 
     def once(cmd: list[str]) -> float:

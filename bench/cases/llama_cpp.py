@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from bench.cases.decode import memory_bandwidth
-from bench.common import ROOT, Result, gpt2_pair
+from bench.common import ROOT, Result, gpt2_pair, scratch
 from gptcli.infer import kernels
 from gptcli.infer.generate import GREEDY, beam_search, cache_dtype, generate
 from gptcli.infer.quantize import quantize, weight_bytes
@@ -251,7 +250,7 @@ def batches(model: GPT, prompt: list[int], n: int, bw: float, peak: float, greed
 
 def run(args) -> list[Result]:
     n = 50 if args.quick else 200
-    work = Path(tempfile.mkdtemp(prefix="gptcli-llama-"))
+    work = scratch("gptcli-llama-")
     _, fp32 = gpt2_pair()
     run_dir = save_run(fp32, work)
     files, why_not = ggufs(fp32, work, getattr(args, "llama_convert", None))

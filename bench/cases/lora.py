@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
-from bench.common import ROOT, Rates, Result, in_child, ours_trainer_run
+from bench.common import ROOT, Rates, Result, in_child, ours_trainer_run, scratch
 from gptcli.config import ModelConfig
 from gptcli.model import GPT
 
@@ -63,7 +62,7 @@ def run(args) -> list[Result]:
     """Finetuning the GPT-2 medium shape (355M) on the CPU, batch 2 x 128 tokens, fp32:
     LoRA (rank 8 on every Linear of the blocks) against full finetuning, each in a fresh
     process; then the val loss both reach on the demo finetuning sets."""
-    work = Path(tempfile.mkdtemp())
+    work = scratch()
     steps = 3 if args.quick else 5
     try:
         full_s, full_rss, full_n = in_child(_finetune_probe, 0, 2, steps, str(work))

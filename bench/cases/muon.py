@@ -29,12 +29,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Result
+from bench.common import Result, scratch
 from gptcli.reports import Reporter
 
 SEEDS = (1, 2, 3)
@@ -203,7 +202,7 @@ def run(args) -> list[Result]:
     if not args.nanogpt or not args.corpus:
         note = ["skipped: needs --nanogpt DIR and --corpus tinyshakespeare.txt"]
         return [Result("Muon against AdamW", float("nan"), None, "", "gptcli AdamW", "", None, note)]
-    work = Path(tempfile.mkdtemp(prefix="gptcli-bench-muon-"))
+    work = scratch("gptcli-bench-muon-")
     results = []
     for shape in SHAPES:
         tokens = work / f"tokens-{shape.name}"

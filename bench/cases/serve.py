@@ -19,12 +19,11 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from bench.common import ROOT, Result, gpt2_pair
+from bench.common import ROOT, Result, gpt2_pair, scratch
 
 TOKENS = 128
 
@@ -133,7 +132,7 @@ def run(args) -> list[Result]:
     from gptcli.data.tokenizer import gpt2_tokenizer
     from gptcli.store.checkpoint import save_checkpoint
 
-    work = Path(tempfile.mkdtemp(prefix="gptcli-serve-"))
+    work = scratch("gptcli-serve-")
     _, model = gpt2_pair()
     save_checkpoint(work / "g124", "best", model, gpt2_tokenizer(), {"task": "lm"})
     files, why_not = ggufs(model, work, getattr(args, "llama_convert", None), kinds=("f16",))

@@ -7,13 +7,12 @@ import importlib.util
 import os
 import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from bench.common import Result, in_child, ours_trainer_run, quiet_transformers
+from bench.common import Result, in_child, ours_trainer_run, quiet_transformers, scratch
 from gptcli.config import ModelConfig
 from gptcli.runtime import keep_freed_memory, measured_peak_flops
 
@@ -116,7 +115,7 @@ def run(args) -> list[Result]:
             **peers,
             "nanoGPT (fp32), keeping freed memory as gptcli does": ("nanogpt", True),
         }
-    work = Path(tempfile.mkdtemp(prefix="gptcli-bench-"))
+    work = scratch("gptcli-bench-")
     # alternate the runs so that load on this shared machine hits all of them alike
     ours_runs: list[float] = []
     peer_runs: dict[str, list[float]] = {k: [] for k in peers}
