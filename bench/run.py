@@ -36,16 +36,32 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cases import CASES  # noqa: E402
 from bench.common import Result  # noqa: E402
-from gptcli.runtime import cpu_name  # noqa: E402
+from gptcli.runtime import cpu_bf16_feature, cpu_name  # noqa: E402
 
 
 def run_case(name: str, args: argparse.Namespace) -> list[Result]:
     return importlib.import_module(f"bench.cases.{CASES[name]}").run(args)
 
 
+def cpu_generation() -> str:
+    """The CPU's family and model numbers, and its native bf16 feature: a cloud's "AMD EPYC"
+    names Zen 4 (family 25) and Zen 5 (family 26) alike, and their figures differ."""
+    try:
+        info = dict(
+            line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines()[:30] if ":" in line
+        )
+    except OSError:
+        return ""
+    numbers = {k.strip(): v.strip() for k, v in info.items() if k.strip() in ("cpu family", "model")}
+    if len(numbers) < 2:
+        return ""
+    bf16 = cpu_bf16_feature() or "no native bf16"
+    return f" (family {numbers['cpu family']}, model {numbers['model']}, {bf16})"
+
+
 def machine() -> str:
     return (
-        f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{cpu_name()}{cpu_generation()}, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"python {platform.python_version()}, device cpu, {torch.get_num_threads()} threads"
     )
 
