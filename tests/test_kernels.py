@@ -5,7 +5,11 @@ by what it was built from, and never in the way when it cannot be built."""
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,6 +198,20 @@ def test_the_model_moved_or_reloaded_is_read_anew():
     (want, _), (got, _) = steps_both_ways(model, 1, 5, 1, padded=False)
     torch.testing.assert_close(got, want, atol=0.03 * want.abs().max().item(), rtol=0)
     assert not torch.allclose(got, before, atol=0.03 * want.abs().max().item())
+
+
+def test_the_weights_are_checked_once_a_generation(monkeypatch):
+    """Per token the check cost more than the C step's own Python; per cache it is once."""
+    library()
+    model = small_model(torch.float32)
+    kernels.use_fast_decode(model)
+    calls = []
+    real = kernels._weights_key
+    monkeypatch.setattr(kernels, "_weights_key", lambda m: calls.append(1) or real(m))
+    for _ in range(2):
+        steps = list(generate(model, [1, 2, 3], 12, sampling=GREEDY))
+        assert len(steps) == 12 and "_decoder" in model.__dict__
+    assert len(calls) == 2  # once for each generation's cache, not 11 times each
 
 
 def test_training_probes_and_static_caches_keep_the_models_code():
@@ -441,3 +459,36 @@ def test_a_first_run_says_it_is_building_the_kernel(trained, tmp_path, monkeypat
     second = run("sample", "--ckpt", str(trained), "-n", "5", "--temp", "0")
     assert second.exit_code == 0 and "building" not in second.stderr
     assert second.stdout == first.stdout
+
+
+def test_a_model_cast_while_it_generates_finishes_on_the_weights_it_began_with():
+    """The weights are checked once a generation: a cast in the middle of one leaves it on the
+    weights it began with, never on freed memory (the Decoder holds their storage). In a
+    child process: a read of weights handed back to the system would crash it."""
+    library()
+    code = """
+import torch
+from tests.test_kernels import small_model
+from gptcli.infer import kernels
+from gptcli.infer.generate import GREEDY, generate
+
+kernels.LIBRARY.start()
+assert kernels.LIBRARY.wait() is not None
+model = small_model(torch.float32, n_embd=512, n_head=8)
+twin = small_model(torch.float32, n_embd=512, n_head=8)
+kernels.use_fast_decode(model)
+kernels.use_fast_decode(twin)
+want = [s.tokens.item() for s in generate(twin, [1, 2, 3], 12, sampling=GREEDY)]
+got = []
+for i, s in enumerate(generate(model, [1, 2, 3], 12, sampling=GREEDY)):
+    got.append(s.tokens.item())
+    if i == 3:
+        model.to(torch.bfloat16)  # every parameter's .data replaced, the old memory freed
+        junk = [torch.full_like(p, float("nan"), dtype=torch.float32) for p in model.parameters()]
+assert "_decoder" in model.__dict__ and model.transformer.wte.weight.dtype == torch.bfloat16
+assert got == want, (got, want)
+print("same tokens")
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "same tokens" in done.stdout, done.stderr[-2000:]
