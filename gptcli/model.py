@@ -58,6 +58,7 @@ class KVCache:
         self.sources: torch.Tensor | None = None
         self.max_len = max_len
         self.pos = 0  # tokens stored
+        self.resets = 0  # times emptied to be filled again (reset): each a new generation
         self.static = static
         self.pos_t = torch.zeros((), dtype=torch.long, device=device)  # tokens stored (static)
         self.slots = torch.arange(max_len, device=device)
@@ -72,6 +73,7 @@ class KVCache:
     def reset(self) -> None:
         """Empty, to be filled again from position 0 (the same buffers)."""
         self.pos = 0
+        self.resets += 1
         self.pos_t.zero_()
         self.sources = None
 

@@ -18,9 +18,11 @@ anew; deleting the directory is always safe. Without a compiler, decoding quietl
 on the model's own code.
 
 Prefill (the prompt), training and anything with a probe keep the model's own code; the
-C step takes over one-token steps on a growing (not static) KV cache. It reads the weights
-as they were when that cache's first step began: a model moved, cast or changed in place
-is read anew from the next cache (the next generation) on, not in the middle of one.
+C step takes over one-token steps on a growing (not static) KV cache. The weights are
+checked once a generation (a cache, until it is reset): a model moved, cast, reloaded or
+changed in place is read anew from the next generation on. Changing weights in place in
+the middle of a generation is not supported: the step would read the ones it takes where
+they are anew, and its copies (the packed weights, the LayerNorms) as they were.
 """
 
 from __future__ import annotations
@@ -306,7 +308,8 @@ class Decoder:
         )
         self.layers, self.keep, self.vocab = layers, keep, c.vocab_size
         self.weights: tuple[int, ...] = ()
-        self.checked_for: weakref.ref[KVCache] | None = None  # the cache its weights were last checked for
+        # the cache (and its count of resets) its weights were last checked for
+        self.checked_for: tuple[weakref.ref[KVCache], int] | None = None
         # what the copies above were made from: an in-place change to any of them (their
         # version moves) makes the model read anew
         self.sources = [*model.parameters(), *model.buffers()]
@@ -387,15 +390,16 @@ def _next_logits(self: GPT, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         and idx.device.type == "cpu"
     ):
         decoder = self.__dict__.get("_decoder")
-        # the weights are checked once per cache (a generation), not every token: just after a
-        # step has streamed the weights through every core's caches, the check took 0.12 ms
-        # of Python, 2% to 4% of a token of GPT-2 124M on a Zen 5
-        if decoder is None or decoder.checked_for is None or decoder.checked_for() is not cache:
+        # the weights are checked once per generation (a cache, until it is reset), not every
+        # token: just after a step has streamed the weights through every core's caches, the
+        # check took 0.12 ms of Python, 2% to 4% of a token of GPT-2 124M on a Zen 5
+        checked = decoder.checked_for if decoder is not None else None
+        if checked is None or checked[0]() is not cache or checked[1] != cache.resets:
             weights = _weights_key(self)
             if decoder is None or decoder.weights != weights or decoder.stale():  # new, moved or changed
                 decoder = self.__dict__["_decoder"] = Decoder(self, lib)
                 decoder.weights = weights
-            decoder.checked_for = weakref.ref(cache)
+            decoder.checked_for = (weakref.ref(cache), cache.resets)
         return decoder.step(lib, idx[:, 0], cache)
     return GPT.next_logits(self, idx, **kwargs)
 
