@@ -30,16 +30,17 @@ _SCRATCH: list[Path] = []
 
 def scratch(prefix: str = "gptcli-bench-") -> Path:
     """A fresh directory for a case's files (models, GGUF files, corpora: a gigabyte or more),
-    removed when the bench process exits, whether the case finished or failed."""
+    removed once the case is over (remove_scratch), whether it finished or failed."""
     path = Path(tempfile.mkdtemp(prefix=prefix))
     _SCRATCH.append(path)
     return path
 
 
 @atexit.register
-def _remove_scratch() -> None:
-    for path in _SCRATCH:
-        shutil.rmtree(path, ignore_errors=True)
+def remove_scratch() -> None:
+    """Remove every scratch directory made so far (bench/run.py: after each case; and at exit)."""
+    while _SCRATCH:
+        shutil.rmtree(_SCRATCH.pop(), ignore_errors=True)
 
 
 @dataclass

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <time.h>
 
+#define ROUNDED(bytes) (((size_t)(bytes) + 63) / 64 * 64) /* aligned_alloc's sizes: multiples of 64 */
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -25,8 +27,8 @@ int main(int argc, char **argv) {
     }
     const int rows = atoi(argv[1]), nw = atoi(argv[2]);
     const int n = argc > 3 ? atoi(argv[3]) : 3072, k = argc > 4 ? atoi(argv[4]) : 768;
-    if (rows < 1 || rows > 64 || nw < 1 || n < 1 || k < 2 || k % 2 || k > 4096) {
-        fprintf(stderr, "need 1 <= ROWS <= 64, NW >= 1, N >= 1, even K <= 4096\n");
+    if (rows < 1 || rows > 64 || nw < 1 || n < 1 || k < 2 || k % 2 || k > 65536) {
+        fprintf(stderr, "need 1 <= ROWS <= 64, NW >= 1, N >= 1, even K <= 65536\n");
         return 2;
     }
     if (!gptcli_packs(BF16)) {
@@ -36,20 +38,20 @@ int main(int argc, char **argv) {
     Mat *ms = malloc(sizeof(Mat) * nw);
     const size_t padded = (size_t)((n + PACK - 1) / PACK * PACK) * k;
     for (int i = 0; i < nw; i++) {
-        uint16_t *w = aligned_alloc(64, ((size_t)n * k * 2 + 63) / 64 * 64);
+        uint16_t *w = aligned_alloc(64, ROUNDED((size_t)n * k * 2));
         for (size_t j = 0; j < (size_t)n * k; j++) w[j] = f32_to_bf16(((int)(j * 2654435761u % 2001) - 1000) * 1e-5f);
         void *p = aligned_alloc(64, padded * 2);
         gptcli_pack(w, BF16, n, k, p, 2);
         ms[i] = (Mat){w, NULL, NULL, BF16, n, k, p};
     }
-    float *x = aligned_alloc(64, (size_t)rows * k * 4), *y = aligned_alloc(64, (size_t)rows * n * 4);
+    float *x = aligned_alloc(64, ROUNDED((size_t)rows * k * 4)), *y = aligned_alloc(64, ROUNDED((size_t)rows * n * 4));
     for (int i = 0; i < rows * k; i++) x[i] = (float)(i % 17) * 0.01f;
     double best = 1e9;
     for (int rep = 0; rep < 7; rep++) {
         const double t0 = now();
 #pragma omp parallel num_threads(2)
         {
-            uint16_t *xb = aligned_alloc(64, (size_t)rows * k * 4 + 64);
+            uint16_t *xb = aligned_alloc(64, ROUNDED((size_t)rows * k * 4 + 64));
             for (int i = 0; i < nw; i++) matvec(&ms[i], x, xb, y, rows, STORE);
             free(xb);
         }

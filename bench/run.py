@@ -35,12 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.cases import CASES  # noqa: E402
-from bench.common import Result  # noqa: E402
+from bench.common import Result, remove_scratch  # noqa: E402
 from gptcli.runtime import cpu_bf16_feature, cpu_name  # noqa: E402
 
 
 def run_case(name: str, args: argparse.Namespace) -> list[Result]:
-    return importlib.import_module(f"bench.cases.{CASES[name]}").run(args)
+    try:
+        return importlib.import_module(f"bench.cases.{CASES[name]}").run(args)
+    finally:
+        remove_scratch()  # its files (1.5 GB for llama-cpp), before the next case's
 
 
 def cpu_generation() -> str:
