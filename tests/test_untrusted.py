@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import io
 import json
-import resource
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.helpers import (
+    ROOT,
     TINY,
     assert_refused_cold,
     assert_usage_error,
@@ -32,11 +34,26 @@ from tests.helpers import (
 # --- sizes come from the weights -----------------------------------------------------------------
 
 
+# runs a command and writes, last on stderr, the largest resident size (KB) of its only child
+_RSS_OF_ONE_CHILD = (
+    "import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+    "sys.exit(done.returncode)"
+)
+
+
 def peak_rss_mb(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
-    """Run gptcli in a child and return its result and the largest resident size of any
-    child so far (MB): enough to show gigabytes were never allocated."""
-    result = gptcli(args, cwd)
-    return result, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    """Run gptcli in a child and return its result and its largest resident size (MB):
+    enough to show gigabytes were never allocated. Measured by a process of its own, whose
+    only child gptcli is (this process's RUSAGE_CHILDREN would be the largest of every child
+    any earlier test in this worker ran)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
+    cmd = [sys.executable, "-c", _RSS_OF_ONE_CHILD, sys.executable, "-m", "gptcli", *args]
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
+                            timeout=300, check=False)  # fmt: skip
+    *lines, rss_kb = result.stderr.rstrip("\n").split("\n")
+    result.stderr = "\n".join(lines) + "\n" if lines else ""
+    return result, int(rss_kb) / 1024
 
 
 @pytest.mark.parametrize("where", ["gptcli-layers", "gptcli-width", "hf"])
