@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cases import CASES  # noqa: E402
 from bench.common import Result, remove_scratch  # noqa: E402
-from gptcli.runtime import cpu_bf16_feature, cpu_name  # noqa: E402
+from gptcli.runtime import cpu_bf16_feature, cpu_fields, cpu_name  # noqa: E402
 
 
 def run_case(name: str, args: argparse.Namespace) -> list[Result]:
@@ -49,17 +49,11 @@ def run_case(name: str, args: argparse.Namespace) -> list[Result]:
 def cpu_generation() -> str:
     """The CPU's family and model numbers, and its native bf16 feature: a cloud's "AMD EPYC"
     names Zen 4 (family 25) and Zen 5 (family 26) alike, and their figures differ."""
-    try:
-        info = dict(
-            line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines()[:30] if ":" in line
-        )
-    except OSError:
-        return ""
-    numbers = {k.strip(): v.strip() for k, v in info.items() if k.strip() in ("cpu family", "model")}
-    if len(numbers) < 2:
+    fields = cpu_fields()
+    if "cpu family" not in fields or "model" not in fields:
         return ""
     bf16 = cpu_bf16_feature() or "no native bf16"
-    return f" (family {numbers['cpu family']}, model {numbers['model']}, {bf16})"
+    return f" (family {fields['cpu family']}, model {fields['model']}, {bf16})"
 
 
 def machine() -> str:

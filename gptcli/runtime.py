@@ -60,27 +60,34 @@ def _threads() -> str:
 
 
 @lru_cache(maxsize=1)
-def cpu_name() -> str:
+def cpu_fields() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("model name", "cpu family", "flags",
+    ARM's "Features", ...); empty where there is no such file."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # (the next processor's block)
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_name() -> str:
+    return cpu_fields().get("model name") or platform.processor() or platform.machine()
 
 
 @lru_cache(maxsize=1)
 def cpu_bf16_feature() -> str | None:
     """The CPU feature that gives native bf16 matmul (avx512_bf16, amx_bf16, arm bf16), if any."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.split(":", 1)[1].split())
+    fields = cpu_fields()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
     for feature in ("amx_bf16", "avx512_bf16", "bf16"):
         if feature in flags:
             return feature
