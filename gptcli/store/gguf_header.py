@@ -11,6 +11,7 @@ file, mapped read-only, until a tensor is read.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,8 +173,9 @@ def read_header(path: Path) -> Header:
         for _ in range(n_dims):
             dim, at = take(at, "<Q")
             dims.append(dim)
-        if int(np.prod(dims, dtype=object)) > size * 4:  # at most about 4 values a byte (q8_0: 32 in 34)
-            raise damaged(f"a tensor of {int(np.prod(dims, dtype=object))} values is larger than the file")
+        values = math.prod(dims)  # (Python's integers: no overflow)
+        if values > size * 4:  # at most about 4 values a byte (q8_0: 32 in 34)
+            raise damaged(f"a tensor of {values} values is larger than the file")
         kind, at = take(at, "<I")
         offset, at = take(at, "<Q")
         header.tensors.append(Tensor(tname, tuple(dims), kind, offset))
