@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,18 @@ def run(*args: object, input: str | None = None) -> Result:
     return _runner.invoke(app, [str(a) for a in args], input=input)
 
 
-def gptcli(args: list[str], cwd: Path, procs: int = 1, **env: str) -> subprocess.CompletedProcess:
-    """gptcli in a child process (under torchrun with procs > 1), to its end."""
+def gptcli(
+    args: list[str], cwd: Path, procs: int = 1, through: Sequence[str] = (), **env: str
+) -> subprocess.CompletedProcess:
+    """gptcli in a child process (under torchrun with procs > 1), to its end; through: a
+    command that runs it (its first arguments)."""
     # a process that dies of a signal prints its Python stack
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", **env}
     if procs > 1:
         launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--standalone"]
         cmd = [sys.executable, *launcher, "-m", "gptcli", *args]
     else:
-        cmd = [sys.executable, "-m", "gptcli", *args]
+        cmd = [*through, sys.executable, "-m", "gptcli", *args]
     return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, errors="replace",
                           timeout=300, check=False)  # fmt: skip
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.helpers import (
-    ROOT,
     TINY,
     assert_refused_cold,
     assert_usage_error,
@@ -47,10 +45,7 @@ def peak_rss_mb(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess
     enough to show gigabytes were never allocated. Measured by a process of its own, whose
     only child gptcli is (this process's RUSAGE_CHILDREN would be the largest of every child
     any earlier test in this worker ran)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
-    cmd = [sys.executable, "-c", _RSS_OF_ONE_CHILD, sys.executable, "-m", "gptcli", *args]
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
-                            timeout=300, check=False)  # fmt: skip
+    result = gptcli(args, cwd, through=[sys.executable, "-c", _RSS_OF_ONE_CHILD])
     *lines, rss_kb = result.stderr.rstrip("\n").split("\n")
     result.stderr = "\n".join(lines) + "\n" if lines else ""
     return result, int(rss_kb) / 1024
