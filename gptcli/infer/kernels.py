@@ -46,7 +46,6 @@ import torch.nn as nn
 
 from gptcli.infer.quantize import Int8Linear as _Quantized
 from gptcli.model import GPT, KVCache
-from gptcli.runtime import cpu_fields
 
 SOURCE = Path(__file__).with_name("decode.c")
 F32, BF16, I8 = 0, 1, 2
@@ -118,8 +117,13 @@ THREADS = ["-fopenmp"]  # left out where the compiler has no OpenMP (Apple's cla
 
 
 def _cpu_features() -> str:
-    fields = cpu_fields()
-    return fields.get("flags") or fields.get("Features") or platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def library_path(compiler: str) -> Path:
