@@ -5,7 +5,12 @@ by what it was built from, and never in the way when it cannot be built."""
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -455,6 +460,33 @@ def test_a_first_run_says_it_is_building_the_kernel(trained, tmp_path, monkeypat
     second = run("sample", "--ckpt", str(trained), "-n", "5", "--temp", "0")
     assert second.exit_code == 0 and "building" not in second.stderr
     assert second.stdout == first.stdout
+
+
+def test_a_build_outlives_the_command_that_started_it(tmp_path):
+    """A command shorter than the build (a short `sample`) exits while the compiler runs:
+    the build goes on in a process of its own, and the next command loads its library."""
+    real = kernels._compiler()
+    slow = tmp_path / "slow-cc"  # a compiler slower than the command
+    slow.write_text(f'#!/bin/sh\n[ "$1" = --version ] || sleep 2\nexec {real} "$@"\n')
+    slow.chmod(0o755)
+    stub = tmp_path / "stub.c"
+    stub.write_text("".join(f"int {name}(void) {{ return -1; }}\n" for name in kernels.FUNCTIONS))
+    env = {**os.environ, "GPTCLI_KERNELS_DIR": str(tmp_path / "k"), "CC": str(slow)}
+    start = (
+        "import pathlib, sys; from gptcli.infer import kernels; "
+        f"kernels.SOURCE = pathlib.Path({str(stub)!r}); "
+        "assert kernels.LIBRARY.start(); print(kernels.library_path(kernels._compiler()))"
+    )
+    done = subprocess.run([sys.executable, "-c", start], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    library = Path(done.stdout.strip())
+    assert not library.exists()  # the command has ended, the build not yet
+    deadline = time.monotonic() + 60
+    while not library.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert library.is_file()
+    assert [p.name for p in library.parent.iterdir()] == [library.name]  # nothing half-written beside it
+    assert all(hasattr(ctypes.CDLL(str(library)), name) for name in kernels.FUNCTIONS)  # a whole library
 
 
 def test_every_pointer_the_step_reads_lies_in_memory_the_decoder_holds():

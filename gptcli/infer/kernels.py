@@ -10,12 +10,13 @@ AVX512-VNNI (int8), the weights are read from a copy packed in the order the pro
 them (built when the model first decodes this way: as much memory again as its weights).
 
 It is built with the machine's own C compiler for its own instruction set (`cc -O3
--march=native -fopenmp`) the first time it is needed, in a background thread (decoding
-goes on with the model's own code meanwhile, so a short generation never waits for it),
-and kept in GPTCLI_KERNELS_DIR (default: the gptcli cache's kernels/), under a name that
-hashes the source, the compiler and the CPU's features: a change to any of them builds
-anew; deleting the directory is always safe. Without a compiler, decoding quietly stays
-on the model's own code.
+-march=native -fopenmp`) the first time it is needed, by a process of its own
+(kernel_build.py) that a background thread waits for: decoding goes on with the model's own
+code meanwhile, so a short generation never waits for it, and a command that ends first
+leaves the build running for the next one. It is kept in GPTCLI_KERNELS_DIR (default: the
+gptcli cache's kernels/), under a name that hashes the source, the compiler and the CPU's
+features: a change to any of them builds anew; deleting the directory is always safe.
+Without a compiler, decoding quietly stays on the model's own code.
 
 Prefill (the prompt), training and anything with a probe keep the model's own code; the
 C step takes over one-token steps on a growing (not static) KV cache. The weights are
@@ -35,6 +36,7 @@ import platform
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 import types
 import weakref
@@ -44,6 +46,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gptcli.infer import kernel_build
 from gptcli.infer.quantize import Int8Linear as _Quantized
 from gptcli.model import GPT, KVCache
 
@@ -180,25 +183,18 @@ class _Library:
             return True
 
     def _build(self, compiler: str, path: Path) -> None:
-        from gptcli import files
-
+        # without OpenMP (one thread), then for the compiler's default CPU where it cannot
+        # target this one (-march=native is not known to every compiler)
+        portable = [f for f in FLAGS if not f.startswith("-march=")]
+        attempts = [
+            [*flags, *threads]
+            for flags, threads in ((FLAGS, THREADS), (FLAGS, []), (portable, THREADS), (portable, []))
+        ]
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with files.writing_path(path) as tmp:
-                # without OpenMP (one thread), then for the compiler's default CPU where it
-                # cannot target this one (-march=native is not known to every compiler)
-                portable = [f for f in FLAGS if not f.startswith("-march=")]
-                for flags, threads in ((FLAGS, THREADS), (FLAGS, []), (portable, THREADS), (portable, [])):
-                    done = subprocess.run(
-                        [*shlex.split(compiler), *flags, *threads, str(SOURCE), "-o", str(tmp), "-lm"],
-                        capture_output=True,
-                        text=True,
-                        check=False,
-                    )
-                    if done.returncode == 0:
-                        break
-                else:
-                    raise OSError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
+            if sys.executable:
+                _build_detached(kernel_build.request(compiler, SOURCE, path, attempts))
+            else:  # (an embedded interpreter: no program to start, so built here)
+                kernel_build.build(compiler, SOURCE, path, attempts)
             self._load(path)
         except Exception as e:  # the model's own code decodes instead
             self.failed = f"the CPU decoding kernel did not build ({e})"
@@ -217,6 +213,27 @@ class _Library:
         if self.thread is not None:
             self.thread.join()
         return self.lib
+
+
+def _build_detached(request: str) -> None:
+    """Run gptcli/infer/kernel_build.py in a process of its own session, which outlives this
+    one (and its Ctrl-C) if it must, and wait for it; OSError with its reason if it fails."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # (gptcli importable as it is here)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gptcli.infer.kernel_build", request],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    _, errors = process.communicate()
+    if process.returncode:
+        lines = errors.strip().splitlines()
+        raise OSError(lines[-1] if lines else f"the build process ended with {process.returncode}")
 
 
 LIBRARY = _Library()

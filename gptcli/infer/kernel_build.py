@@ -1,0 +1,62 @@
+"""Building the CPU decoding kernel (decode.c) into a shared library, in a process of its own.
+
+gptcli/infer/kernels.py starts this module as a detached process (`python -m
+gptcli.infer.kernel_build REQUEST`, in a session of its own) and waits for it in a
+background thread: a command that ends before the build does (a short `sample`, Ctrl-C)
+leaves the build running, and the next command finds the library. The compiler writes into
+a private directory whose file then replaces the library's name atomically
+(gptcli.files.writing_path), so a reader never sees half a library, and an interrupted
+build leaves nothing under that name.
+
+It imports only the standard library and gptcli.files, so that it starts in a tenth of a
+second (not torch's second).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+
+def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) -> None:
+    """Compile source into the library at path with the first set of flags that builds;
+    OSError with the compiler's last line of errors when none does."""
+    from gptcli import files
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with files.writing_path(path) as tmp:
+        for flags in attempts:
+            done = subprocess.run(
+                [*shlex.split(compiler), *flags, str(source), "-o", str(tmp), "-lm"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode == 0:
+                return
+        lines = done.stderr.strip().splitlines()
+        raise OSError(lines[-1] if lines else "failed")
+
+
+def request(compiler: str, source: Path, path: Path, attempts: list[list[str]]) -> str:
+    """The one argument of the build process (JSON)."""
+    return json.dumps({"compiler": compiler, "source": str(source), "path": str(path), "attempts": attempts})
+
+
+def main(argv: list[str]) -> int:
+    try:
+        r = json.loads(argv[0])
+        build(r["compiler"], Path(r["source"]), Path(r["path"]), r["attempts"])
+    except Exception as e:  # one line for the process that waits (not the user's: it says why)
+        with contextlib.suppress(OSError):  # (nobody reading any more)
+            sys.stderr.write((str(e).replace("\n", " ") or type(e).__name__) + "\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
