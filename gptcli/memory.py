@@ -5,8 +5,9 @@ A decoding step reads hundreds of MB; in 4 KB pages that is tens of thousands of
 and the CPU's prefetchers stop at every page's end. Most Linux systems hand out 2 MB pages
 only to memory that asks for them (/sys/kernel/mm/transparent_hugepage/enabled:
 `madvise`), so `empty` asks, before the memory is first touched (GPT-2 124M in bf16 on a
-Zen 5, a whole decoding step: 16 rows 5 to 6% faster, one row 1 to 3%). Elsewhere (no such
-call, another OS, another device) it is torch.empty.
+Zen 5, 200 decoding steps: one row 1.03x the steps/s, 16 rows 1.02x; the decoding step
+alone in C, 16 rows: 1.05x). Elsewhere (no such call, another OS, another device) it is
+torch.empty.
 """
 
 from __future__ import annotations
