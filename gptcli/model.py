@@ -19,7 +19,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli import memory
 from gptcli.config import ModelConfig
 
 IGNORE_INDEX = -1  # targets with this value add nothing to the loss (padding, SFT prompts)
@@ -51,9 +50,8 @@ class KVCache:
         static: bool = False,
     ) -> None:
         shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
-        # (on huge pages where the CPU's OS gives them: the decoding step streams them)
-        self.k = memory.empty(shape, dtype, device).zero_()  # (L, B, nh, max_len, hs)
-        self.v = memory.empty(shape, dtype, device).zero_()
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, nh, max_len, hs)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.key_mask: torch.Tensor | None = None  # (B, max_len) bool
         # (B, max_len) int32 or None: which row of k and v holds each slot of each row, where
         # a reorder has not moved them (see reorder); None: every row holds its own
@@ -181,7 +179,7 @@ class KVCache:
             self.reorder(torch.arange(B, device=self.k.device).repeat_interleave(n))
             return
         shape = (self.k.size(0), B * n, *self.k.shape[2:])
-        k, v = memory.empty(shape, self.k.dtype), memory.empty(shape, self.v.dtype)
+        k, v = torch.empty(shape, dtype=self.k.dtype), torch.empty(shape, dtype=self.v.dtype)
         k[:, ::n, :, : self.pos] = self.k[:, :, :, : self.pos]  # (the slots past pos are written before read)
         v[:, ::n, :, : self.pos] = self.v[:, :, :, : self.pos]
         self.k, self.v = k, v

@@ -46,7 +46,6 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gptcli import memory
 from gptcli.infer import kernel_build
 from gptcli.infer.quantize import Int8Linear as _Quantized
 from gptcli.model import GPT, KVCache
@@ -251,47 +250,21 @@ def _f32(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
     return t.data_ptr()
 
 
-def _packed_numel(lib: ctypes.CDLL, w: torch.Tensor) -> int:
-    """Elements of w's (n, k) packed copy on this CPU (decode.c, gptcli_pack): 0 where the C
-    step reads w as it is."""
+def _packed(lib: ctypes.CDLL, w: torch.Tensor, keep: list[torch.Tensor]) -> int | None:
+    """bf16 or int8 weights (n, k) in the order the C step's products read them on this CPU
+    (decode.c, gptcli_pack), or None where it reads them as they are."""
     n, k = w.shape
-    if w.dtype not in _DTYPES or k % 2 or not lib.gptcli_packs(_DTYPES[w.dtype]):
-        return 0
-    return -(-n // PACK) * PACK * k
-
-
-class _Arena:
-    """One block of memory for the packed copies of all a model's weights, handed out in
-    order, each 64-byte aligned: on huge pages as a whole, where most matrices alone are too
-    small for one (gptcli/memory.py)."""
-
-    def __init__(self, sizes: list[int]) -> None:
-        self.memory = memory.empty(sum(-(-s // 64) * 64 for s in sizes) + 64, torch.uint8)
-        self.at = -self.memory.data_ptr() % 64
-
-    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        size = numel * dtype.itemsize
-        out = self.memory[self.at : self.at + size].view(dtype)
-        self.at += -(-size // 64) * 64
-        return out
-
-
-def _packed(lib: ctypes.CDLL, w: torch.Tensor, arena: _Arena) -> int | None:
-    """bf16 or int8 weights (n, k) in the order the C step's products read them on this CPU,
-    or None where it reads them as they are."""
-    numel = _packed_numel(lib, w)
-    if not numel:
+    dtype = _DTYPES[w.dtype]
+    if k % 2 or not lib.gptcli_packs(dtype):
         return None
-    n, k = w.shape
-    packed = arena.take(numel, w.dtype)
+    packed = torch.empty(-(-n // PACK) * PACK * k, dtype=w.dtype)
     threads = torch.get_num_threads()
-    lib.gptcli_pack(
-        ctypes.c_void_p(w.data_ptr()), _DTYPES[w.dtype], n, k, ctypes.c_void_p(packed.data_ptr()), threads
-    )
+    lib.gptcli_pack(ctypes.c_void_p(w.data_ptr()), dtype, n, k, ctypes.c_void_p(packed.data_ptr()), threads)
+    keep.append(packed)
     return packed.data_ptr()
 
 
-def _mat(lib: ctypes.CDLL, linear: nn.Module, keep: list[torch.Tensor], arena: _Arena) -> _Mat:
+def _mat(lib: ctypes.CDLL, linear: nn.Module, keep: list[torch.Tensor]) -> _Mat:
     """A Linear (or quantize.Int8Linear) as the C step reads it."""
     w = linear.weight.detach()
     if not w.is_contiguous() or w.dtype not in _DTYPES:
@@ -305,7 +278,7 @@ def _mat(lib: ctypes.CDLL, linear: nn.Module, keep: list[torch.Tensor], arena: _
         _DTYPES[w.dtype],
         w.size(0),
         w.size(1),
-        _packed(lib, w, arena),
+        _packed(lib, w, keep),
     )
 
 
@@ -323,10 +296,6 @@ class Decoder:
         # model cast or moved while a generation runs replaces its parameters' .data, which
         # then frees the old memory only once the next generation's Decoder replaces this one
         keep: list[torch.Tensor] = [t.wte.weight.detach(), t.wpe.weight.detach()]
-        products = [[b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj] for b in t.h]
-        linears = [*(m for ms in products for m in ms), model.lm_head]
-        arena = _Arena([_packed_numel(lib, m.weight) * m.weight.element_size() for m in linears])
-        keep.append(arena.memory)
         layers = (_Layer * c.n_layer)()
         for i, block in enumerate(t.h):
             layers[i] = _Layer(
@@ -334,7 +303,10 @@ class Decoder:
                 _f32(block.ln_1.bias, keep),
                 _f32(block.ln_2.weight, keep),
                 _f32(block.ln_2.bias, keep),
-                *(_mat(lib, m, keep, arena) for m in products[i]),
+                _mat(lib, block.attn.c_attn, keep),
+                _mat(lib, block.attn.c_proj, keep),
+                _mat(lib, block.mlp.c_fc, keep),
+                _mat(lib, block.mlp.c_proj, keep),
             )
         self.model = _Model(
             c.n_layer,
@@ -347,7 +319,7 @@ class Decoder:
             t.wpe.weight.data_ptr(),
             _f32(t.ln_f.weight, keep),
             _f32(t.ln_f.bias, keep),
-            _mat(lib, model.lm_head, keep, arena),
+            _mat(lib, model.lm_head, keep),
             layers,
             BF16,
         )
