@@ -9,6 +9,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,27 @@ def hf_greedy(hf, prompt: torch.Tensor, n: int) -> float:
             pad_token_id=50256,
         )
     return n / (time.perf_counter() - t0)
+
+
+def memory_bandwidth() -> float:
+    """Bytes/s read by the best of several sums over a 1 GiB tensor (all threads)."""
+    x = torch.ones(1 << 28, dtype=torch.float32)
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t0))
+    return best
+
+
+def beside_bandwidth(run: Callable[[], float]) -> tuple[float, float]:
+    """run()'s result and the memory bandwidth beside it: the higher of a measurement just
+    before and one just after. This shared machine's bandwidth moves up to 2x within a
+    minute, so a share of a peak measured minutes away measures the neighbours as much as
+    the code; each run is also put beside the run's highest measurement (both are written)."""
+    before = memory_bandwidth()
+    result = run()
+    return result, max(before, memory_bandwidth())
 
 
 def ours_greedy(model: GPT, prompt: torch.Tensor, n: int, compile: bool = False) -> float:

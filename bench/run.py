@@ -4,6 +4,7 @@ the ratio, appended with the machine's details to bench/RESULTS.md.
     python bench/run.py                       # every case (about 20 minutes on 2 cores)
     python bench/run.py --quick               # shorter runs, no equal-time training case
     python bench/run.py --only decode,beam    # some cases
+    python bench/run.py --only decode-isa     # the CPU kernel as built for each instruction set
     python bench/run.py --nanogpt ~/src/nanoGPT --corpus tinyshakespeare.txt
     python bench/run.py --only muon --nanogpt ~/src/nanoGPT --corpus tinyshakespeare.txt
     python bench/run.py --only llama-cpp,serve   # llama.cpp on the model `gptcli export` wrote

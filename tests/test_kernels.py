@@ -103,40 +103,14 @@ def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
     assert got_cache.pos == want_cache.pos == 24
 
 
-def _cpu_has(*flags: str) -> bool:
-    return set(flags) <= set(kernels._cpu_features().split())
-
-
-ISAS = {  # the code paths of decode.c, by what the compiler may use
-    "avx512-bf16-vnni": (
-        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma"],
-        ("avx512f", "avx512_bf16", "avx512_vnni"),
-    ),
-    "avx512-vnni": (  # packed int8 without packed bf16 (Cascade Lake, Ice Lake)
-        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"],
-        ("avx512f", "avx512_vnni"),
-    ),
-    "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"], ("avx512f",)),
-    "avx2": (["-mavx2", "-mfma"], ("avx2", "fma")),
-    "plain": ([], ()),
-}
-
-
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("isa", kernels.ISAS)
 def test_every_instruction_set_path_gives_the_models_logits(isa, tmp_path, monkeypatch):
     """The library as it is built for other CPUs (AVX-512 without BF16, AVX2, none), run
     here where this CPU has the instructions: the same logits, in every dtype and row count."""
-    import platform
-
-    flags, needs = ISAS[isa]
-    if flags and platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("x86 instruction sets")
-    if not _cpu_has(*needs):
-        pytest.skip(f"this CPU lacks {', '.join(needs)}")
+    if not kernels.cpu_has_isa(isa):
+        pytest.skip(f"this CPU lacks {isa}")
     monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
-    others = [f for f in kernels.FLAGS if not f.startswith("-march=")]
-    monkeypatch.setattr(kernels, "FLAGS", [*others, *flags])
-    monkeypatch.setattr(kernels, "LIBRARY", kernels._Library())
+    monkeypatch.setattr(kernels, "LIBRARY", kernels._Library(kernels.isa_flags(isa)))
     library()
     for kind in ("fp32", "bf16", "int8"):
         for rows in (1, 5):

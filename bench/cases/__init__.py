@@ -7,6 +7,7 @@ CASES = {
     "decode": "decode",
     "decode-long": "decode_long",
     "decode-static": "decode_static",
+    "decode-isa": "decode_isa",
     "llama-cpp": "llama_cpp",
     "serve": "serve",
     "beam": "beam",

@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
-from bench.common import Result, gpt2_pair, hf_greedy, ours_greedy, to_bf16
-
-
-def memory_bandwidth() -> float:
-    """Bytes/s read by the best of several sums over a 1 GiB tensor (all threads)."""
-    x = torch.ones(1 << 28, dtype=torch.float32)
-    best = 0.0
-    for _ in range(5):
-        t0 = time.perf_counter()
-        x.sum()
-        best = max(best, x.numel() * 4 / (time.perf_counter() - t0))
-    return best
+from bench.common import Result, gpt2_pair, hf_greedy, memory_bandwidth, ours_greedy, to_bf16
 
 
 def run(args) -> list[Result]:

@@ -18,13 +18,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from bench.cases.decode import memory_bandwidth
-from bench.common import ROOT, Result, gpt2_pair, scratch
+from bench.common import ROOT, Result, beside_bandwidth, gpt2_pair, scratch
 from gptcli.infer import kernels
 from gptcli.infer.generate import GREEDY, beam_search, cache_dtype, generate
 from gptcli.infer.quantize import quantize, weight_bytes
@@ -88,16 +86,6 @@ def ggufs(
         if done.returncode != 0:
             return {}, f"the converter failed on {kind}: {done.stderr.strip().splitlines()[-1:]}"
     return out, None
-
-
-def beside_bandwidth(run: Callable[[], float]) -> tuple[float, float]:
-    """run()'s result and the memory bandwidth beside it: the higher of a measurement just
-    before and one just after. This shared machine's bandwidth moves up to 2x within a
-    minute, so a share of a peak measured minutes away measures the neighbours as much as
-    the code; each run is also put beside the run's highest measurement (both are written)."""
-    before = memory_bandwidth()
-    result = run()
-    return result, max(before, memory_bandwidth())
 
 
 def ours_tps(model: GPT, prompt: list[int], n: int) -> float:

@@ -118,6 +118,36 @@ def _compiler() -> str | None:
 FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-shared", "-fPIC", "-std=c11"]
 THREADS = ["-fopenmp"]  # left out where the compiler has no OpenMP (Apple's clang): one thread
 
+# decode.c's code paths, by the instruction sets the compiler may use (in place of
+# -march=native) and the CPU features (/proc/cpuinfo's names) they need: the library as it
+# is built for other CPUs, to test and time each path on one CPU that has them all
+ISAS: dict[str, tuple[list[str], tuple[str, ...]]] = {
+    "avx512-bf16-vnni": (
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma"],
+        ("avx512f", "avx512_bf16", "avx512_vnni"),
+    ),
+    "avx512-vnni": (  # packed int8 without packed bf16 (Cascade Lake, Ice Lake)
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"],
+        ("avx512f", "avx512_vnni"),
+    ),
+    "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"], ("avx512f",)),
+    "avx2": (["-mavx2", "-mfma"], ("avx2", "fma")),
+    "plain": ([], ()),
+}
+
+
+def isa_flags(isa: str) -> list[str]:
+    """FLAGS with ISAS[isa]'s instruction sets in place of -march=native."""
+    return [*(f for f in FLAGS if not f.startswith("-march=")), *ISAS[isa][0]]
+
+
+def cpu_has_isa(isa: str) -> bool:
+    """Whether this CPU runs the library built with isa_flags(isa)."""
+    flags, needs = ISAS[isa]
+    if flags and platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    return set(needs) <= set(_cpu_features().split())
+
 
 def _cpu_features() -> str:
     try:
@@ -129,14 +159,14 @@ def _cpu_features() -> str:
     return platform.processor() or platform.machine()
 
 
-def library_path(compiler: str) -> Path:
-    """Where the library for this source, compiler and CPU lives."""
+def library_path(compiler: str, flags: list[str] = FLAGS) -> Path:
+    """Where the library for this source, compiler, flags and CPU lives."""
     version = subprocess.run(
         [*shlex.split(compiler), "--version"], capture_output=True, text=True, check=False
     )
     key = hashlib.sha256(
         "\0".join(
-            [SOURCE.read_text(), compiler, version.stdout, " ".join(FLAGS + THREADS), _cpu_features()]
+            [SOURCE.read_text(), compiler, version.stdout, " ".join(flags + THREADS), _cpu_features()]
         ).encode()
     )
     return kernels_dir() / f"gptcli-decode-{key.hexdigest()[:16]}.so"
@@ -153,9 +183,11 @@ FUNCTIONS = {  # what decode.c offers, and what each returns
 
 
 class _Library:
-    """The compiled decode.c, built once per machine in the background."""
+    """The compiled decode.c, built once per machine in the background (flags: FLAGS, or
+    isa_flags(...) for another CPU's code paths)."""
 
-    def __init__(self) -> None:
+    def __init__(self, flags: list[str] = FLAGS) -> None:
+        self.flags = flags
         self.lib: ctypes.CDLL | None = None
         self.failed: str | None = None
         self.thread: threading.Thread | None = None
@@ -171,7 +203,7 @@ class _Library:
                 self.failed = "no C compiler (cc, gcc or clang)"
                 return False
             try:  # CC may name a program that is not there, or be a command with flags
-                path = library_path(compiler)
+                path = library_path(compiler, self.flags)
             except (OSError, ValueError) as e:
                 self.failed = f"the C compiler {compiler!r} did not run ({e})"
                 return False
@@ -185,10 +217,15 @@ class _Library:
     def _build(self, compiler: str, path: Path) -> None:
         # without OpenMP (one thread), then for the compiler's default CPU where it cannot
         # target this one (-march=native is not known to every compiler)
-        portable = [f for f in FLAGS if not f.startswith("-march=")]
+        portable = [f for f in self.flags if not f.startswith("-march=")]
         attempts = [
             [*flags, *threads]
-            for flags, threads in ((FLAGS, THREADS), (FLAGS, []), (portable, THREADS), (portable, []))
+            for flags, threads in (
+                (self.flags, THREADS),
+                (self.flags, []),
+                (portable, THREADS),
+                (portable, []),
+            )
         ]
         try:
             if sys.executable:
