@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -436,9 +437,11 @@ def test_a_first_run_says_it_is_building_the_kernel(trained, tmp_path, monkeypat
     assert second.stdout == first.stdout
 
 
-def test_a_build_outlives_the_command_that_started_it(tmp_path):
-    """A command shorter than the build (a short `sample`) exits while the compiler runs:
-    the build goes on in a process of its own, and the next command loads its library."""
+@pytest.mark.parametrize("end", ["exit", "ctrl-c"])
+def test_a_build_outlives_the_command_that_started_it(end, tmp_path):
+    """A command shorter than the build (a short `sample`, or one stopped with Ctrl-C) ends
+    while the compiler runs: the build goes on in a process of its own session, and the
+    next command loads its library."""
     real = kernels._compiler()
     slow = tmp_path / "slow-cc"  # a compiler slower than the command
     slow.write_text(f'#!/bin/sh\n[ "$1" = --version ] || sleep 2\nexec {real} "$@"\n')
@@ -446,19 +449,25 @@ def test_a_build_outlives_the_command_that_started_it(tmp_path):
     stub = tmp_path / "stub.c"
     stub.write_text("".join(f"int {name}(void) {{ return -1; }}\n" for name in kernels.FUNCTIONS))
     env = {**os.environ, "GPTCLI_KERNELS_DIR": str(tmp_path / "k"), "CC": str(slow)}
-    start = (
-        "import pathlib, sys; from gptcli.infer import kernels; "
+    code = (
+        "import pathlib, time; from gptcli.infer import kernels; "
         f"kernels.SOURCE = pathlib.Path({str(stub)!r}); "
-        "assert kernels.LIBRARY.start(); print(kernels.library_path(kernels._compiler()))"
+        "print(kernels.library_path(kernels._compiler()), flush=True); "
+        "assert kernels.LIBRARY.start()"  # (the command's last word, where it exits)
+        + ("; print('started', flush=True); time.sleep(60)" if end == "ctrl-c" else "")
     )
-    done = subprocess.run([sys.executable, "-c", start], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    library = Path(done.stdout.strip())
+    command = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    library = Path(command.stdout.readline().strip())
+    if end == "ctrl-c":
+        assert command.stdout.readline().strip() == "started"
+        os.killpg(command.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the command's whole group
+    assert (command.wait(timeout=60) == 0) == (end == "exit")  # (Ctrl-C: killed by SIGINT)
     assert not library.exists()  # the command has ended, the build not yet
     deadline = time.monotonic() + 60
-    while not library.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert library.is_file()
+    while (not library.exists() or len(list(library.parent.iterdir())) > 1) and time.monotonic() < deadline:
+        time.sleep(0.1)  # (the build's private directory goes just after the library lands)
     assert [p.name for p in library.parent.iterdir()] == [library.name]  # nothing half-written beside it
     assert all(hasattr(ctypes.CDLL(str(library)), name) for name in kernels.FUNCTIONS)  # a whole library
 

@@ -123,7 +123,7 @@ void gptcli_pack(const void *w, int dtype, int n, int k, void *out, int threads)
  * sx[r] = max |x[r]| / Q. Q keeps any sum of k products within int32 (|weight| <= 127), and
  * is 5,500 or more for k <= 3,072: each activation within 1/11,000 of its row's largest,
  * finer than bf16. */
-static void quantize_rows(const float *x, int rows, int k, int16_t *xq, float *sx) {
+static __attribute__((unused)) void quantize_rows(const float *x, int rows, int k, int16_t *xq, float *sx) {
     const float Q = floorf(2147483647.f / (127.f * (float)k)) - 1.f, top = Q < 32767.f ? Q : 32767.f;
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * k;
@@ -730,9 +730,9 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
     }
 #endif
 #ifdef HAVE_INT16_PAIRS
-    if (m->dtype == I8) { /* the rows as int16, their scales after them */
+    if (m->dtype == I8) { /* the rows as int16, their scales after them (4-byte aligned) */
         int16_t *xq = (int16_t *)xb;
-        float *sx = (float *)(xq + (size_t)rows * k);
+        float *sx = (float *)(xq + ((size_t)rows * k + 1) / 2 * 2);
         quantize_rows(x, rows, k, xq, sx);
         for (; j < hi; j++)
             for (int r = 0; r < rows; r++) {

@@ -1,9 +1,10 @@
 """Building the CPU decoding kernel (decode.c) into a shared library, in a process of its own.
 
-gptcli/infer/kernels.py starts this module as a detached process (`python -m
-gptcli.infer.kernel_build REQUEST`, in a session of its own) and waits for it in a
-background thread: a command that ends before the build does (a short `sample`, Ctrl-C)
-leaves the build running, and the next command finds the library. The compiler writes into
+gptcli/infer/kernels.py runs this module's main in a process of its own (a session of its
+own, this gptcli first on its path) and waits for it in a background thread: a command
+that ends before the build does (a short `sample`, Ctrl-C) leaves the build running, and
+the next command finds the library. Where no Python can be started (an embedded or frozen
+interpreter) the same build runs in that thread. The compiler writes into
 a private directory whose file then replaces the library's name atomically
 (gptcli.files.writing_path), so a reader never sees half a library, and an interrupted
 build leaves nothing under that name.
@@ -47,10 +48,15 @@ def request(compiler: str, source: Path, path: Path, attempts: list[list[str]]) 
     return json.dumps({"compiler": compiler, "source": str(source), "path": str(path), "attempts": attempts})
 
 
+def build_request(text: str) -> None:
+    """The build a request (JSON, as `request` writes it) asks for."""
+    r = json.loads(text)
+    build(r["compiler"], Path(r["source"]), Path(r["path"]), r["attempts"])
+
+
 def main(argv: list[str]) -> int:
     try:
-        r = json.loads(argv[0])
-        build(r["compiler"], Path(r["source"]), Path(r["path"]), r["attempts"])
+        build_request(argv[0])
     except Exception as e:  # one line for the process that waits (not the user's: it says why)
         with contextlib.suppress(OSError):  # (nobody reading any more)
             sys.stderr.write((str(e).replace("\n", " ") or type(e).__name__) + "\n")

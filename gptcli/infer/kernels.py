@@ -210,28 +210,29 @@ class _Library:
             if path.is_file():
                 self._load(path)
                 return False
-            self.thread = threading.Thread(target=self._build, args=(compiler, path), daemon=True)
+            # without OpenMP (one thread), then for the compiler's default CPU where it
+            # cannot target this one (-march=native is not known to every compiler)
+            mine, portable = self.flags, [f for f in self.flags if not f.startswith("-march=")]
+            attempts = [[*mine, *THREADS], mine, [*portable, *THREADS], portable]
+            request = kernel_build.request(compiler, SOURCE, path, attempts)
+            # the build's own process starts here, not in the thread: a command that ends a
+            # moment after this still leaves it running
+            process = _start_build(request)
+            self.thread = threading.Thread(target=self._build, args=(process, request, path), daemon=True)
             self.thread.start()
             return True
 
-    def _build(self, compiler: str, path: Path) -> None:
-        # without OpenMP (one thread), then for the compiler's default CPU where it cannot
-        # target this one (-march=native is not known to every compiler)
-        portable = [f for f in self.flags if not f.startswith("-march=")]
-        attempts = [
-            [*flags, *threads]
-            for flags, threads in (
-                (self.flags, THREADS),
-                (self.flags, []),
-                (portable, THREADS),
-                (portable, []),
-            )
-        ]
+    def _build(self, process: subprocess.Popen | None, request: str, path: Path) -> None:
         try:
-            if sys.executable:
-                _build_detached(kernel_build.request(compiler, SOURCE, path, attempts))
-            else:  # (an embedded interpreter: no program to start, so built here)
-                kernel_build.build(compiler, SOURCE, path, attempts)
+            if process is None:  # (no interpreter to start: built here)
+                kernel_build.build_request(request)
+            else:
+                _, errors = process.communicate()
+                if process.returncode:
+                    lines = errors.strip().splitlines()
+                    raise OSError(
+                        lines[-1] if lines else f"the build process ended with {process.returncode}"
+                    )
             self._load(path)
         except Exception as e:  # the model's own code decodes instead
             self.failed = f"the CPU decoding kernel did not build ({e})"
@@ -252,25 +253,32 @@ class _Library:
         return self.lib
 
 
-def _build_detached(request: str) -> None:
-    """Run gptcli/infer/kernel_build.py in a process of its own session, which outlives this
-    one (and its Ctrl-C) if it must, and wait for it; OSError with its reason if it fails."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # (gptcli importable as it is here)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gptcli.infer.kernel_build", request],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    _, errors = process.communicate()
-    if process.returncode:
-        lines = errors.strip().splitlines()
-        raise OSError(lines[-1] if lines else f"the build process ended with {process.returncode}")
+# the build process's program: this gptcli first on the path, ahead of the working
+# directory's (where another checkout may sit)
+_BUILD = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from gptcli.infer.kernel_build import main; sys.exit(main(sys.argv[2:]))"
+)
+
+
+def _start_build(request: str) -> subprocess.Popen | None:
+    """gptcli/infer/kernel_build.py in a process of its own session, which outlives this one
+    (and its Ctrl-C) if it must; None where no Python can be started (an embedded or frozen
+    interpreter), and the build then runs in this process."""
+    if not sys.executable or getattr(sys, "frozen", False):
+        return None
+    root = str(Path(__file__).resolve().parents[2])
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-c", _BUILD, root, request],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    except OSError:
+        return None
 
 
 LIBRARY = _Library()
