@@ -124,6 +124,25 @@ def test_every_instruction_set_path_gives_the_models_logits(isa, tmp_path, monke
             assert cache.pos == 23
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_int8_products_keep_a_nan_activation_nan(isa, tmp_path, monkeypatch):
+    """int8 products multiply the activations as int16 with a scale a row: a row holding a
+    NaN gives NaN logits, as the model's own code does, not finite ones."""
+    if isa != "native":
+        if not kernels.cpu_has_isa(isa):
+            pytest.skip(f"this CPU lacks {isa}")
+        monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+        monkeypatch.setattr(kernels, "LIBRARY", kernels._Library(kernels.isa_flags(isa)))
+    library()
+    model = small_model(torch.float32, int8=True)
+    with torch.no_grad():
+        model.transformer.ln_f.weight[0] = float("nan")  # every row's input to the unembedding
+    assert kernels.use_fast_decode(model)
+    (want, _), (got, _) = steps_both_ways(model, 2, 5, 2, padded=False)
+    assert want.isnan().all() and got.isnan().all()
+    assert "_decoder" in model.__dict__  # (the C step ran)
+
+
 def test_greedy_fp32_decoding_gives_the_same_tokens_as_the_model(trained):
     library()
     from gptcli.store.loading import load

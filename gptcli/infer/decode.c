@@ -12,6 +12,7 @@
  * Built by gptcli/infer/kernels.py with the machine's own compiler and instruction set
  * (-O3 -march=native -fopenmp), and called through ctypes with the tensors' pointers.
  */
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -122,15 +123,25 @@ void gptcli_pack(const void *w, int dtype, int n, int k, void *out, int threads)
  * the CPU multiplies integers in pairs (AVX512-VNNI, AVX2): xq (rows, k) = round(x / sx[r]),
  * sx[r] = max |x[r]| / Q. Q keeps any sum of k products within int32 (|weight| <= 127), and
  * is 5,500 or more for k <= 3,072: each activation within 1/11,000 of its row's largest,
- * finer than bf16. */
+ * finer than bf16. A row holding a NaN or an infinity gets the scale NaN (and zeros), so
+ * that its products are NaN, as the model's own are, not finite. */
 static __attribute__((unused)) void quantize_rows(const float *x, int rows, int k, int16_t *xq, float *sx) {
     const float Q = floorf(2147483647.f / (127.f * (float)k)) - 1.f, top = Q < 32767.f ? Q : 32767.f;
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * k;
         int16_t *out = xq + (size_t)r * k;
         float amax = 0.f;
-#pragma omp simd reduction(max : amax)
-        for (int i = 0; i < k; i++) amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax;
+        int bad = 0;
+#pragma omp simd reduction(max : amax) reduction(| : bad)
+        for (int i = 0; i < k; i++) {
+            amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax;
+            bad |= !(fabsf(xr[i]) <= FLT_MAX);
+        }
+        if (bad) {
+            sx[r] = NAN;
+            memset(out, 0, sizeof(int16_t) * (size_t)k);
+            continue;
+        }
         const float s = amax > 1e-30f ? amax / top : 1.f, inv = 1.f / s; /* (1 / s finite) */
         sx[r] = s;
         int i = 0;
