@@ -20,6 +20,7 @@ import torch
 from gptcli.config import ModelConfig, load_config
 from gptcli.infer.generate import GREEDY, generate
 from gptcli.infer.kernels import use_fast_decode
+from gptcli.infer.quantize import quantize
 from gptcli.model import GPT
 from gptcli.reports import Reporter
 from gptcli.store.hf import hf_to_gptcli_state_dict
@@ -83,6 +84,16 @@ def to_bf16(model: GPT) -> GPT:
     copy.eval().to(torch.bfloat16)
     use_fast_decode(copy)
     return copy
+
+
+def decoding_models(fp32: GPT) -> dict[str, GPT]:
+    """fp32's weights as fp32 (fp32 itself), bf16 and int8 (--quantize int8), each decoding
+    through the CPU kernel."""
+    models = {"fp32": fp32, "bf16": to_bf16(fp32), "int8": to_bf16(fp32)}
+    quantize(models["int8"])
+    for m in models.values():
+        use_fast_decode(m)
+    return models
 
 
 class Rates(Reporter):

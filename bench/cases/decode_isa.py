@@ -13,21 +13,9 @@ import statistics
 
 import torch
 
-from bench.common import Result, beside_bandwidth, gpt2_pair, ours_greedy, scratch
+from bench.common import Result, beside_bandwidth, decoding_models, gpt2_pair, ours_greedy, scratch
 from gptcli.infer import kernels
-from gptcli.infer.quantize import quantize, weight_bytes
-from gptcli.model import GPT
-
-
-def models() -> dict[str, GPT]:
-    """GPT-2 124M-shaped weights (random, seeded) in fp32, bf16 and int8 (--quantize int8)."""
-    _, fp32 = gpt2_pair()
-    out = {"bf16": GPT(fp32.config), "fp32": fp32, "int8": GPT(fp32.config)}
-    for kind in ("bf16", "int8"):
-        out[kind].load_state_dict(fp32.state_dict())
-        out[kind].eval().to(torch.bfloat16)
-    quantize(out["int8"])
-    return out
+from gptcli.infer.quantize import weight_bytes
 
 
 def run(args) -> list[Result]:
@@ -43,7 +31,7 @@ def run(args) -> list[Result]:
             if lib.wait() is None:
                 raise RuntimeError(f"the kernel did not build for {isa}: {lib.failed}")
             libraries[isa] = lib
-        ms = models()
+        ms = decoding_models(gpt2_pair()[1])
         prompt = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(1))
         tps: dict[tuple[str, str], list[float]] = {(i, k): [] for i in isas for k in ms}
         share: dict[tuple[str, str], list[float]] = {(i, k): [] for i in isas for k in ms}

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from bench.common import ROOT, Result, beside_bandwidth, gpt2_pair, scratch
+from bench.common import ROOT, Result, beside_bandwidth, decoding_models, gpt2_pair, scratch
 from gptcli.infer import kernels
 from gptcli.infer.generate import GREEDY, beam_search, cache_dtype, generate
-from gptcli.infer.quantize import quantize, weight_bytes
+from gptcli.infer.quantize import weight_bytes
 from gptcli.model import GPT
 from gptcli.runtime import kv_cache_bytes
 
@@ -242,13 +242,7 @@ def run(args) -> list[Result]:
     _, fp32 = gpt2_pair()
     run_dir = save_run(fp32, work)
     files, why_not = ggufs(fp32, work, getattr(args, "llama_convert", None))
-    models = {"fp32": fp32, "bf16": GPT(fp32.config), "int8": GPT(fp32.config)}
-    for kind in ("bf16", "int8"):
-        models[kind].load_state_dict(fp32.state_dict())
-        models[kind].eval().to(torch.bfloat16)
-    quantize(models["int8"])
-    for m in models.values():
-        kernels.use_fast_decode(m)
+    models = decoding_models(fp32)
     kernels.LIBRARY.wait()
     prompt = torch.randint(0, 50257, (16,), generator=torch.Generator().manual_seed(1)).tolist()
     llms = {}
