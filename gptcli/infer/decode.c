@@ -159,6 +159,12 @@ static __attribute__((unused)) void quantize_rows(const float *x, int rows, int 
     }
 }
 
+/* where quantize_rows's row scales go in a thread's room xb, after the rows (rows, k) as
+ * int16: 4-byte aligned */
+static inline float *row_scales(uint16_t *xb, int rows, int k) {
+    return (float *)(xb + ((size_t)rows * k + 1) / 2 * 2);
+}
+
 /* the dot products of a weight row with an fp32 activation row, by the weight's dtype:
  * AVX-512 or AVX2 where the compiler targets them, plain loops elsewhere */
 #if defined(__AVX512F__)
@@ -741,9 +747,9 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
     }
 #endif
 #ifdef HAVE_INT16_PAIRS
-    if (m->dtype == I8) { /* the rows as int16, their scales after them (4-byte aligned) */
+    if (m->dtype == I8) { /* the rows as int16, their scales after them */
         int16_t *xq = (int16_t *)xb;
-        float *sx = (float *)(xq + ((size_t)rows * k + 1) / 2 * 2);
+        float *sx = row_scales(xb, rows, k);
         quantize_rows(x, rows, k, xq, sx);
         for (; j < hi; j++)
             for (int r = 0; r < rows; r++) {
@@ -783,8 +789,8 @@ static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int row
 #endif
 #ifdef HAVE_PACKED_I8
     if (m->packed && m->dtype == I8) {
-        share(m->n, PACK, &lo, &hi); /* the rows' scales after their int16 values, k even */
-        packed_product_i8(m, x, (int16_t *)xb, (float *)(xb + (size_t)rows * m->k), y, rows, mode, lo, hi);
+        share(m->n, PACK, &lo, &hi);
+        packed_product_i8(m, x, (int16_t *)xb, row_scales(xb, rows, m->k), y, rows, mode, lo, hi);
     } else
 #endif
     {
