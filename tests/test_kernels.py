@@ -44,6 +44,19 @@ def library() -> ctypes.CDLL:
     return lib
 
 
+def use_isa(isa: str, tmp_path: Path, monkeypatch) -> None:
+    """Decode, from here on in this test, through the library as built for isa (kernels.ISAS)."""
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    monkeypatch.setattr(kernels, "LIBRARY", kernels._Library(kernels.isa_flags(isa)))
+
+
+def stub_source(tmp_path: Path) -> Path:
+    """A C file with the library's names, built in a moment where decode.c takes seconds."""
+    stub = tmp_path / "stub.c"
+    stub.write_text("".join(f"int {name}(void) {{ return -1; }}\n" for name in kernels.FUNCTIONS))
+    return stub
+
+
 def steps_both_ways(model: GPT, rows: int, prompt_len: int, steps: int, padded: bool, reorder: bool = False):
     """Logits and caches after `steps` one-token steps, by the model's code and by the C step.
     reorder: the rows reordered after every step, as beam search does (the C step then reads
@@ -110,8 +123,7 @@ def test_every_instruction_set_path_gives_the_models_logits(isa, tmp_path, monke
     here where this CPU has the instructions: the same logits, in every dtype and row count."""
     if not kernels.cpu_has_isa(isa):
         pytest.skip(f"this CPU lacks {isa}")
-    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
-    monkeypatch.setattr(kernels, "LIBRARY", kernels._Library(kernels.isa_flags(isa)))
+    use_isa(isa, tmp_path, monkeypatch)
     library()
     for kind in ("fp32", "bf16", "int8"):
         for rows in (1, 5):
@@ -131,8 +143,7 @@ def test_int8_products_keep_a_nan_activation_nan(isa, tmp_path, monkeypatch):
     if isa != "native":
         if not kernels.cpu_has_isa(isa):
             pytest.skip(f"this CPU lacks {isa}")
-        monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
-        monkeypatch.setattr(kernels, "LIBRARY", kernels._Library(kernels.isa_flags(isa)))
+        use_isa(isa, tmp_path, monkeypatch)
     library()
     model = small_model(torch.float32, int8=True)
     with torch.no_grad():
@@ -275,9 +286,7 @@ def test_a_cc_that_does_not_run_falls_back_and_a_cc_with_flags_builds(tmp_path, 
     assert len(out) == 5 and "_decoder" not in model.__dict__
     real = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     monkeypatch.setenv("CC", f"{real} -Wall -Werror")
-    stub = tmp_path / "stub.c"  # the library's names, built in a moment where decode.c takes seconds
-    stub.write_text("".join(f"int {name}(void) {{ return -1; }}\n" for name in kernels.FUNCTIONS))
-    monkeypatch.setattr(kernels, "SOURCE", stub)
+    monkeypatch.setattr(kernels, "SOURCE", stub_source(tmp_path))
     lib = kernels._Library()
     assert lib.start() is True and lib.wait() is not None, lib.failed
     assert kernels.library_path(f"{real} -Wall") != kernels.library_path(real)  # built apart
@@ -465,8 +474,7 @@ def test_a_build_outlives_the_command_that_started_it(end, tmp_path):
     slow = tmp_path / "slow-cc"  # a compiler slower than the command
     slow.write_text(f'#!/bin/sh\n[ "$1" = --version ] || sleep 2\nexec {real} "$@"\n')
     slow.chmod(0o755)
-    stub = tmp_path / "stub.c"
-    stub.write_text("".join(f"int {name}(void) {{ return -1; }}\n" for name in kernels.FUNCTIONS))
+    stub = stub_source(tmp_path)
     env = {**os.environ, "GPTCLI_KERNELS_DIR": str(tmp_path / "k"), "CC": str(slow)}
     code = (
         "import pathlib, time; from gptcli.infer import kernels; "
