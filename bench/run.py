@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cases import CASES  # noqa: E402
 from bench.common import Result, remove_scratch  # noqa: E402
-from gptcli.runtime import cpu_bf16_feature, cpu_fields, cpu_name  # noqa: E402
+from gptcli.cpuinfo import cpu_fields  # noqa: E402
+from gptcli.runtime import cpu_bf16_feature, cpu_name  # noqa: E402
 
 
 def run_case(name: str, args: argparse.Namespace) -> list[Result]:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from gptcli.cpuinfo import cpu_fields, cpu_flags
 from gptcli.errors import GptcliError, UsageError
 from gptcli.paths import cache_dir
 
@@ -59,26 +60,6 @@ def _threads() -> str:
     return f"{n} thread{'s' if n != 1 else ''}"
 
 
-@lru_cache(maxsize=1)
-def cpu_fields() -> dict[str, str]:
-    """The first processor's fields in /proc/cpuinfo ("model name", "cpu family", "flags",
-    ARM's "Features", ...); empty where there is no such file."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            if fields:
-                break  # (the next processor's block)
-            continue
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
-    return fields
-
-
 def cpu_name() -> str:
     return cpu_fields().get("model name") or platform.processor() or platform.machine()
 
@@ -86,8 +67,7 @@ def cpu_name() -> str:
 @lru_cache(maxsize=1)
 def cpu_bf16_feature() -> str | None:
     """The CPU feature that gives native bf16 matmul (avx512_bf16, amx_bf16, arm bf16), if any."""
-    fields = cpu_fields()
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    flags = set(cpu_flags())
     for feature in ("amx_bf16", "avx512_bf16", "bf16"):
         if feature in flags:
             return feature

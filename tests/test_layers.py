@@ -56,7 +56,7 @@ def test_only_public_modules_of_libraries_are_imported():
 # Who may import whom, room by room (a room is a package under gptcli/, or a top-level module):
 # data flows one way, CLI -> config -> core -> reports -> render. A room not listed imports
 # only the base rooms.
-BASE = {"errors", "messages", "paths", "reports", "files", "__version__"}
+BASE = {"errors", "messages", "paths", "reports", "files", "cpuinfo", "__version__"}
 MAY_IMPORT: dict[str, set[str]] = {
     "config": {"data", "trackers"},  # data.inputs to read a file; trackers' names to check --tracker
     "data": set(),

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gptcli.cpuinfo import cpu_flags
 from gptcli.infer import kernel_build
 from gptcli.infer.quantize import Int8Linear as _Quantized
 from gptcli.model import GPT, KVCache
@@ -150,13 +151,7 @@ def cpu_has_isa(isa: str) -> bool:
 
 
 def _cpu_features() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return " ".join(cpu_flags()) or platform.processor() or platform.machine()
 
 
 def library_path(compiler: str, flags: list[str] = FLAGS) -> Path:
