@@ -554,3 +554,74 @@ def test_a_reset_cache_starts_a_new_generation_and_reads_changed_weights():
     tolerance = 0.03 * want.abs().max().item()
     torch.testing.assert_close(got, want, atol=tolerance, rtol=0)
     assert not torch.allclose(got, before, atol=tolerance)
+
+
+def test_a_library_cut_short_is_built_anew_not_loaded(tmp_path, monkeypatch):
+    """A cached library cut short (copied in, a disk that lost its end) would kill the process
+    with SIGBUS at its first call: it is recognized by its headers and built anew in its place;
+    one that does not load at all (garbage) too."""
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    monkeypatch.setattr(kernels, "SOURCE", stub_source(tmp_path))
+    first = kernels._Library()
+    assert first.start() is True and first.wait() is not None, first.failed
+    (path,) = (tmp_path / "k").glob("*.so")
+    whole = path.read_bytes()
+    assert kernels.whole_library(path)
+    for broken in (whole[: len(whole) // 2], whole[:100]):
+        (tmp_path / "broken").write_bytes(broken)  # a new file in its place: the loaded one stays whole
+        os.replace(tmp_path / "broken", path)
+        assert not kernels.whole_library(path)
+        again = kernels._Library()
+        assert again.start() is True, "a broken library is built anew, not loaded"
+        assert again.wait() is not None and again.failed is None
+        assert path.read_bytes() == whole and [p.name for p in (tmp_path / "k").iterdir()] == [path.name]
+    # garbage under a name this process never loaded (the loader reuses a name it has loaded)
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k2"))
+    garbage = kernels.library_path(kernels._compiler())
+    garbage.parent.mkdir()
+    garbage.write_bytes(b"garbage")
+    again = kernels._Library()
+    assert again.start() is True and again.wait() is not None and again.failed is None
+    assert garbage.read_bytes() == whole
+
+
+def test_a_kernels_dir_that_cannot_be_written_is_said_once_and_nothing_is_built(tmp_path, monkeypatch):
+    """GPTCLI_KERNELS_DIR naming a file (or a read-only disk): the reason, with what to do, and
+    no build process that would fail at every run while saying 'once'."""
+    in_the_way = tmp_path / "notes.txt"
+    in_the_way.write_text("mine")
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(in_the_way))
+    lib = kernels._Library()
+    assert lib.start() is False and lib.lib is None
+    assert "cannot be kept in" in lib.failed and "GPTCLI_KERNELS_DIR" in lib.failed
+    assert in_the_way.read_text() == "mine"
+
+
+def test_a_relative_kernels_dir_is_where_the_library_is_loaded_from(tmp_path, monkeypatch):
+    """GPTCLI_KERNELS_DIR=. : loaded from the working directory (a bare file name would send
+    the loader to the system's library path instead)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", ".")
+    monkeypatch.setattr(kernels, "SOURCE", stub_source(tmp_path))
+    lib = kernels._Library()
+    assert lib.start() is True and lib.wait() is not None, lib.failed
+    again = kernels._Library()
+    assert again.start() is False and again.lib is not None, again.failed
+
+
+def test_a_build_clears_what_a_killed_build_of_the_same_library_left(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    monkeypatch.setattr(kernels, "SOURCE", stub_source(tmp_path))
+    path = kernels.library_path(kernels._compiler())
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    from gptcli import files
+
+    left = path.parent / f".{path.name}.{files._HOST}-{dead.pid}-abcdef.tmpdir"
+    left.mkdir(parents=True)
+    (left / path.name).write_bytes(b"half a library")
+    other = path.parent / "mine.txt"
+    other.write_text("kept")
+    lib = kernels._Library()
+    assert lib.start() is True and lib.wait() is not None, lib.failed
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, "mine.txt"])

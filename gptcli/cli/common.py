@@ -151,7 +151,10 @@ def start_decoding(loaded: Loaded) -> None:
     from gptcli.infer import kernels
 
     if kernels.use_fast_decode(loaded.model):
-        render.note("decoding in one C call per token")
+        if kernels.LIBRARY.failed:
+            render.note(f"{kernels.LIBRARY.failed}; decoding runs the model's own code")
+        else:
+            render.note("decoding in one C call per token")
     if kernels.building():
         render.info(
             f"building the CPU decoding kernel for this machine, once (kept in {kernels.kernels_dir()}); "

@@ -29,6 +29,7 @@ def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) ->
     from gptcli import files
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    files.clean_stale(path.parent, [path.name])  # what a killed build of this library left
     with files.writing_path(path) as tmp:
         for flags in attempts:
             done = subprocess.run(

@@ -35,6 +35,7 @@ import os
 import platform
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 import threading
@@ -107,7 +108,8 @@ class _Model(ctypes.Structure):
 def kernels_dir() -> Path:
     from gptcli.paths import cache_dir
 
-    return Path(os.environ.get("GPTCLI_KERNELS_DIR") or cache_dir() / "kernels")
+    # absolute: ctypes searches the system's library path for a bare file name ("./x" is not one)
+    return Path(os.environ.get("GPTCLI_KERNELS_DIR") or cache_dir() / "kernels").expanduser().absolute()
 
 
 def _compiler() -> str | None:
@@ -177,6 +179,44 @@ FUNCTIONS = {  # what decode.c offers, and what each returns
 }
 
 
+def whole_library(path: Path) -> bool:
+    """Whether an ELF library at path holds every byte its headers point to: the loader maps
+    one cut short (a copied cache, a disk that lost its end) and the process dies of SIGBUS
+    at its first call, which no exception catches. Other formats (Mach-O): True, the loader's
+    own checks then."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+            if head[:4] != b"\x7fELF":
+                return True
+            if len(head) < 52 or head[4] not in (1, 2) or head[5] not in (1, 2):
+                return False
+            wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+            if wide and len(head) < 64:
+                return False
+            if wide:
+                phoff, shoff = struct.unpack_from(order + "QQ", head, 32)
+                phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 54)
+            else:
+                phoff, shoff = struct.unpack_from(order + "II", head, 28)
+                phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 42)
+            if phoff + phentsize * phnum > size or shoff + shentsize * shnum > size:
+                return False
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+            for i in range(phnum):  # every segment's bytes in the file: p_offset + p_filesz
+                if wide:
+                    _, _, offset, _, _, filesz = struct.unpack_from(order + "IIQQQQ", table, i * phentsize)
+                else:
+                    _, offset, _, _, filesz = struct.unpack_from(order + "IIIII", table, i * phentsize)
+                if offset + filesz > size:
+                    return False
+            return True
+    except (OSError, struct.error):
+        return False
+
+
 class _Library:
     """The compiled decode.c, built once per machine in the background (flags: FLAGS, or
     isa_flags(...) for another CPU's code paths)."""
@@ -203,7 +243,20 @@ class _Library:
                 self.failed = f"the C compiler {compiler!r} did not run ({e})"
                 return False
             if path.is_file():
-                self._load(path)
+                if whole_library(path) and self._load(path):
+                    return False
+                self.failed = None  # cut short or unloadable (copied in, or a disk that lost it): built anew
+            try:  # where the build will write (a read-only disk, a file in the way: said now, once)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if not os.access(path.parent, os.W_OK | os.X_OK):
+                    raise PermissionError("not writable")
+            except OSError as e:
+                in_the_way = path.parent.exists() and not path.parent.is_dir()
+                why = "not a directory" if in_the_way else e.strerror or e
+                self.failed = (
+                    f"the CPU decoding kernel cannot be kept in {path.parent} ({why}): "
+                    "set GPTCLI_KERNELS_DIR to a writable directory"
+                )
                 return False
             # without OpenMP (one thread), then for the compiler's default CPU where it
             # cannot target this one (-march=native is not known to every compiler)
@@ -232,14 +285,16 @@ class _Library:
         except Exception as e:  # the model's own code decodes instead
             self.failed = f"the CPU decoding kernel did not build ({e})"
 
-    def _load(self, path: Path) -> None:
+    def _load(self, path: Path) -> bool:
         try:
             lib = ctypes.CDLL(str(path))
             for name, restype in FUNCTIONS.items():
                 getattr(lib, name).restype = restype
             self.lib = lib
+            return True
         except (OSError, AttributeError) as e:  # (AttributeError: a library without one of FUNCTIONS)
             self.failed = f"the CPU decoding kernel did not load ({e})"
+            return False
 
     def wait(self) -> ctypes.CDLL | None:
         """The library, once any build in progress has ended (tests, benchmarks)."""
