@@ -625,3 +625,28 @@ def test_a_build_clears_what_a_killed_build_of_the_same_library_left(tmp_path, m
     lib = kernels._Library()
     assert lib.start() is True and lib.wait() is not None, lib.failed
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, "mine.txt"])
+
+
+def test_a_build_the_compiler_refused_is_not_tried_again_at_every_command(tmp_path, monkeypatch):
+    """The same source, compiler and flags fail the same way: the next command says why and
+    how to try again, instead of 'building ... once' at every run; deleting the record does."""
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    fake = tmp_path / "cc"
+    version = '#!/bin/sh\ncase "$*" in *--version*) exit 0;; esac\n'  # (one build key for both)
+    fake.write_text(version + 'echo "cc: error: no headers" >&2\nexit 1\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(kernels, "_compiler", lambda: str(fake))
+    first = kernels._Library()
+    assert first.start() is True and first.wait() is None
+    assert "did not build (cc: error: no headers)" in first.failed
+    record = kernels.kernel_build.failure_record(kernels.library_path(str(fake)))
+    assert record.read_text() == "cc: error: no headers\n"
+    again = kernels._Library()
+    assert again.start() is False and again.lib is None  # not built again
+    assert "cc: error: no headers" in again.failed and f"delete {record} to try again" in again.failed
+    record.unlink()
+    fake.write_text(version + 'exec cc "$@"\n')  # the headers installed
+    monkeypatch.setattr(kernels, "SOURCE", stub_source(tmp_path))
+    third = kernels._Library()
+    assert third.start() is True and third.wait() is not None, third.failed
+    assert not record.exists()

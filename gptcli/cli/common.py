@@ -150,12 +150,13 @@ def start_decoding(loaded: Loaded) -> None:
     Called once the verb's input is checked: a refused command starts nothing and says one line."""
     from gptcli.infer import kernels
 
-    if kernels.use_fast_decode(loaded.model):
-        if kernels.LIBRARY.failed:
-            render.note(f"{kernels.LIBRARY.failed}; decoding runs the model's own code")
-        else:
-            render.note("decoding in one C call per token")
-    if kernels.building():
+    if not kernels.use_fast_decode(loaded.model):
+        return
+    if kernels.LIBRARY.failed:
+        render.note(f"{kernels.LIBRARY.failed}; decoding runs the model's own code")
+    elif not kernels.building():
+        render.note("decoding in one C call per token")
+    else:
         render.info(
             f"building the CPU decoding kernel for this machine, once (kept in {kernels.kernels_dir()}); "
             "until it is ready, tokens come from the model's own code"

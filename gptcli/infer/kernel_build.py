@@ -23,13 +23,22 @@ import sys
 from pathlib import Path
 
 
+def failure_record(path: Path) -> Path:
+    """Where a build that the compiler refused says why, beside the library it did not make:
+    the next command says so instead of building again (the same source, compiler and flags
+    fail the same way); deleting it tries again."""
+    return path.with_name(path.name + ".failed")
+
+
 def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) -> None:
     """Compile source into the library at path with the first set of flags that builds;
-    OSError with the compiler's last line of errors when none does."""
+    OSError with the compiler's last line of errors when none does (also written to
+    failure_record(path))."""
     from gptcli import files
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    files.clean_stale(path.parent, [path.name])  # what a killed build of this library left
+    record = failure_record(path)
+    files.clean_stale(path.parent, [path.name, record.name])  # what a killed build left
     with files.writing_path(path) as tmp:
         for flags in attempts:
             done = subprocess.run(
@@ -41,7 +50,10 @@ def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) ->
             if done.returncode == 0:
                 return
         lines = done.stderr.strip().splitlines()
-        raise OSError(lines[-1] if lines else "failed")
+        why = lines[-1] if lines else f"{compiler} ended with {done.returncode}"
+        with contextlib.suppress(OSError):
+            files.write_file(record, why + "\n")
+        raise OSError(why)
 
 
 def request(compiler: str, source: Path, path: Path, attempts: list[list[str]]) -> str:
