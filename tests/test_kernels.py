@@ -650,3 +650,20 @@ def test_a_build_the_compiler_refused_is_not_tried_again_at_every_command(tmp_pa
     third = kernels._Library()
     assert third.start() is True and third.wait() is not None, third.failed
     assert not record.exists()
+
+
+def test_a_compiler_that_hangs_is_given_up(tmp_path, monkeypatch):
+    """The build gives up a compiler that never finishes (and leaves nothing behind), rather
+    than a build process left waiting at every command's start."""
+    from gptcli.infer import kernel_build
+
+    fake = tmp_path / "cc"
+    fake.write_text('#!/bin/sh\ncase "$*" in *--version*) exit 0;; esac\nexec sleep 60\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(kernel_build, "COMPILE_TIMEOUT_S", 0.5)
+    path = tmp_path / "k" / "lib.so"
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match="did not finish in"):
+        kernel_build.build(str(fake), stub_source(tmp_path), path, [["-shared"]])
+    assert time.monotonic() - t0 < 30
+    assert list(path.parent.iterdir()) == []  # no library, no record of a failure

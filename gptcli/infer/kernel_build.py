@@ -30,6 +30,9 @@ def failure_record(path: Path) -> Path:
     return path.with_name(path.name + ".failed")
 
 
+COMPILE_TIMEOUT_S = 300.0  # a compiler that hangs (a wrapper waiting on a license, a network disk): given up
+
+
 def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) -> None:
     """Compile source into the library at path with the first set of flags that builds;
     OSError with the compiler's last line of errors when none does (also written to
@@ -41,12 +44,16 @@ def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) ->
     files.clean_stale(path.parent, [path.name, record.name])  # what a killed build left
     with files.writing_path(path) as tmp:
         for flags in attempts:
-            done = subprocess.run(
-                [*shlex.split(compiler), *flags, str(source), "-o", str(tmp), "-lm"],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            try:
+                done = subprocess.run(
+                    [*shlex.split(compiler), *flags, str(source), "-o", str(tmp), "-lm"],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    timeout=COMPILE_TIMEOUT_S,
+                )
+            except subprocess.TimeoutExpired:  # (not recorded as failed: the next command tries again)
+                raise OSError(f"{compiler} did not finish in {COMPILE_TIMEOUT_S:.0f} s") from None
             if done.returncode == 0:
                 return
         lines = done.stderr.strip().splitlines()
