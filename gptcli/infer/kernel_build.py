@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+COMPILE_TIMEOUT_S = 300.0  # a compiler that hangs (a wrapper waiting on a license, a network disk): given up
+
 
 def failure_record(path: Path) -> Path:
     """Where a build that the compiler refused says why, beside the library it did not make:
@@ -30,7 +32,15 @@ def failure_record(path: Path) -> Path:
     return path.with_name(path.name + ".failed")
 
 
-COMPILE_TIMEOUT_S = 300.0  # a compiler that hangs (a wrapper waiting on a license, a network disk): given up
+def refused(path: Path) -> str | None:
+    """The compiler's error from an earlier build of the library at path, or None."""
+    from gptcli import files
+
+    record = failure_record(path)
+    if not files.is_regular_file(record):
+        return None
+    lines = record.read_text(errors="replace").strip().splitlines()
+    return lines[0] if lines else "failed"
 
 
 def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) -> None:

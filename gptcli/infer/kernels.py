@@ -47,7 +47,6 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gptcli import files
 from gptcli.cpuinfo import cpu_flags
 from gptcli.infer import kernel_build
 from gptcli.infer.quantize import Int8Linear as _Quantized
@@ -243,12 +242,11 @@ class _Library:
             except (OSError, ValueError) as e:
                 self.failed = f"the C compiler {compiler!r} did not run ({e})"
                 return False
-            record = kernel_build.failure_record(path)
-            if files.is_regular_file(record):  # this source, compiler and flags did not build before
-                why = record.read_text(errors="replace").strip().splitlines()
+            why = kernel_build.refused(path)  # this source, compiler and flags did not build before
+            if why is not None:
                 self.failed = (
-                    f"the CPU decoding kernel did not build ({why[0] if why else 'failed'}); "
-                    f"delete {record} to try again"
+                    f"the CPU decoding kernel did not build ({why}); "
+                    f"delete {kernel_build.failure_record(path)} to try again"
                 )
                 return False
             if path.is_file():
