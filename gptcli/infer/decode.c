@@ -67,26 +67,48 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 /* With AVX512-BF16, the products with bf16 weights read them from a copy packed for them:
  * for each block of 16 outputs, for each pair of inputs (k, k + 1), the 16 outputs' two
  * weights side by side, so that one vector holds 16 outputs' pairs and one instruction
- * adds them times the same pair of activations (broadcast) to 16 sums. The sums of 4 blocks
- * (64 outputs) for up to 6 activation rows stay in 24 registers over all of k; nothing is
- * summed across a vector at the end, and each weight is read from memory once for all the
- * rows (GPT-2 124M on a Zen 4, against reading the rows as stored with a 4x4 tile of dot
- * products, the products alone: 1.05x to 1.2x as fast for one row, 2x for 4, 1.5x for 16). */
-#define PACK 64 /* outputs per tile of the packed products, and the packed copy's rows rounded up to it */
-
-/* TILE(M) for the rows r .. r + M of a product, M = min(rows - r, 6) a constant in each call
- * (so that the tile's loops over M unroll and its sums stay in registers) */
-#define FOR_ROWS_OF_6(rows, r, TILE)                   \
-    switch ((rows) - (r) < 6 ? (rows) - (r) : 6) {     \
-    case 1: TILE(1); break;                            \
-    case 2: TILE(2); break;                            \
-    case 3: TILE(3); break;                            \
-    case 4: TILE(4); break;                            \
-    case 5: TILE(5); break;                            \
-    default: TILE(6); break;                           \
+ * adds them times the same pair of activations (broadcast) to 16 sums. A block's weights
+ * are one stream, read once for up to 16 rows whose sums stay in registers over all of k;
+ * nothing is summed across a vector at the end.
+ *
+ * Each thread reads its blocks one after another, so its weights are a single stream, and
+ * asks for the weights AHEAD_BYTES ahead of those it multiplies: the hardware's prefetchers
+ * alone let the stream fall behind as soon as the core has work to do with each weight
+ * (several rows), as the out-of-order core then reads only a few hundred bytes ahead. GPT-2
+ * 124M on a Zen 5, against tiles of 4 blocks (4 streams a thread) for up to 6 rows with the
+ * next tile asked for ahead, whole steps alternated (bench/step_ab.sh): one row 0.96x to
+ * 0.99x the time, 4 rows 0.86x to 0.95x, 16 rows 0.90x to 0.94x; int8 weights 0.89x, 0.96x,
+ * 0.95x. The activations' pair is broadcast by the product itself (an embedded broadcast;
+ * compilers broadcast it into a register first, an instruction more per product: 16 rows
+ * 0.99x instead of 0.90x). */
+#define PACK 16 /* outputs per block of the packed products; the packed copy's rows are rounded up to it */
+#ifndef AHEAD_BYTES
+#define AHEAD_BYTES 8192 /* how far ahead a product asks for its weights (4 to 16 KB alike on a Zen 5) */
+#endif
+/* BLOCK(M, NA) for the rows r .. r + M of a product, M = min(rows - r, 16) a constant in each
+ * call (so that the block's loops over M unroll and its sums stay in registers), NA sums per
+ * row: enough sums in flight for few rows, one for 8 or more */
+#define FOR_ROWS_OF_16(rows, r, BLOCK)                 \
+    switch ((rows) - (r) < 16 ? (rows) - (r) : 16) {   \
+    case 1: BLOCK(1, 4); break;                        \
+    case 2: BLOCK(2, 4); break;                        \
+    case 3: BLOCK(3, 2); break;                        \
+    case 4: BLOCK(4, 2); break;                        \
+    case 5: BLOCK(5, 2); break;                        \
+    case 6: BLOCK(6, 2); break;                        \
+    case 7: BLOCK(7, 2); break;                        \
+    case 8: BLOCK(8, 1); break;                        \
+    case 9: BLOCK(9, 1); break;                        \
+    case 10: BLOCK(10, 1); break;                      \
+    case 11: BLOCK(11, 1); break;                      \
+    case 12: BLOCK(12, 1); break;                      \
+    case 13: BLOCK(13, 1); break;                      \
+    case 14: BLOCK(14, 1); break;                      \
+    case 15: BLOCK(15, 1); break;                      \
+    default: BLOCK(16, 1); break;                      \
     }
 
-/* the packed copy of w (n, k), k even, bf16 or int8: (ceil(n / 64) * 4 blocks, k / 2, 16, 2),
+/* the packed copy of w (n, k), k even, bf16 or int8: (ceil(n / 16) blocks, k / 2, 16, 2),
  * zeros past n */
 #define PACK_PAIRS(T)                                                                               \
     for (int b = 0; b < blocks; b++) {                                                              \
@@ -100,7 +122,7 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
             }                                                                                       \
     }
 void gptcli_pack(const void *w, int dtype, int n, int k, void *out, int threads) {
-    const int pairs = k / 2, blocks = (n + PACK - 1) / PACK * (PACK / 16);
+    const int pairs = k / 2, blocks = (n + PACK - 1) / PACK;
 #ifdef _OPENMP
     if (threads < 1) threads = 1;
 #else
@@ -342,26 +364,6 @@ static void rows16_wide(const void *w, int dtype, const float *x, int k, float *
     _mm512_storeu_ps(out, sum16(acc));
 }
 
-/* More than 6 rows take several passes over a tile's weights: the first waited on memory,
- * the others on arithmetic. So each pass also asks for the next tile's weights, two cache
- * lines (into L2) per pair of inputs, and memory streams them while the core computes
- * (GPT-2 124M, Zen 4, a whole step of 16 rows: 10% faster with bf16 weights, 1.6x with
- * int8, whose 7 to 16 rows had taken twice bf16's time; with 6 rows or fewer, one pass, it
- * gained nothing). int8 weights, half the bytes per instruction, are asked for ahead at any
- * number of rows: on a Zen 5 a step of one row took 0.89x to 0.92x the time, of 4 rows
- * 0.87x (bf16 weights asked for ahead with 6 rows or fewer took 1.07x: left out). */
-typedef struct {
-    const char *next, *end; /* what is left to ask for */
-} Ahead;
-
-static inline void fetch_ahead(Ahead *a) {
-    if (a->next < a->end) {
-        __builtin_prefetch(a->next, 0, 2); /* (prefetcht1) */
-        __builtin_prefetch(a->next + 64, 0, 2);
-        a->next += 128;
-    }
-}
-
 #if defined(__AVX512BF16__)
 #define HAVE_BF16_PAIRS 1
 /* bf16 weights times bf16 activations, 32 pairs per instruction, summed in fp32 (AVX512-BF16:
@@ -413,52 +415,55 @@ static int scores16_pairs(const uint16_t *K, const size_t *at, const uint16_t *q
 /* the products from packed bf16 weights (gptcli_pack) */
 #define HAVE_PACKED 1
 
-/* y[r0 + i][j .. j + 64) for i < M (M <= 6) from the packed tile at w (4 blocks, bs apart)
- * and the rows x (M, k) in bf16, then stored, or added to y, with the bias; outputs past n
- * (the packing's zeros) are not written */
-static inline __attribute__((always_inline)) void packed_tile(const Mat *m, const uint16_t *w, size_t bs,
-                                                              const uint16_t *x, float *y, int r0, int j, int mode,
-                                                              const int M, Ahead *ahead) {
+/* y[r0 + i][j0 .. j0 + 16) for i < M (M <= 16) from the packed block of 16 outputs at w and
+ * the rows x (M, k) in bf16, then stored, or added to y, with the bias; outputs past n (the
+ * packing's zeros) are not written. Each row's sum is split over NA alternate pairs (NA
+ * sums in flight, where few rows would wait on one sum); each activation pair is broadcast
+ * from memory by the product itself. */
+static inline __attribute__((always_inline)) void packed_block(const Mat *m, const uint16_t *w, const uint16_t *x,
+                                                               float *y, int r0, int j0, int mode, const int M,
+                                                               const int NA) {
     const int k = m->k, n = m->n;
-    __m512 acc[6][4];
+    __m512 acc[16][4];
     for (int i = 0; i < M; i++)
-        for (int b = 0; b < 4; b++) acc[i][b] = _mm512_setzero_ps();
-    for (int p = 0; p < k / 2; p++) {
-        __m512bh wv[4];
-        for (int b = 0; b < 4; b++) wv[b] = (__m512bh)_mm512_loadu_si512(w + b * bs + (size_t)p * 32);
-        fetch_ahead(ahead);
-        for (int i = 0; i < M; i++) {
-            int32_t pair;
-            memcpy(&pair, x + (size_t)i * k + 2 * p, 4);
-            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-            for (int b = 0; b < 4; b++) acc[i][b] = _mm512_dpbf16_ps(acc[i][b], wv[b], xv);
-        }
-    }
-    for (int b = 0; b < 4 && j + 16 * b < n; b++) {
-        const int j0 = j + 16 * b;
-        const __mmask16 keep = n - j0 >= 16 ? 0xffff : (__mmask16)((1u << (n - j0)) - 1);
-        const __m512 bias = m->bias ? _mm512_maskz_loadu_ps(keep, m->bias + j0) : _mm512_setzero_ps();
-        for (int i = 0; i < M; i++) {
-            float *out = y + (size_t)(r0 + i) * n + j0;
-            __m512 v = _mm512_add_ps(acc[i][b], bias);
-            if (mode == ADD) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, out));
-            _mm512_mask_storeu_ps(out, keep, v);
-        }
+        for (int a = 0; a < NA; a++) acc[i][a] = _mm512_setzero_ps();
+    const int pairs = k / 2;
+#define PAIR(P, A)                                                                                    \
+    do {                                                                                              \
+        const uint16_t *wp = w + (size_t)(P) * 32;                                                    \
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512(wp);                                         \
+        _mm_prefetch((const char *)wp + AHEAD_BYTES, _MM_HINT_T0);                                    \
+        for (int i = 0; i < M; i++) /* (compilers would broadcast into a register of its own) */     \
+            __asm__("vdpbf16ps %[x]%{1to16%}, %[w], %[a]"                                             \
+                    : [a] "+v"(acc[i][A])                                                             \
+                    : [w] "v"(wv), [x] "m"(*(const int32_t *)(x + (size_t)i * k + 2 * (P))));         \
+    } while (0)
+    int p = 0;
+    for (; p + NA <= pairs; p += NA)
+        for (int a = 0; a < NA; a++) PAIR(p + a, a);
+    for (; p < pairs; p++) PAIR(p, 0);
+#undef PAIR
+    const __mmask16 keep = n - j0 >= 16 ? 0xffff : (__mmask16)((1u << (n - j0)) - 1);
+    const __m512 bias = m->bias ? _mm512_maskz_loadu_ps(keep, m->bias + j0) : _mm512_setzero_ps();
+    for (int i = 0; i < M; i++) {
+        float *out = y + (size_t)(r0 + i) * n + j0;
+        __m512 v = acc[i][0];
+        for (int a = 1; a < NA; a++) v = _mm512_add_ps(v, acc[i][a]);
+        v = _mm512_add_ps(v, bias);
+        if (mode == ADD) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, out));
+        _mm512_mask_storeu_ps(out, keep, v);
     }
 }
 
-/* this thread's outputs [lo, hi) (lo a multiple of 64) of a product with packed bf16 weights */
+/* this thread's outputs [lo, hi) (lo a multiple of PACK) of a product with packed bf16 weights */
 static void packed_product(const Mat *m, const uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
-    const size_t bs = (size_t)16 * m->k; /* between blocks of 16 outputs */
     for (int j = lo; j < hi; j += PACK) {
         const uint16_t *w = (const uint16_t *)m->packed + (size_t)j * m->k;
-        const char *next = (const char *)(w + (size_t)PACK * m->k); /* the next tile */
-        Ahead ahead = {next, rows > 6 && j + PACK < hi ? next + (size_t)PACK * m->k * 2 : next};
-        for (int r = 0; r < rows; r += 6) {
+        for (int r = 0; r < rows; r += 16) {
             const uint16_t *x = xb + (size_t)r * m->k;
-#define TILE(M) packed_tile(m, w, bs, x, y, r, j, mode, M, &ahead)
-            FOR_ROWS_OF_6(rows, r, TILE)
-#undef TILE
+#define BLOCK(M, NA) packed_block(m, w, x, y, r, j, mode, M, NA)
+            FOR_ROWS_OF_16(rows, r, BLOCK)
+#undef BLOCK
         }
     }
 }
@@ -472,38 +477,42 @@ static void packed_product(const Mat *m, const uint16_t *xb, float *y, int rows,
  * widening every weight to fp32 took three instructions per 16). */
 #define HAVE_PACKED_I8 1
 
-/* packed_tile for int8 weights and int16 activations x (M, k) of scales sx (M) */
-static inline __attribute__((always_inline)) void packed_tile_i8(const Mat *m, const int8_t *w, size_t bs,
-                                                                 const int16_t *x, const float *sx, float *y, int r0,
-                                                                 int j, int mode, const int M, Ahead *ahead) {
+/* packed_block for int8 weights (16 outputs' pairs in 32 bytes, widened to int16) and int16
+ * activations x (M, k) of scales sx (M) */
+static inline __attribute__((always_inline)) void packed_block_i8(const Mat *m, const int8_t *w, const int16_t *x,
+                                                                  const float *sx, float *y, int r0, int j0, int mode,
+                                                                  const int M, const int NA) {
     const int k = m->k, n = m->n;
-    __m512i acc[6][4];
+    __m512i acc[16][4];
     for (int i = 0; i < M; i++)
-        for (int b = 0; b < 4; b++) acc[i][b] = _mm512_setzero_si512();
-    for (int p = 0; p < k / 2; p++) {
-        __m512i wv[4];
-        for (int b = 0; b < 4; b++)
-            wv[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + b * bs + (size_t)p * 32)));
-        fetch_ahead(ahead);
-        for (int i = 0; i < M; i++) {
-            int32_t pair;
-            memcpy(&pair, x + (size_t)i * k + 2 * p, 4);
-            const __m512i xv = _mm512_set1_epi32(pair);
-            for (int b = 0; b < 4; b++) acc[i][b] = _mm512_dpwssd_epi32(acc[i][b], wv[b], xv);
-        }
-    }
-    for (int b = 0; b < 4 && j + 16 * b < n; b++) {
-        const int j0 = j + 16 * b;
-        const __mmask16 keep = n - j0 >= 16 ? 0xffff : (__mmask16)((1u << (n - j0)) - 1);
-        const __m512 scale = _mm512_maskz_loadu_ps(keep, m->scale + j0);
-        const __m512 bias = m->bias ? _mm512_maskz_loadu_ps(keep, m->bias + j0) : _mm512_setzero_ps();
-        for (int i = 0; i < M; i++) {
-            float *out = y + (size_t)(r0 + i) * n + j0;
-            const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(sx[i]));
-            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][b]), s, bias);
-            if (mode == ADD) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, out));
-            _mm512_mask_storeu_ps(out, keep, v);
-        }
+        for (int a = 0; a < NA; a++) acc[i][a] = _mm512_setzero_si512();
+    const int pairs = k / 2;
+#define PAIR(P, A)                                                                                    \
+    do {                                                                                              \
+        const int8_t *wp = w + (size_t)(P) * 32;                                                      \
+        const __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)wp));             \
+        _mm_prefetch((const char *)wp + AHEAD_BYTES, _MM_HINT_T0);                                    \
+        for (int i = 0; i < M; i++)                                                                   \
+            __asm__("vpdpwssd %[x]%{1to16%}, %[w], %[a]"                                              \
+                    : [a] "+v"(acc[i][A])                                                             \
+                    : [w] "v"(wv), [x] "m"(*(const int32_t *)(x + (size_t)i * k + 2 * (P))));         \
+    } while (0)
+    int p = 0;
+    for (; p + NA <= pairs; p += NA)
+        for (int a = 0; a < NA; a++) PAIR(p + a, a);
+    for (; p < pairs; p++) PAIR(p, 0);
+#undef PAIR
+    const __mmask16 keep = n - j0 >= 16 ? 0xffff : (__mmask16)((1u << (n - j0)) - 1);
+    const __m512 scale = _mm512_maskz_loadu_ps(keep, m->scale + j0);
+    const __m512 bias = m->bias ? _mm512_maskz_loadu_ps(keep, m->bias + j0) : _mm512_setzero_ps();
+    for (int i = 0; i < M; i++) {
+        float *out = y + (size_t)(r0 + i) * n + j0;
+        __m512i sum = acc[i][0];
+        for (int a = 1; a < NA; a++) sum = _mm512_add_epi32(sum, acc[i][a]);
+        const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(sx[i]));
+        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, bias);
+        if (mode == ADD) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, out));
+        _mm512_mask_storeu_ps(out, keep, v);
     }
 }
 
@@ -511,17 +520,14 @@ static inline __attribute__((always_inline)) void packed_tile_i8(const Mat *m, c
  * thread's room for the activations as int16 (rows, k) and their scales (rows) */
 static void packed_product_i8(const Mat *m, const float *x, int16_t *xq, float *sx, float *y, int rows, int mode,
                               int lo, int hi) {
-    const size_t bs = (size_t)16 * m->k;
     quantize_rows(x, rows, m->k, xq, sx);
     for (int j = lo; j < hi; j += PACK) {
         const int8_t *w = (const int8_t *)m->packed + (size_t)j * m->k;
-        const char *next = (const char *)(w + (size_t)PACK * m->k); /* the next tile, as packed_product */
-        Ahead ahead = {next, j + PACK < hi ? next + (size_t)PACK * m->k : next};
-        for (int r = 0; r < rows; r += 6) {
+        for (int r = 0; r < rows; r += 16) {
             const int16_t *xr = xq + (size_t)r * m->k;
-#define TILE(M) packed_tile_i8(m, w, bs, xr, sx + r, y, r, j, mode, M, &ahead)
-            FOR_ROWS_OF_6(rows, r, TILE)
-#undef TILE
+#define BLOCK(M, NA) packed_block_i8(m, w, xr, sx + r, y, r, j, mode, M, NA)
+            FOR_ROWS_OF_16(rows, r, BLOCK)
+#undef BLOCK
         }
     }
 }

@@ -54,7 +54,7 @@ from gptcli.model import GPT, KVCache
 
 SOURCE = Path(__file__).with_name("decode.c")
 F32, BF16, I8 = 0, 1, 2
-PACK = 64  # decode.c's packed copies have their rows rounded up to a multiple of this
+PACK = 16  # decode.c's packed copies have their rows rounded up to a multiple of this
 _VERSION = operator.attrgetter("_version")
 _DTYPES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
 
