@@ -87,10 +87,13 @@ def steps_both_ways(model: GPT, rows: int, prompt_len: int, steps: int, padded: 
     return out
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 13, 16])
+# 20 rows: a block's products in two passes (16 rows, then 4)
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 13, 16, 20])
 @pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
-# 48: widths that fit no 16-key or 32-column vector; 45: odd, so bf16 weights are read as stored
-@pytest.mark.parametrize("shape", [(64, 2), (48, 2), (45, 3)])
+# 48: widths that fit no 16-key or 32-column vector; 50: an odd number of input pairs (the
+# products' sums split over alternate pairs end on a lone pair); 45: odd, so bf16 weights are
+# read as stored
+@pytest.mark.parametrize("shape", [(64, 2), (48, 2), (50, 2), (45, 3)])
 def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
     library()
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
