@@ -334,7 +334,10 @@ static int weighted16(const void *V, const size_t *at, int dtype, const float *p
 }
 
 /* out[q] = W[j + q] . x for 16 consecutive weight rows of any dtype, widened to fp32 on the
- * way (k % 32 == 0; int8 before its scale), summed 16 at once by sum16 */
+ * way (k % 32 == 0; int8 before its scale), summed 16 at once by sum16. The rows are read one
+ * after another, so a thread's weights are one stream, asked for AHEAD_BYTES ahead as the
+ * packed products ask for theirs (fp32, one row, whole steps on a Zen 5: 0.86x to 0.95x the
+ * time) */
 #define HAVE_ROWS16 1
 static void rows16_wide(const void *w, int dtype, const float *x, int k, float *out) {
     __m512 acc[16];
@@ -343,18 +346,22 @@ static void rows16_wide(const void *w, int dtype, const float *x, int k, float *
         if (dtype == I8) {
             const int8_t *r = (const int8_t *)w + (size_t)q * k;
             for (int i = 0; i < k; i += 32) {
+                _mm_prefetch((const char *)(r + i) + AHEAD_BYTES, _MM_HINT_T0);
                 a0 = _mm512_fmadd_ps(widen_i8(r + i), _mm512_loadu_ps(x + i), a0);
                 a1 = _mm512_fmadd_ps(widen_i8(r + i + 16), _mm512_loadu_ps(x + i + 16), a1);
             }
         } else if (dtype == BF16) {
             const uint16_t *r = (const uint16_t *)w + (size_t)q * k;
             for (int i = 0; i < k; i += 32) {
+                _mm_prefetch((const char *)(r + i) + AHEAD_BYTES, _MM_HINT_T0);
                 a0 = _mm512_fmadd_ps(widen_bf16(r + i), _mm512_loadu_ps(x + i), a0);
                 a1 = _mm512_fmadd_ps(widen_bf16(r + i + 16), _mm512_loadu_ps(x + i + 16), a1);
             }
         } else {
             const float *r = (const float *)w + (size_t)q * k;
             for (int i = 0; i < k; i += 32) {
+                _mm_prefetch((const char *)(r + i) + AHEAD_BYTES, _MM_HINT_T0);
+                _mm_prefetch((const char *)(r + i) + AHEAD_BYTES + 64, _MM_HINT_T0);
                 a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r + i), _mm512_loadu_ps(x + i), a0);
                 a1 = _mm512_fmadd_ps(_mm512_loadu_ps(r + i + 16), _mm512_loadu_ps(x + i + 16), a1);
             }
