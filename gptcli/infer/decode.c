@@ -553,6 +553,7 @@ static float dot_f32(const float *w, const float *x, int k) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= k; i += 16) {
+        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0); /* (as rows16_wide) */
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
     }
@@ -599,6 +600,7 @@ static float dot_bf16_split(const uint16_t *w, const float *xs, const float *x, 
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 32 <= k; i += 32) {
+        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0);
         const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + i)), v1 = _mm256_loadu_si256((const __m256i *)(w + i + 16));
         a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xe + i / 2), a0);
         a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v0, high)), _mm256_loadu_ps(xo + i / 2), a1);
@@ -625,6 +627,7 @@ static int32_t dot_i8_pairs(const int8_t *w, const int16_t *x, int k) {
     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
     int i = 0;
     for (; i + 32 <= k; i += 32) {
+        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0);
         a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + i))),
                                                     _mm256_loadu_si256((const __m256i *)(x + i))));
         a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + i + 16))),
