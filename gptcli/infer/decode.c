@@ -195,6 +195,8 @@ static float dot_f32(const float *w, const float *x, int k) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= k; i += 32) {
+        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0); /* (as rows16_wide) */
+        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES + 64, _MM_HINT_T0);
         a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
         a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
     }
@@ -211,6 +213,7 @@ static float dot_bf16(const uint16_t *w, const float *x, int k) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= k; i += 32) {
+        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0);
         a0 = _mm512_fmadd_ps(widen_bf16(w + i), _mm512_loadu_ps(x + i), a0);
         a1 = _mm512_fmadd_ps(widen_bf16(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
     }
@@ -227,6 +230,7 @@ static float dot_i8(const int8_t *w, const float *x, int k) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= k; i += 32) {
+        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0);
         a0 = _mm512_fmadd_ps(widen_i8(w + i), _mm512_loadu_ps(x + i), a0);
         a1 = _mm512_fmadd_ps(widen_i8(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
     }
