@@ -76,8 +76,8 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
  * alone let the stream fall behind as soon as the core has work to do with each weight
  * (several rows), as the out-of-order core then reads only a few hundred bytes ahead. GPT-2
  * 124M on a Zen 5, against tiles of 4 blocks (4 streams a thread) for up to 6 rows with the
- * next tile asked for ahead, whole steps alternated (bench/step_ab.sh): one row 0.96x to
- * 0.99x the time, 4 rows 0.86x to 0.95x, 16 rows 0.90x to 0.94x; int8 weights 0.89x, 0.96x,
+ * next tile asked for ahead, whole steps alternated (bench/step_ab.sh): one row 0.99x
+ * the time, 4 rows 0.89x to 0.95x, 16 rows 0.90x to 0.94x; int8 weights 0.89x, 0.96x,
  * 0.95x. The activations' pair is broadcast by the product itself (an embedded broadcast;
  * compilers broadcast it into a register first, an instruction more per product: 16 rows
  * 0.99x instead of 0.90x). */
