@@ -85,6 +85,15 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 #ifndef AHEAD_BYTES
 #define AHEAD_BYTES 8192 /* how far ahead a product asks for its weights (4 to 16 KB alike on a Zen 5) */
 #endif
+/* a pair of bf16 or int16 activations, as the products' broadcasts read it from the rows
+ * (may_alias: the rows were written as 16-bit values) */
+typedef int32_t __attribute__((may_alias, aligned(2))) pair32;
+/* dst += src . (the pair at mem, broadcast to 16): the instruction `op` with its memory operand
+ * broadcast, in either assembler syntax */
+#define BROADCAST_OP(op, dst, src, mem)                                                              \
+    __asm__("{" op " %[x]%{1to16%}, %[w], %[a]|" op " %[a], %[w], %[x]%{1to16%}}"                   \
+            : [a] "+v"(dst)                                                                          \
+            : [w] "v"(src), [x] "m"(*(const pair32 *)(mem)))
 /* BLOCK(M, NA) for the rows r .. r + M of a product, M = min(rows - r, 16) a constant in each
  * call (so that the block's loops over M unroll and its sums stay in registers), NA sums per
  * row: enough sums in flight for few rows, one for 8 or more */
@@ -445,9 +454,7 @@ static inline __attribute__((always_inline)) void packed_block(const Mat *m, con
         const __m512bh wv = (__m512bh)_mm512_loadu_si512(wp);                                         \
         _mm_prefetch((const char *)wp + AHEAD_BYTES, _MM_HINT_T0);                                    \
         for (int i = 0; i < M; i++) /* (compilers would broadcast into a register of its own) */     \
-            __asm__("vdpbf16ps %[x]%{1to16%}, %[w], %[a]"                                             \
-                    : [a] "+v"(acc[i][A])                                                             \
-                    : [w] "v"(wv), [x] "m"(*(const int32_t *)(x + (size_t)i * k + 2 * (P))));         \
+            BROADCAST_OP("vdpbf16ps", acc[i][A], wv, x + (size_t)i * k + 2 * (P));                     \
     } while (0)
     int p = 0;
     for (; p + NA <= pairs; p += NA)
@@ -504,9 +511,7 @@ static inline __attribute__((always_inline)) void packed_block_i8(const Mat *m, 
         const __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)wp));             \
         _mm_prefetch((const char *)wp + AHEAD_BYTES, _MM_HINT_T0);                                    \
         for (int i = 0; i < M; i++)                                                                   \
-            __asm__("vpdpwssd %[x]%{1to16%}, %[w], %[a]"                                              \
-                    : [a] "+v"(acc[i][A])                                                             \
-                    : [w] "v"(wv), [x] "m"(*(const int32_t *)(x + (size_t)i * k + 2 * (P))));         \
+            BROADCAST_OP("vpdpwssd", acc[i][A], wv, x + (size_t)i * k + 2 * (P));                      \
     } while (0)
     int p = 0;
     for (; p + NA <= pairs; p += NA)
