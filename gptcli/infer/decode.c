@@ -86,6 +86,11 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 #ifndef AHEAD_BYTES
 #define AHEAD_BYTES 8192 /* how far ahead a product asks for its weights (4 to 16 KB alike on a Zen 5) */
 #endif
+/* a product is about to read `bytes` of weights at p (a compile-time constant, a line or two):
+ * ask for those AHEAD_BYTES further on (prefetcht0) */
+static inline __attribute__((always_inline)) void ask_weights(const void *p, int bytes) {
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + AHEAD_BYTES + b, 0, 3);
+}
 /* a pair of bf16 or int16 activations, as the products' broadcasts read it from the rows
  * (may_alias: the rows were written as 16-bit values) */
 typedef int32_t __attribute__((may_alias, aligned(2))) pair32;
@@ -95,6 +100,23 @@ typedef int32_t __attribute__((may_alias, aligned(2))) pair32;
     __asm__("{" op " %[x]%{1to16%}, %[w], %[a]|" op " %[a], %[w], %[x]%{1to16%}}"                   \
             : [a] "+v"(dst)                                                                          \
             : [w] "v"(src), [x] "m"(*(const pair32 *)(mem)))
+/* A packed block's products, in a block function whose scope holds w (the block's packed
+ * weights), x (its M rows of activation pairs, k apart), k, M, NA and acc[M][NA]: for every
+ * pair p of k / 2, acc[i][p % NA] op= LOAD(the pair's 16 outputs' weights, of pair_bytes) .
+ * (row i's pair p, broadcast), the pairs past the last whole group of NA into acc[i][0] */
+#define PAIR_PRODUCTS(op, T, LOAD, pair_bytes, P, A)                                                 \
+    do {                                                                                             \
+        const T wv_ = LOAD(w + (size_t)(P) * 32);                                                    \
+        ask_weights(w + (size_t)(P) * 32, pair_bytes);                                               \
+        for (int i_ = 0; i_ < M; i_++) BROADCAST_OP(op, acc[i_][A], wv_, x + (size_t)i_ * k + 2 * (P)); \
+    } while (0)
+#define PRODUCTS_OF_PAIRS(op, T, LOAD, pair_bytes)                                                   \
+    do {                                                                                             \
+        int p_ = 0;                                                                                  \
+        for (; p_ + NA <= k / 2; p_ += NA)                                                           \
+            for (int a_ = 0; a_ < NA; a_++) PAIR_PRODUCTS(op, T, LOAD, pair_bytes, p_ + a_, a_);     \
+        for (; p_ < k / 2; p_++) PAIR_PRODUCTS(op, T, LOAD, pair_bytes, p_, 0);                      \
+    } while (0)
 /* BLOCK(M, NA) for the rows r .. r + M of a product, M = min(rows - r, 16) a constant in each
  * call (so that the block's loops over M unroll and its sums stay in registers), NA sums per
  * row: enough sums in flight for few rows (8 rows with 2 sums each, from the L3 cache on a
@@ -206,8 +228,7 @@ static float dot_f32(const float *w, const float *x, int k) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= k; i += 32) {
-        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0); /* (as rows16_wide) */
-        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES + 64, _MM_HINT_T0);
+        ask_weights(w + i, 128); /* (as rows16_wide) */
         a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
         a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
     }
@@ -224,7 +245,7 @@ static float dot_bf16(const uint16_t *w, const float *x, int k) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= k; i += 32) {
-        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0);
+        ask_weights(w + i, 64);
         a0 = _mm512_fmadd_ps(widen_bf16(w + i), _mm512_loadu_ps(x + i), a0);
         a1 = _mm512_fmadd_ps(widen_bf16(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
     }
@@ -241,7 +262,7 @@ static float dot_i8(const int8_t *w, const float *x, int k) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= k; i += 32) {
-        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0);
+        ask_weights(w + i, 32);
         a0 = _mm512_fmadd_ps(widen_i8(w + i), _mm512_loadu_ps(x + i), a0);
         a1 = _mm512_fmadd_ps(widen_i8(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
     }
@@ -361,22 +382,21 @@ static void rows16_wide(const void *w, int dtype, const float *x, int k, float *
         if (dtype == I8) {
             const int8_t *r = (const int8_t *)w + (size_t)q * k;
             for (int i = 0; i < k; i += 32) {
-                _mm_prefetch((const char *)(r + i) + AHEAD_BYTES, _MM_HINT_T0);
+                ask_weights(r + i, 32);
                 a0 = _mm512_fmadd_ps(widen_i8(r + i), _mm512_loadu_ps(x + i), a0);
                 a1 = _mm512_fmadd_ps(widen_i8(r + i + 16), _mm512_loadu_ps(x + i + 16), a1);
             }
         } else if (dtype == BF16) {
             const uint16_t *r = (const uint16_t *)w + (size_t)q * k;
             for (int i = 0; i < k; i += 32) {
-                _mm_prefetch((const char *)(r + i) + AHEAD_BYTES, _MM_HINT_T0);
+                ask_weights(r + i, 64);
                 a0 = _mm512_fmadd_ps(widen_bf16(r + i), _mm512_loadu_ps(x + i), a0);
                 a1 = _mm512_fmadd_ps(widen_bf16(r + i + 16), _mm512_loadu_ps(x + i + 16), a1);
             }
         } else {
             const float *r = (const float *)w + (size_t)q * k;
             for (int i = 0; i < k; i += 32) {
-                _mm_prefetch((const char *)(r + i) + AHEAD_BYTES, _MM_HINT_T0);
-                _mm_prefetch((const char *)(r + i) + AHEAD_BYTES + 64, _MM_HINT_T0);
+                ask_weights(r + i, 128);
                 a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r + i), _mm512_loadu_ps(x + i), a0);
                 a1 = _mm512_fmadd_ps(_mm512_loadu_ps(r + i + 16), _mm512_loadu_ps(x + i + 16), a1);
             }
@@ -437,6 +457,9 @@ static int scores16_pairs(const uint16_t *K, const size_t *at, const uint16_t *q
 /* the products from packed bf16 weights (gptcli_pack) */
 #define HAVE_PACKED 1
 
+/* a pair of inputs' weights for 16 outputs, as the products multiply them */
+static inline __m512bh load_bf16_pairs(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
+
 /* y[r0 + i][j0 .. j0 + 16) for i < M (M <= 16) from the packed block of 16 outputs at w and
  * the rows x (M, k) in bf16, then stored, or added to y, with the bias; outputs past n (the
  * packing's zeros) are not written. Each row's sum is split over NA alternate pairs (NA
@@ -449,20 +472,7 @@ static inline __attribute__((always_inline)) void packed_block(const Mat *m, con
     __m512 acc[16][4];
     for (int i = 0; i < M; i++)
         for (int a = 0; a < NA; a++) acc[i][a] = _mm512_setzero_ps();
-    const int pairs = k / 2;
-#define PAIR(P, A)                                                                                    \
-    do {                                                                                              \
-        const uint16_t *wp = w + (size_t)(P) * 32;                                                    \
-        const __m512bh wv = (__m512bh)_mm512_loadu_si512(wp);                                         \
-        _mm_prefetch((const char *)wp + AHEAD_BYTES, _MM_HINT_T0);                                    \
-        for (int i = 0; i < M; i++) /* (compilers would broadcast into a register of its own) */     \
-            BROADCAST_OP("vdpbf16ps", acc[i][A], wv, x + (size_t)i * k + 2 * (P));                     \
-    } while (0)
-    int p = 0;
-    for (; p + NA <= pairs; p += NA)
-        for (int a = 0; a < NA; a++) PAIR(p + a, a);
-    for (; p < pairs; p++) PAIR(p, 0);
-#undef PAIR
+    PRODUCTS_OF_PAIRS("vdpbf16ps", __m512bh, load_bf16_pairs, 64);
     const __mmask16 keep = n - j0 >= 16 ? 0xffff : (__mmask16)((1u << (n - j0)) - 1);
     const __m512 bias = m->bias ? _mm512_maskz_loadu_ps(keep, m->bias + j0) : _mm512_setzero_ps();
     for (int i = 0; i < M; i++) {
@@ -497,6 +507,11 @@ static void packed_product(const Mat *m, const uint16_t *xb, float *y, int rows,
  * widening every weight to fp32 took three instructions per 16). */
 #define HAVE_PACKED_I8 1
 
+/* a pair of inputs' int8 weights for 16 outputs (32 bytes), widened to int16 */
+static inline __m512i load_i8_pairs(const int8_t *p) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+}
+
 /* packed_block for int8 weights (16 outputs' pairs in 32 bytes, widened to int16) and int16
  * activations x (M, k) of scales sx (M) */
 static inline __attribute__((always_inline)) void packed_block_i8(const Mat *m, const int8_t *w, const int16_t *x,
@@ -506,20 +521,7 @@ static inline __attribute__((always_inline)) void packed_block_i8(const Mat *m, 
     __m512i acc[16][4];
     for (int i = 0; i < M; i++)
         for (int a = 0; a < NA; a++) acc[i][a] = _mm512_setzero_si512();
-    const int pairs = k / 2;
-#define PAIR(P, A)                                                                                    \
-    do {                                                                                              \
-        const int8_t *wp = w + (size_t)(P) * 32;                                                      \
-        const __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)wp));             \
-        _mm_prefetch((const char *)wp + AHEAD_BYTES, _MM_HINT_T0);                                    \
-        for (int i = 0; i < M; i++)                                                                   \
-            BROADCAST_OP("vpdpwssd", acc[i][A], wv, x + (size_t)i * k + 2 * (P));                      \
-    } while (0)
-    int p = 0;
-    for (; p + NA <= pairs; p += NA)
-        for (int a = 0; a < NA; a++) PAIR(p + a, a);
-    for (; p < pairs; p++) PAIR(p, 0);
-#undef PAIR
+    PRODUCTS_OF_PAIRS("vpdpwssd", __m512i, load_i8_pairs, 32);
     const __mmask16 keep = n - j0 >= 16 ? 0xffff : (__mmask16)((1u << (n - j0)) - 1);
     const __m512 scale = _mm512_maskz_loadu_ps(keep, m->scale + j0);
     const __m512 bias = m->bias ? _mm512_maskz_loadu_ps(keep, m->bias + j0) : _mm512_setzero_ps();
@@ -564,7 +566,7 @@ static float dot_f32(const float *w, const float *x, int k) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= k; i += 16) {
-        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0); /* (as rows16_wide) */
+        ask_weights(w + i, 64); /* (as rows16_wide) */
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
     }
@@ -611,7 +613,7 @@ static float dot_bf16_split(const uint16_t *w, const float *xs, const float *x, 
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 32 <= k; i += 32) {
-        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0);
+        ask_weights(w + i, 64);
         const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + i)), v1 = _mm256_loadu_si256((const __m256i *)(w + i + 16));
         a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), _mm256_loadu_ps(xe + i / 2), a0);
         a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v0, high)), _mm256_loadu_ps(xo + i / 2), a1);
@@ -638,7 +640,7 @@ static int32_t dot_i8_pairs(const int8_t *w, const int16_t *x, int k) {
     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
     int i = 0;
     for (; i + 32 <= k; i += 32) {
-        _mm_prefetch((const char *)(w + i) + AHEAD_BYTES, _MM_HINT_T0);
+        ask_weights(w + i, 32);
         a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + i))),
                                                     _mm256_loadu_si256((const __m256i *)(x + i))));
         a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + i + 16))),
