@@ -86,10 +86,12 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 #ifndef AHEAD_BYTES
 #define AHEAD_BYTES 8192 /* how far ahead a product asks for its weights (4 to 16 KB alike on a Zen 5) */
 #endif
-/* a product is about to read `bytes` of weights at p (a compile-time constant, a line or two):
- * ask for those AHEAD_BYTES further on (prefetcht0) */
+/* a product is about to read `bytes` of weights at p (a constant, at most two lines): ask for
+ * those AHEAD_BYTES further on (prefetcht0; no loop, which kept GCC from unrolling the
+ * products around it: their sums then went through the stack) */
 static inline __attribute__((always_inline)) void ask_weights(const void *p, int bytes) {
-    for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + AHEAD_BYTES + b, 0, 3);
+    __builtin_prefetch((const char *)p + AHEAD_BYTES, 0, 3);
+    if (bytes > 64) __builtin_prefetch((const char *)p + AHEAD_BYTES + 64, 0, 3);
 }
 /* a pair of bf16 or int16 activations, as the products' broadcasts read it from the rows
  * (may_alias: the rows were written as 16-bit values) */
@@ -112,10 +114,11 @@ typedef int32_t __attribute__((may_alias, aligned(2))) pair32;
     } while (0)
 #define PRODUCTS_OF_PAIRS(op, T, LOAD, pair_bytes)                                                   \
     do {                                                                                             \
+        const int pairs_ = k / 2;                                                                    \
         int p_ = 0;                                                                                  \
-        for (; p_ + NA <= k / 2; p_ += NA)                                                           \
+        for (; p_ + NA <= pairs_; p_ += NA)                                                          \
             for (int a_ = 0; a_ < NA; a_++) PAIR_PRODUCTS(op, T, LOAD, pair_bytes, p_ + a_, a_);     \
-        for (; p_ < k / 2; p_++) PAIR_PRODUCTS(op, T, LOAD, pair_bytes, p_, 0);                      \
+        for (; p_ < pairs_; p_++) PAIR_PRODUCTS(op, T, LOAD, pair_bytes, p_, 0);                     \
     } while (0)
 /* BLOCK(M, NA) for the rows r .. r + M of a product, M = min(rows - r, 16) a constant in each
  * call (so that the block's loops over M unroll and its sums stay in registers), NA sums per
@@ -458,7 +461,7 @@ static int scores16_pairs(const uint16_t *K, const size_t *at, const uint16_t *q
 #define HAVE_PACKED 1
 
 /* a pair of inputs' weights for 16 outputs, as the products multiply them */
-static inline __m512bh load_bf16_pairs(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
+static inline __attribute__((always_inline)) __m512bh load_bf16_pairs(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
 
 /* y[r0 + i][j0 .. j0 + 16) for i < M (M <= 16) from the packed block of 16 outputs at w and
  * the rows x (M, k) in bf16, then stored, or added to y, with the bias; outputs past n (the
@@ -508,7 +511,7 @@ static void packed_product(const Mat *m, const uint16_t *xb, float *y, int rows,
 #define HAVE_PACKED_I8 1
 
 /* a pair of inputs' int8 weights for 16 outputs (32 bytes), widened to int16 */
-static inline __m512i load_i8_pairs(const int8_t *p) {
+static inline __attribute__((always_inline)) __m512i load_i8_pairs(const int8_t *p) {
     return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
 }
 
