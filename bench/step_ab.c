@@ -9,7 +9,10 @@
  * the median of each. Alternating in one process is what makes the two comparable on a
  * machine whose memory bandwidth moves by 2x within a minute. bench/step_ab.sh builds it:
  *
- *     bash bench/step_ab.sh REV [ROWS SLOT REPS [int8|fp32]]   # decode.c at REV (A), the work tree's (B)
+ *     bash bench/step_ab.sh REV [ROWS SLOT REPS [bf16|int8|fp32] [SHARED]]   # decode.c at REV (A), the work tree's (B)
+ *
+ * SHARED (beams): every row reads its slots before slot - SHARED from row 0, as beams that
+ * share all but their last SHARED tokens read their common history (KVCache.sources).
  */
 #include DECODE /* the work tree's, for its types and its packing (its public names renamed) */
 #include <stdio.h>
@@ -64,8 +67,9 @@ int main(int argc, char **argv) {
     const int reps = argc > 3 ? atoi(argv[3]) : 30;
     int8 = argc > 4 && !strcmp(argv[4], "int8");
     fp32 = argc > 4 && !strcmp(argv[4], "fp32");
+    const int shared = argc > 5 ? atoi(argv[5]) : -1;
     const int C = 768, L = 12, nh = 12, V = 50257, cache_len = 1024;
-    if (rows < 1 || slot < 0 || slot >= cache_len || reps < 1) return fprintf(stderr, "ROWS SLOT REPS [int8|fp32]\n"), 2;
+    if (rows < 1 || slot < 0 || slot >= cache_len || reps < 1) return fprintf(stderr, "ROWS SLOT REPS [bf16|int8|fp32] [SHARED]\n"), 2;
     Layer layers[12];
     for (int l = 0; l < L; l++)
         layers[l] = (Layer){floats(C, 1), floats(C, 0), floats(C, 1), floats(C, 0),
@@ -77,17 +81,23 @@ int main(int argc, char **argv) {
     int64_t *tokens = malloc(sizeof(int64_t) * rows), *positions = malloc(sizeof(int64_t) * rows);
     for (int r = 0; r < rows; r++) tokens[r] = (r * 7919) % V, positions[r] = slot;
     float *logits = floats((size_t)rows * V, 0);
+    int32_t *sources = NULL;
+    if (shared >= 0) {
+        sources = malloc(sizeof(int32_t) * rows * cache_len);
+        for (int r = 0; r < rows; r++)
+            for (int s = 0; s < cache_len; s++) sources[(size_t)r * cache_len + s] = s < slot - shared ? 0 : r;
+    }
     double *t[2] = {malloc(8 * reps), malloc(8 * reps)};
     for (int rep = 0; rep < 2 * reps + 2; rep++) { /* A B A B ..., the first pair a warm-up */
         const int b = rep % 2;
         const double t0 = now();
-        if ((b ? b_decode_step : a_decode_step)(&m, tokens, positions, rows, rows, slot, cache_len, kc, vc, NULL,
+        if ((b ? b_decode_step : a_decode_step)(&m, tokens, positions, rows, rows, slot, cache_len, kc, vc, sources,
                                                 NULL, logits, 2))
             return fprintf(stderr, "the step failed\n"), 1;
         if (rep >= 2) t[b][(rep - 2) / 2] = now() - t0;
     }
     qsort(t[0], reps, 8, by_value), qsort(t[1], reps, 8, by_value);
-    printf("%s, rows %d, slot %d, %d steps each: A %.2f ms, B %.2f ms (medians; B/A %.3f)\n", int8 ? "int8" : fp32 ? "fp32" : "bf16",
-           rows, slot, reps, t[0][reps / 2] * 1e3, t[1][reps / 2] * 1e3, t[1][reps / 2] / t[0][reps / 2]);
+    printf("%s, rows %d, slot %d%s, %d steps each: A %.2f ms, B %.2f ms (medians; B/A %.3f)\n", int8 ? "int8" : fp32 ? "fp32" : "bf16",
+           rows, slot, shared >= 0 ? " (history shared)" : "", reps, t[0][reps / 2] * 1e3, t[1][reps / 2] * 1e3, t[1][reps / 2] / t[0][reps / 2]);
     return 0;
 }
