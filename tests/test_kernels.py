@@ -121,6 +121,72 @@ def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
     assert got_cache.pos == want_cache.pos == 24
 
 
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("shape", [(64, 2), (45, 3)])  # (45: bf16 weights read as stored)
+def test_the_c_prefill_gives_the_models_logits_and_cache(kind, shape, monkeypatch):
+    """A prompt of one row encoded by the C prefill (its tokens in calls of PREFILL_ROWS, each
+    attending to the slots before it, causally), after what a cache already holds, then
+    decoded on by the C step: the model's logits and cache all along."""
+    library()
+    monkeypatch.setattr(kernels, "PREFILL_ROWS", 16)  # (the tiny model's block is 48)
+    dtype = torch.bfloat16 if kind == "bf16" else torch.float32
+    model = small_model(dtype, *shape, int8=kind == "int8")
+    assert kernels.use_fast_decode(model)
+    prefills = []
+    real = kernels.Decoder.prefill
+    monkeypatch.setattr(kernels.Decoder, "prefill", lambda self, *a: prefills.append(1) or real(self, *a))
+    g = torch.Generator().manual_seed(7)
+    parts = [torch.randint(0, 97, (1, n), generator=g) for n in (2, 17, 16, 5)]  # 40 slots, then 4 steps
+    steps = [torch.randint(0, 97, (1, 1), generator=g) for _ in range(4)]
+    out = []
+    for fast in (False, True):
+        cache = KVCache(model.config, 1, 44, dtype=dtype)
+        logits = []
+        with torch.no_grad():
+            for x in parts + steps:
+                logits.append(
+                    model.next_logits(x, kv_cache=cache)
+                    if fast
+                    else GPT.next_logits(model, x, kv_cache=cache)
+                )
+        out.append((torch.cat(logits).float(), cache))
+    (want, want_cache), (got, got_cache) = out
+    assert len(prefills) == 4  # every part of the prompt through the C prefill
+    if kind == "bf16":
+        tol = dict(atol=0.03 * want.abs().max().item(), rtol=0)
+    else:
+        tol = dict(atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(got_cache.k.float(), want_cache.k.float(), **tol)
+    torch.testing.assert_close(got_cache.v.float(), want_cache.v.float(), **tol)
+    assert got_cache.pos == want_cache.pos == 44
+
+
+def test_long_prompts_from_weights_read_as_stored_keep_the_models_code(monkeypatch):
+    """Past STORED_PREFILL tokens, a model whose products read their weights as stored (fp32)
+    encodes its prompt with torch's products, which are faster there; packed ones never."""
+    library()
+    monkeypatch.setattr(kernels, "STORED_PREFILL", 8)
+    prefills = []
+    real = kernels.Decoder.prefill
+    monkeypatch.setattr(
+        kernels.Decoder, "prefill", lambda self, *a: prefills.append(a[1].numel()) or real(self, *a)
+    )
+    model = small_model(torch.float32)
+    kernels.use_fast_decode(model)
+    with torch.no_grad():
+        for n in (8, 9):
+            model.next_logits(torch.arange(n)[None], kv_cache=KVCache(model.config, 1, 20))
+    assert prefills == [8]
+    packed = small_model(torch.bfloat16)
+    kernels.use_fast_decode(packed)
+    with torch.no_grad():
+        packed.next_logits(
+            torch.arange(9)[None], kv_cache=KVCache(packed.config, 1, 20, dtype=torch.bfloat16)
+        )
+    assert prefills == ([8, 9] if packed.__dict__["_decoder"].packed else [8])
+
+
 @pytest.mark.parametrize("isa", kernels.ISAS)
 def test_every_instruction_set_path_gives_the_models_logits(isa, tmp_path, monkeypatch):
     """The library as it is built for other CPUs (AVX-512 without BF16, AVX2, none), run
@@ -230,7 +296,7 @@ def test_training_probes_and_static_caches_keep_the_models_code():
     kernels.use_fast_decode(model)
     cache = KVCache(model.config, 1, 8)
     with torch.no_grad():
-        model.next_logits(torch.tensor([[1, 2]]), kv_cache=cache)
+        GPT.next_logits(model, torch.tensor([[1, 2]]), kv_cache=cache)
     x = torch.tensor([[3]])
     logits = model.next_logits(x, kv_cache=cache)  # gradients on: the model's code
     assert logits.requires_grad and "_decoder" not in model.__dict__

@@ -879,12 +879,36 @@ static inline int weighted_values(const void *V, const size_t *at, int dtype, co
 #endif
 }
 
-/* single-query attention for every row and head over the slots 0..slot of this layer's
- * cache, after writing the new keys and values at slot; qkv (rows, 3C), y (rows, C).
+/* the new keys and values of every row (qkv (rows, 3C)) into this layer's cache, at each
+ * row's own slot last[r] (where at says it is: see slot_offsets) */
+static void store_keys(const Model *m, int layer, const float *qkv, void *kc, void *vc, const size_t *ats, int rows,
+                       int batch, int cache_len, const int *last) {
+    const int C = m->n_embd, nh = m->n_head, hs = C / nh;
+    const size_t head_stride = (size_t)cache_len * hs;
+    const size_t layer_off = (size_t)layer * batch * nh * head_stride;
+#pragma omp for collapse(2) schedule(static)
+    for (int r = 0; r < rows; r++) {
+        for (int h = 0; h < nh; h++) {
+            const size_t to = layer_off + (size_t)h * head_stride + ats[(size_t)r * cache_len + last[r]];
+            const float *k = qkv + (size_t)r * 3 * C + C + h * hs, *v = k + C;
+            if (m->cache_dtype == BF16)
+                for (int i = 0; i < hs; i++)
+                    ((uint16_t *)kc)[to + i] = f32_to_bf16(k[i]), ((uint16_t *)vc)[to + i] = f32_to_bf16(v[i]);
+            else {
+                memcpy((float *)kc + to, k, sizeof(float) * hs);
+                memcpy((float *)vc + to, v, sizeof(float) * hs);
+            }
+        }
+    }
+}
+
+/* single-query attention for every row and head over the slots 0..last[r] of this layer's
+ * cache (the new keys and values already stored: store_keys); qkv (rows, 3C), y (rows, C).
  * at (rows, cache_len): where row r's slot s is, in elements from the cache of this layer
  * and head at batch row 0 (see slot_offsets) */
-static void attend(const Model *m, int layer, const float *qkv, void *kc, void *vc, const size_t *ats, int rows,
-                   int batch, int cache_len, int slot, const uint8_t *key_mask, float *y, float *scratch) {
+static void attend(const Model *m, int layer, const float *qkv, const void *kc, const void *vc, const size_t *ats,
+                   int rows, int batch, int cache_len, const int *last, const uint8_t *key_mask, float *y,
+                   float *scratch) {
     const int C = m->n_embd, nh = m->n_head, hs = C / nh, dt = m->cache_dtype;
     const size_t head_stride = (size_t)cache_len * hs;
     const size_t layer_off = (size_t)layer * batch * nh * head_stride;
@@ -893,15 +917,14 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
     for (int r = 0; r < rows; r++) {
         for (int h = 0; h < nh; h++) {
             const size_t base = layer_off + (size_t)h * head_stride, *at = ats + (size_t)r * cache_len;
+            const int slot = last[r];
             const float *q = qkv + (size_t)r * 3 * C + h * hs;
-            const float *k = q + C, *v = q + 2 * C;
             float *p = scratch + (size_t)(r * nh + h) * cache_len; /* (slot + 1) scores */
             float *out = y + (size_t)r * C + h * hs;
             /* the next pair this thread takes: the next head of this row (but after the last) */
             const ptrdiff_t ahead = h + 1 < nh ? (ptrdiff_t)(head_stride * (dt == BF16 ? 2 : 4)) : 0;
             if (dt == BF16) {
-                uint16_t *K = (uint16_t *)kc + base, *V = (uint16_t *)vc + base;
-                for (int i = 0; i < hs; i++) K[at[slot] + i] = f32_to_bf16(k[i]), V[at[slot] + i] = f32_to_bf16(v[i]);
+                const uint16_t *K = (const uint16_t *)kc + base;
 #ifdef HAVE_BF16_PAIRS
                 if (hs % 32 == 0 && hs <= 256) {
                     uint16_t qb[256];
@@ -913,9 +936,7 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
                     for (int s = first_scores(K, at, BF16, q, hs, slot + 1, scale, p, ahead); s <= slot; s++)
                         p[s] = dot_bf16(K + at[s], q, hs) * scale;
             } else {
-                float *K = (float *)kc + base, *V = (float *)vc + base;
-                memcpy(K + at[slot], k, sizeof(float) * hs);
-                memcpy(V + at[slot], v, sizeof(float) * hs);
+                const float *K = (const float *)kc + base;
                 for (int s = first_scores(K, at, F32, q, hs, slot + 1, scale, p, ahead); s <= slot; s++)
                     p[s] = dot_f32(K + at[s], q, hs) * scale;
             }
@@ -953,20 +974,22 @@ static void attend(const Model *m, int layer, const float *qkv, void *kc, void *
     }
 }
 
-/* at (rows, cache_len): where each row's slots 0..slot are in the cache, in elements from a
- * layer and head's slots at batch row 0. A row's own slots, unless sources (batch,
- * cache_len) says which row of the cache holds each of its slots before `slot` (beams that
- * share their history read it where it was written, and are not copied); the new slot is
- * the row's own. */
-static void slot_offsets(size_t *at, const int32_t *sources, int rows, int batch, int nh, int hs, int cache_len,
-                         int slot) {
+/* at (rows, cache_len): where each row's slots 0..last[r] are in the cache, in elements from
+ * a layer and head's slots at batch row 0. Row r is the cache's row own[r] (own NULL: row
+ * r), whose slots it reads there, unless sources (batch, cache_len) says which row of the
+ * cache holds each of them before last[r] (beams that share their history read it where it
+ * was written, and are not copied); the new slot is the row's own. */
+static void slot_offsets(size_t *at, const int32_t *sources, const int *own, const int *last, int rows, int batch,
+                         int nh, int hs, int cache_len) {
     const size_t row_stride = (size_t)nh * cache_len * hs;
-    for (int r = 0; r < rows; r++)
-        for (int s = 0; s <= slot; s++) {
-            int src = sources && s < slot ? sources[(size_t)r * cache_len + s] : r;
-            if (src < 0 || src >= batch) src = r; /* (never so: gptcli's own cache keeps them in range) */
+    for (int r = 0; r < rows; r++) {
+        const int mine = own ? own[r] : r;
+        for (int s = 0; s <= last[r]; s++) {
+            int src = sources && s < last[r] ? sources[(size_t)mine * cache_len + s] : mine;
+            if (src < 0 || src >= batch) src = mine; /* (never so: gptcli's own cache keeps them in range) */
             at[(size_t)r * cache_len + s] = (size_t)src * row_stride + (size_t)s * hs;
         }
+    }
 }
 
 /* whether weights of this dtype are read from a packed copy (gptcli_pack) on this CPU */
@@ -1096,16 +1119,17 @@ int gptcli_top_rows(const float *x, int rows, int V, int n, const float *offsets
     return 0;
 }
 
-/* tokens (rows): each row's new token, at position positions[r] of the model (its
- * positional embedding) and at slot `slot` of the cache (which holds `batch` rows of
- * cache_len slots); sources (batch, cache_len) or NULL: which row of the cache holds each
- * slot of each row (see slot_offsets); key_mask (rows, cache_len) or NULL: which slots a row
- * may attend to. logits (rows, vocab). threads: how many to use (torch's own setting). One
- * parallel region for the whole step: the threads meet at barriers between the operations,
- * rather than starting anew for each. */
-int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *positions, int rows, int batch,
-                       int slot, int cache_len, void *k_cache, void *v_cache, const int32_t *sources,
-                       const uint8_t *key_mask, float *logits, int threads) {
+/* The model over `rows` new tokens, in one parallel region: the threads meet at barriers
+ * between the operations, rather than starting anew for each. Row r's token tokens[r] is
+ * at position positions[r] of the model (its positional embedding), in row own[r] of the
+ * cache (own NULL: row r), which holds `batch` rows of cache_len slots; its keys and values
+ * go to slot last[r], and it attends to the slots 0..last[r] of that row (as sources and
+ * key_mask say: see slot_offsets, attend). All the rows' keys are stored before any row
+ * attends, so the rows may be one sequence's tokens. logits (out_rows, vocab): those of the
+ * last out_rows rows; NULL: none (the unembedding skipped). */
+static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *positions, int rows, int batch,
+                        int cache_len, void *k_cache, void *v_cache, const int32_t *sources, const uint8_t *key_mask,
+                        const int *own, const int *last, float *logits, int out_rows, int threads) {
     const int C = m->n_embd, F = 4 * C;
     float *x = malloc(sizeof(float) * rows * C), *h = malloc(sizeof(float) * rows * C);
     float *qkv = malloc(sizeof(float) * rows * 3 * C), *a = malloc(sizeof(float) * rows * C);
@@ -1123,11 +1147,12 @@ int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *pos
         free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(at), free(xb);
         return -1;
     }
-    slot_offsets(at, sources, rows, batch, m->n_head, C / m->n_head, cache_len, slot);
+    slot_offsets(at, sources, own, last, rows, batch, m->n_head, C / m->n_head, cache_len);
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < C; i++)
             x[(size_t)r * C + i] = load_any(m->wte, m->emb_dtype, (size_t)tokens[r] * C + i) +
                                    load_any(m->wpe, m->emb_dtype, (size_t)positions[r] * C + i);
+    const int first_out = rows - out_rows; /* the rows whose logits are asked for */
 #pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP
@@ -1139,15 +1164,54 @@ int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *pos
             const Layer *L = &m->layers[l];
             layer_norm(x, L->ln1_w, L->ln1_b, h, rows, C);
             matvec(&L->attn, h, mine, qkv, rows, STORE);
-            attend(m, l, qkv, k_cache, v_cache, at, rows, batch, cache_len, slot, key_mask, a, scratch);
+            store_keys(m, l, qkv, k_cache, v_cache, at, rows, batch, cache_len, last);
+            attend(m, l, qkv, k_cache, v_cache, at, rows, batch, cache_len, last, key_mask, a, scratch);
             matvec(&L->proj, a, mine, x, rows, ADD);
             layer_norm(x, L->ln2_w, L->ln2_b, h, rows, C);
             matvec(&L->fc, h, mine, f, rows, GELU);
             matvec(&L->out, f, mine, x, rows, ADD);
         }
-        layer_norm(x, m->lnf_w, m->lnf_b, h, rows, C);
-        matvec(&m->head, h, mine, logits, rows, STORE);
+        if (logits) {
+            layer_norm(x + (size_t)first_out * C, m->lnf_w, m->lnf_b, h, out_rows, C);
+            matvec(&m->head, h, mine, logits, out_rows, STORE);
+        }
     }
     free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(at), free(xb);
     return 0;
+}
+
+/* One decoding step: tokens (rows), each row's new token, at position positions[r] of the
+ * model and at slot `slot` of the cache (which holds `batch` rows of cache_len slots);
+ * sources (batch, cache_len) or NULL: which row of the cache holds each slot of each row
+ * (see slot_offsets); key_mask (rows, cache_len) or NULL: which slots a row may attend to.
+ * logits (rows, vocab). threads: how many to use (torch's own setting). */
+int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *positions, int rows, int batch,
+                       int slot, int cache_len, void *k_cache, void *v_cache, const int32_t *sources,
+                       const uint8_t *key_mask, float *logits, int threads) {
+    int *last = malloc(sizeof(int) * (rows > 0 ? rows : 1));
+    if (!last) return -1;
+    for (int r = 0; r < rows; r++) last[r] = slot;
+    const int rc = forward_rows(m, tokens, positions, rows, batch, cache_len, k_cache, v_cache, sources, key_mask,
+                                NULL, last, logits, rows, threads);
+    free(last);
+    return rc;
+}
+
+/* A prompt's tokens (n) at once, one sequence in a cache of one row (cache_len slots), after
+ * the slot0 tokens it holds: token i at position and slot slot0 + i, attending to the slots
+ * up to its own (causal). logits (vocab): the last token's; NULL: none (a prompt encoded in
+ * parts: all but the last). The products read each weight once for all n tokens. */
+int gptcli_prefill(const Model *m, const int64_t *tokens, int n, int slot0, int cache_len, void *k_cache,
+                   void *v_cache, float *logits, int threads) {
+    if (n < 1 || slot0 < 0 || slot0 + n > cache_len) return -2;
+    int64_t *positions = malloc(sizeof(int64_t) * n);
+    int *own = calloc(n, sizeof(int)), *last = malloc(sizeof(int) * n);
+    int rc = -1;
+    if (positions && own && last) {
+        for (int i = 0; i < n; i++) positions[i] = last[i] = slot0 + i;
+        rc = forward_rows(m, tokens, positions, n, 1, cache_len, k_cache, v_cache, NULL, NULL, own, last, logits,
+                          1, threads);
+    }
+    free(positions), free(own), free(last);
+    return rc;
 }
