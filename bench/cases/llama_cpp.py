@@ -6,9 +6,10 @@ convert_hf_to_gguf.py from the llama-cpp-python source); both decode greedily fr
 same prompt, on the same threads, in alternating rounds: bf16 against llama.cpp f16, fp32
 against f32, --quantize int8 against q8_0. Also: the first token of a whole `gptcli sample
 -n 1` process against importing torch and loading the weights; beams (B=4) and a batch of
-16 against this machine's memory-bandwidth and bf16-compute limits. Without
-llama-cpp-python (pip install llama-cpp-python==0.3.36, which compiles llama.cpp: minutes)
-the gptcli side runs alone and the table says so.
+16 against this machine's memory-bandwidth and bf16-compute limits; encoding a prompt (the
+prefill) beside llama.cpp's. Without llama-cpp-python (pip install
+llama-cpp-python==0.3.36, which compiles llama.cpp: minutes) the gptcli side runs alone and
+the table says so.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -104,6 +106,40 @@ def llama_tps(llm, prompt: list[int], n: int) -> tuple[float, list[int]]:
         if len(got) == n:
             break
     return n / (time.perf_counter() - t0), got
+
+
+def prompts(model: GPT, llm, n: int, rounds: int) -> Result:
+    """Encoding a prompt of n tokens (the prefill: keys and values of every token, logits of
+    the last), bf16 against llama.cpp's f16, in alternating rounds; tokens/s."""
+    from gptcli.model import KVCache
+
+    prompt = torch.randint(0, 50257, (1, n), generator=torch.Generator().manual_seed(2))
+    ours, peer, stock = [], [], []
+    for _ in range(rounds + 1):  # (the first round warms up)
+        for out, encode in ((ours, model.next_logits), (stock, partial(GPT.next_logits, model))):
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                encode(prompt, kv_cache=KVCache(model.config, 1, n, dtype=cache_dtype(model)))
+            out.append(n / (time.perf_counter() - t0))
+        if llm is not None:
+            llm.reset()
+            t0 = time.perf_counter()
+            llm.eval(prompt[0].tolist())
+            peer.append(n / (time.perf_counter() - t0))
+    return Result(
+        f"encoding a {n}-token prompt on the CPU, GPT-2 124M, bf16",
+        statistics.median(ours[1:]),
+        statistics.median(peer[1:]) if peer else None,
+        "tokens/s",
+        "llama.cpp f16",
+        "",
+        None,
+        [
+            f"the prefill alone (a new KV cache, the last token's logits), the median of {rounds} "
+            f"alternating rounds, {torch.get_num_threads()} threads; the model's own code (torch's "
+            f"products): {statistics.median(stock[1:]):.0f} tokens/s"
+        ],
+    )
 
 
 def whole_process(code: list[str], repeats: int) -> float:
@@ -318,5 +354,6 @@ def run(args) -> list[Result]:
     greedy = statistics.median(ours_runs["bf16"])
     peaks.append(bf16_peak())  # the limit: the highest, as for the bandwidth
     results += batches(models["bf16"], prompt, n, bw, max(peaks), greedy)  # as many steps as greedy
+    results.append(prompts(models["bf16"], llms.get("f16"), 64 if args.quick else 256, args.repeats))
     results += first_token(run_dir, files.get("f16"), 2 if args.quick else 3)
     return results
