@@ -18,7 +18,7 @@ import torch
 
 from gptcli.config import ModelConfig
 from gptcli.infer import kernels
-from gptcli.infer.generate import GREEDY, Sampling, generate, inverse_cdf
+from gptcli.infer.generate import GREEDY, Sampling, draw_from, generate, inverse_cdf
 from gptcli.infer.quantize import Int8Linear, quantize
 from gptcli.model import GPT, KVCache
 from tests.helpers import run
@@ -413,6 +413,62 @@ def test_the_c_draw_finds_the_ids_torchs_search_finds():
     # not a CPU float32 q, or a u of another number of rows: torch's search does it (or refuses)
     assert kernels.draw(q.double(), u) is None and kernels.draw(q, u[:3]) is None
     assert kernels.draw(q[:, :0], u) is None
+
+
+def test_the_c_sample_draws_what_torchs_softmax_and_draw_find():
+    """Sampling from logits in C (no softmax written out) against torch's softmax of
+    logits / T and its inverse-CDF search, at the same uniforms: the same ids but where a
+    point falls within rounding of the edge between two ids; -inf logits never drawn, not even
+    at u = 0; the largest at a temperature near 0; rows torch must do (NaN, +inf, nothing
+    finite) refused."""
+    library()
+    g = torch.Generator().manual_seed(0)
+    for V in (1, 7, 1024, 1025, 3001, 50257):
+        for t in (1.0, 0.7, 2.5):
+            x = torch.randn(64, V, generator=g) * 3
+            x[:, V // 2 : V // 2 + 3] = float("-inf")  # (V > 1) padding: never drawn
+            x[:, 0] = float("-inf") if V > 1 else 0.0
+            u = torch.rand(64, 1, generator=g, dtype=torch.float64)
+            u[0] = 0.0
+            got = kernels.sample(x, u, t)
+            q = torch.softmax(x / t, -1).double()
+            want = inverse_cdf(q.float(), u)
+            assert got is not None and got.dtype == torch.long
+            assert (x.gather(-1, got[:, None]) > float("-inf")).all()
+            cum = q.cumsum(-1)
+            for r in (got != want).nonzero()[:, 0].tolist():  # only where u is on an edge
+                edge = cum[r, min(got[r], want[r])].item()
+                assert abs(edge - u[r].item()) < 1e-5, (V, t, r)
+            assert (got != want).sum() <= 2, (V, t)
+    x = torch.randn(4, 3001, generator=g)
+    u = torch.rand(4, 1, generator=g, dtype=torch.float64)
+    assert torch.equal(kernels.sample(x, u, torch.finfo(torch.float32).tiny), x.argmax(-1))
+    for bad in (float("nan"), float("inf")):
+        y = x.clone()
+        y[2, 5] = bad
+        assert kernels.sample(y, u, 1.0) is None
+    assert kernels.sample(torch.full((4, 9), float("-inf")), u, 1.0) is None
+    assert kernels.sample(x.double(), u, 1.0) is None and kernels.sample(x, u.float(), 1.0) is None
+    assert kernels.sample(x, u[:3], 1.0) is None and kernels.sample(x[:, :0], u, 1.0) is None
+
+
+def test_sampling_draws_in_c_unless_top_k_or_top_p(monkeypatch):
+    """Sampling.draw takes the C sample for a plain or tempered distribution (the uniforms
+    drawn as draw_from draws them: the same ids from the same seed as q's own draw, but for
+    rounding at an edge), and q's draw with top-k or top-p."""
+    library()
+    calls = []
+    real = kernels.sample
+    monkeypatch.setattr(kernels, "sample", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(16, 5000, generator=torch.Generator().manual_seed(1)) * 4
+    for sampling in (Sampling(1.0), Sampling(0.8)):
+        got = sampling.draw(x, torch.Generator().manual_seed(3))
+        want = draw_from(sampling.distribution(x), torch.Generator().manual_seed(3))
+        assert (got == want).float().mean() >= 15 / 16
+    assert len(calls) == 2
+    Sampling(0.8, top_k=40).draw(x, torch.Generator().manual_seed(3))
+    Sampling(1.0, top_p=0.9).draw(x, torch.Generator().manual_seed(3))
+    assert len(calls) == 2
 
 
 def test_the_c_ranking_of_beams_is_torchs_topk_over_the_sums():

@@ -77,10 +77,18 @@ class Sampling:
 
     def draw(self, logits: torch.Tensor, generator: Generators = None) -> torch.Tensor:
         """Next token ids (B,) for logits (B, V); generator: one for the batch, or one per
-        row (each row's draws then depend on nothing but its own generator)."""
+        row (each row's draws then depend on nothing but its own generator). Without top-k or
+        top-p, on the CPU with the decoding library loaded, drawn from the logits in C
+        (kernels.sample: no softmax written out); else from q, by draw_at."""
         if self.greedy:
             return argmax(logits)
-        return draw_from(self.distribution(logits), generator)
+        u = uniforms(logits, generator)
+        if self.top_k is None and (self.top_p or 1.0) >= 1.0:
+            temperature = max(self.temperature, torch.finfo(torch.float32).tiny)  # (as distribution)
+            fast = kernels.sample(logits.float(), u, temperature)
+            if fast is not None:
+                return fast
+        return draw_at(self.distribution(logits), u)
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -113,13 +121,22 @@ def draw_from(q: torch.Tensor, generator: Generators = None) -> torch.Tensor:
     tokens of p ~ 1e-12 keep their share; an id of probability 0 is never drawn. On the CPU,
     with the decoding library loaded (gptcli/infer/kernels.py), the same search runs in C.
     generator: one for all rows, or one per row (each row's draw from its own)."""
+    return draw_at(q, uniforms(q, generator))
+
+
+def uniforms(q: torch.Tensor, generator: Generators = None) -> torch.Tensor:
+    """The uniform draws (B, 1) for the rows of q (B, V): float64 (float32 on MPS, which has
+    none), from one generator for all rows or one per row."""
     wide = torch.float32 if q.device.type == "mps" else torch.float64
-    B = q.size(0)
     if isinstance(generator, Sequence):
-        u = torch.cat([torch.rand(1, 1, generator=g, device=q.device, dtype=wide) for g in generator])
-    else:
-        u = torch.rand(B, 1, generator=generator, device=q.device, dtype=wide)
-    fast = kernels.draw(q, u)  # the same search in C, where the CPU library is loaded
+        return torch.cat([torch.rand(1, 1, generator=g, device=q.device, dtype=wide) for g in generator])
+    return torch.rand(q.size(0), 1, generator=generator, device=q.device, dtype=wide)
+
+
+def draw_at(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """draw_from at the uniforms u (B, 1): in C where the CPU library is loaded, else torch's
+    search (inverse_cdf)."""
+    fast = kernels.draw(q, u)
     return fast if fast is not None else inverse_cdf(q, u)
 
 

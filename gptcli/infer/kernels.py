@@ -180,6 +180,7 @@ FUNCTIONS = {  # what decode.c offers, and what each returns
     "gptcli_packs": ctypes.c_int,
     "gptcli_pack": None,
     "gptcli_draw": ctypes.c_int,
+    "gptcli_sample": ctypes.c_int,
     "gptcli_logsumexp": None,
     "gptcli_top_rows": ctypes.c_int,
 }
@@ -580,6 +581,26 @@ def draw(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
     rc = lib.gptcli_draw(
         ctypes.c_void_p(q.data_ptr()), q.size(0), q.size(1), ctypes.c_void_p(u.data_ptr()),
         ctypes.c_void_p(ids.data_ptr()),
+    )  # fmt: skip
+    return ids if rc == 0 else None
+
+
+def sample(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor | None:
+    """Sampling from logits (B, V) fp32 on the CPU at a temperature > 0, with no distribution
+    written out: ids (B,) where draw(softmax(logits / temperature), u) finds them (but for
+    rounding: q's masses are not torch's to the last bit); u (B, 1) float64. None where the
+    library is not loaded, or a row holds NaN or +inf or nothing finite (torch's code then
+    draws, as it always did)."""
+    lib = LIBRARY.lib
+    if lib is None or logits.dim() != 2 or logits.size(1) == 0 or logits.dtype != torch.float32:
+        return None
+    if logits.device.type != "cpu" or u.dtype != torch.float64 or u.shape != (logits.size(0), 1):
+        return None
+    x, u = logits.contiguous(), u.contiguous()
+    ids = torch.empty(x.size(0), dtype=torch.long)
+    rc = lib.gptcli_sample(
+        ctypes.c_void_p(x.data_ptr()), x.size(0), x.size(1), ctypes.c_float(temperature),
+        ctypes.c_void_p(u.data_ptr()), ctypes.c_void_p(ids.data_ptr()), torch.get_num_threads(),
     )  # fmt: skip
     return ids if rc == 0 else None
 
