@@ -499,6 +499,37 @@ def test_the_c_ranking_of_beams_is_torchs_topk_over_the_sums():
     assert kernels.top_rows(x.double(), torch.zeros(1), 3, 2) is None  # not fp32: torch ranks
 
 
+def test_the_c_best_is_the_ranking_at_each_rows_log_sum_exp():
+    """gptcli_best (one call, the rows shared by the threads) against top_rows at offsets =
+    scores - logsumexp: the same values and indices, ties across rows and within a row with
+    the lower index first, dead beams, rows holding NaN or +inf and ids past n never ranked."""
+    library()
+    g = torch.Generator().manual_seed(2)
+    for rows, V, n, k in (
+        (4, 50257, 50257, 8),
+        (4, 50304, 50257, 8),
+        (3, 100, 7, 6),
+        (1, 5, 5, 2),
+        (16, 999, 999, 32),
+    ):
+        x = torch.randn(rows, V, generator=g) * 4
+        scores = -torch.rand(rows, generator=g) * 30
+        if rows > 2:
+            scores[1] = float("-inf")  # a dead beam
+            x[2, 4] = float("nan")  # no continuation of a row whose log-sum-exp is not finite
+        got = kernels.best(x, scores, n, k)
+        want = kernels.top_rows(x, scores - kernels.logsumexp(x), n, k)
+        assert got is not None and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (rows, V, n)
+        if rows > 2:
+            assert not ((got[1] // V) == 2).any() and not ((got[1] // V) == 1).any()
+    # ties: across rows and within one, the lower index first; fewer live entries than k
+    values, index = kernels.best(torch.zeros(3, 4), torch.zeros(3), 4, 6)
+    assert index.tolist() == [0, 1, 2, 3, 4, 5]
+    values, index = kernels.best(torch.tensor([[0.0, float("-inf")]]), torch.zeros(1), 2, 3)
+    assert index.tolist() == [0, -1, -1] and values[1:].eq(float("-inf")).all()
+    assert kernels.best(torch.zeros(2, 4).double(), torch.zeros(2), 4, 2) is None  # not fp32: torch ranks
+
+
 def test_the_c_log_sum_exp_is_torchs():
     library()
     g = torch.Generator().manual_seed(1)

@@ -1113,27 +1113,53 @@ int gptcli_sample(const float *x, int rows, int V, float t, const double *u, int
     return bad ? -1 : 0;
 }
 
-/* out[r] = log sum_j e^x[r * V + j], the log-softmax's normalizer of each row (beam search:
- * log p = x - out[r]): the row's largest plus the log of a sum of vexp, in double. */
-void gptcli_logsumexp(const float *x, int rows, int V, float *out) {
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * V;
-        float mx = -INFINITY;
+/* log sum_j e^x[j] over a row x (V): the row's largest plus the log of a sum of vexp, in
+ * double */
+static float row_logsumexp(const float *x, int V) {
+    float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-        for (int j = 0; j < V; j++) mx = xr[j] > mx ? xr[j] : mx;
-        if (!(mx > -INFINITY) || mx == INFINITY) {
-            out[r] = mx; /* (no finite entry: -inf, or +inf as torch gives) */
-            continue;
-        }
-        double s = 0.;
-        for (int j0 = 0; j0 < V; j0 += 1024) { /* float sums of 1024, added in double */
-            const int end = j0 + 1024 < V ? j0 + 1024 : V;
-            float b = 0.f;
+    for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+    if (!(mx > -INFINITY) || mx == INFINITY) return mx; /* (no finite entry: -inf, or +inf as torch gives) */
+    double s = 0.;
+    for (int j0 = 0; j0 < V; j0 += 1024) { /* float sums of 1024, added in double */
+        const int end = j0 + 1024 < V ? j0 + 1024 : V;
+        float b = 0.f;
 #pragma omp simd reduction(+ : b)
-            for (int j = j0; j < end; j++) b += vexp(xr[j] - mx);
-            s += b;
+        for (int j = j0; j < end; j++) b += vexp(x[j] - mx);
+        s += b;
+    }
+    return mx + (float)log(s);
+}
+
+/* out[r] = log sum_j e^x[r * V + j], the log-softmax's normalizer of each row (beam search:
+ * log p = x - out[r]) */
+void gptcli_logsumexp(const float *x, int rows, int V, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = row_logsumexp(x + (size_t)r * V, V);
+}
+
+/* values, index (k, best first): where off + x[j] for j < n of one row x ranks among them
+ * (ties: the one there first ahead), its index first + j; entries at -inf or NaN never count.
+ * Blocks of 64 ids are checked against the k-th value so far at once, so the pass runs at
+ * the speed of reading x; the few that reach it are placed by insertion. */
+static void rank_row(const float *x, int n, float off, int k, float *values, int64_t *index, int64_t first) {
+    if (!(off > -INFINITY)) return; /* (a dead beam, or NaN) */
+    for (int j0 = 0; j0 < n; j0 += 64) {
+        const int end = j0 + 64 < n ? j0 + 64 : n;
+        const float least = values[k - 1];
+        int any = 0;
+#pragma omp simd reduction(| : any)
+        for (int j = j0; j < end; j++) any |= off + x[j] > least;
+        if (!any) continue;
+        for (int j = j0; j < end; j++) {
+            const float v = off + x[j];
+            if (!(v > values[k - 1])) continue;
+            int at = k - 1; /* shift the smaller ones down; equal ones stay ahead */
+            while (at > 0 && values[at - 1] < v) {
+                values[at] = values[at - 1], index[at] = index[at - 1];
+                at--;
+            }
+            values[at] = v, index[at] = first + j;
         }
-        out[r] = mx + (float)log(s);
     }
 }
 
@@ -1142,35 +1168,51 @@ void gptcli_logsumexp(const float *x, int rows, int V, float *out) {
  * indices r * V + j; entries at -inf or NaN never count, and places left over hold -inf and
  * -1. With offsets = a beam's score minus its row's log-sum-exp these are the best
  * continuations of all beams, found in one pass with no (rows, V) tensor of sums (torch
- * took a log-softmax, a sum and two topk calls: 0.4 ms for 4 rows of GPT-2's vocabulary).
- * Blocks of 64 ids are checked against the k-th value so far at once, so the pass runs at
- * the speed of reading x; the few that reach it are placed by insertion. */
+ * took a log-softmax, a sum and two topk calls: 0.4 ms for 4 rows of GPT-2's vocabulary). */
 int gptcli_top_rows(const float *x, int rows, int V, int n, const float *offsets, int k, float *values,
                     int64_t *index) {
     if (k < 1 || n > V) return -1;
     for (int i = 0; i < k; i++) values[i] = -INFINITY, index[i] = -1;
-    for (int r = 0; r < rows; r++) {
-        const float off = offsets[r], *xr = x + (size_t)r * V;
-        if (!(off > -INFINITY)) continue; /* (a dead beam, or NaN) */
-        for (int j0 = 0; j0 < n; j0 += 64) {
-            const int end = j0 + 64 < n ? j0 + 64 : n;
-            const float least = values[k - 1];
-            int any = 0;
-#pragma omp simd reduction(| : any)
-            for (int j = j0; j < end; j++) any |= off + xr[j] > least;
-            if (!any) continue;
-            for (int j = j0; j < end; j++) {
-                const float v = off + xr[j];
-                if (!(v > values[k - 1])) continue;
-                int at = k - 1; /* shift the smaller ones down; equal ones stay ahead */
-                while (at > 0 && values[at - 1] < v) {
-                    values[at] = values[at - 1], index[at] = index[at - 1];
-                    at--;
-                }
-                values[at] = v, index[at] = (int64_t)r * V + j;
-            }
-        }
+    for (int r = 0; r < rows; r++) rank_row(x + (size_t)r * V, n, offsets[r], k, values, index, (int64_t)r * V);
+    return 0;
+}
+
+/* gptcli_top_rows at offsets[r] = scores[r] - the row's log-sum-exp, the rows shared by the
+ * threads: each finds its rows' log-sum-exp and best k, then the rows' best are merged in
+ * row order (so that ties keep the lower index first). What beam search ranks each step, in
+ * one call. */
+int gptcli_best(const float *x, int rows, int V, int n, const float *scores, int k, float *values, int64_t *index,
+                int threads) {
+    if (k < 1 || n > V || rows < 1) return -1;
+    float *best = malloc(sizeof(float) * (size_t)rows * k);
+    int64_t *at = malloc(sizeof(int64_t) * (size_t)rows * k);
+    if (!best || !at) {
+        free(best), free(at);
+        return -1;
     }
+#ifndef _OPENMP
+    threads = 1;
+#endif
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * V;
+        float *v = best + (size_t)r * k;
+        int64_t *i = at + (size_t)r * k;
+        for (int q = 0; q < k; q++) v[q] = -INFINITY, i[q] = -1;
+        rank_row(xr, n, scores[r] - row_logsumexp(xr, V), k, v, i, (int64_t)r * V);
+    }
+    for (int i = 0; i < k; i++) values[i] = -INFINITY, index[i] = -1;
+    for (int c = 0; c < rows * k; c++) {
+        const float v = best[c];
+        if (!(v > values[k - 1])) continue; /* (-inf: a place left over) */
+        int q = k - 1;
+        while (q > 0 && values[q - 1] < v) {
+            values[q] = values[q - 1], index[q] = index[q - 1];
+            q--;
+        }
+        values[q] = v, index[q] = at[c];
+    }
+    free(best), free(at);
     return 0;
 }
 

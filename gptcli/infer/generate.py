@@ -365,12 +365,17 @@ def best_continuations(
     and banned[r]'s ids never rank, nor does any continuation of a row whose logits hold a NaN
     or +inf (its log-sum-exp is not finite). Where the library is loaded, in C: log p = logit - the row's
     log-sum-exp, so one offset a row (score - log-sum-exp) is added to its logits as they are
-    ranked, with no (beams, V) tensor of sums (kernels.logsumexp, kernels.top_rows); else by
-    torch, as Hugging Face ranks them (top_of_all over score + log-softmax)."""
+    ranked, with no (beams, V) tensor of sums (kernels.best; with bans, kernels.logsumexp and
+    kernels.top_rows, the bans between them); else by torch, as Hugging Face ranks them
+    (top_of_all over score + log-softmax)."""
     logits = logits.float()
     V = logits.size(-1)
     n = V if vocab_size is None else min(vocab_size, V)
     k = min(k, logits.size(0) * n)
+    if not any(banned):  # both in one C call, the rows shared by the threads
+        found = kernels.best(logits, scores.float(), n, k)
+        if found is not None:
+            return found[0].tolist(), found[1].tolist()
     lse = kernels.logsumexp(logits)
     if lse is not None:
         if any(banned):  # (ruled out after the log-sum-exp, as Hugging Face bans after its log-softmax)

@@ -183,6 +183,7 @@ FUNCTIONS = {  # what decode.c offers, and what each returns
     "gptcli_sample": ctypes.c_int,
     "gptcli_logsumexp": None,
     "gptcli_top_rows": ctypes.c_int,
+    "gptcli_best": ctypes.c_int,
 }
 
 
@@ -634,6 +635,24 @@ def top_rows(
     rc = lib.gptcli_top_rows(
         ctypes.c_void_p(x.data_ptr()), x.size(0), x.size(1), n, ctypes.c_void_p(offsets.data_ptr()), k,
         ctypes.c_void_p(values.data_ptr()), ctypes.c_void_p(index.data_ptr()),
+    )  # fmt: skip
+    return (values, index) if rc == 0 else None
+
+
+def best(x: torch.Tensor, scores: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """top_rows at offsets = scores - logsumexp(x), in one C call whose threads share the rows:
+    beam search's ranking of every beam's continuations (x: the beams' logits (rows, V) fp32
+    on the CPU, scores (rows,)). None where the library is not loaded."""
+    lib = LIBRARY.lib
+    if lib is None or x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
+        return None
+    if not 0 < n <= x.size(1) or k < 1 or scores.numel() != x.size(0) or x.size(0) == 0:
+        return None
+    x, scores = x.contiguous(), scores.to(torch.float32).contiguous()
+    values, index = torch.empty(k, dtype=torch.float32), torch.empty(k, dtype=torch.long)
+    rc = lib.gptcli_best(
+        ctypes.c_void_p(x.data_ptr()), x.size(0), x.size(1), n, ctypes.c_void_p(scores.data_ptr()), k,
+        ctypes.c_void_p(values.data_ptr()), ctypes.c_void_p(index.data_ptr()), torch.get_num_threads(),
     )  # fmt: skip
     return (values, index) if rc == 0 else None
 
