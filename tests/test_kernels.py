@@ -162,6 +162,22 @@ def test_the_c_prefill_gives_the_models_logits_and_cache(kind, shape, monkeypatc
     assert got_cache.pos == want_cache.pos == 44
 
 
+def test_ids_outside_the_vocabulary_are_refused_before_anything_is_stored():
+    """The C step and prefill read the embeddings at each id: one outside them is an
+    IndexError, as the model's own embedding raises, with the cache as it was."""
+    library()
+    model = small_model(torch.float32)
+    kernels.use_fast_decode(model)
+    with torch.no_grad():
+        for ids in ([[1, 97]], [[-1, 3, 4]], [[97]], [[5], [-2]]):
+            cache = KVCache(model.config, len(ids), 20)
+            before = cache.k.clone()
+            with pytest.raises(IndexError, match="outside the model's embeddings"):
+                model.next_logits(torch.tensor(ids), kv_cache=cache)
+            assert cache.pos == 0 and torch.equal(cache.k, before)
+        assert "_decoder" in model.__dict__  # (the C path was the one asked)
+
+
 def test_long_prompts_from_weights_read_as_stored_keep_the_models_code(monkeypatch):
     """Past STORED_PREFILL tokens, a model whose products read their weights as stored (fp32)
     encodes its prompt with torch's products, which are faster there; packed ones never."""

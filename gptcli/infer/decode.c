@@ -1228,6 +1228,8 @@ static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *po
                         int cache_len, void *k_cache, void *v_cache, const int32_t *sources, const uint8_t *key_mask,
                         const int *own, const int *last, float *logits, int out_rows, int threads) {
     const int C = m->n_embd, F = 4 * C;
+    for (int r = 0; r < rows; r++) /* ids and positions the embeddings have (-3: nothing done) */
+        if (tokens[r] < 0 || tokens[r] >= m->vocab || positions[r] < 0 || positions[r] >= m->block) return -3;
     float *x = malloc(sizeof(float) * rows * C), *h = malloc(sizeof(float) * rows * C);
     float *qkv = malloc(sizeof(float) * rows * 3 * C), *a = malloc(sizeof(float) * rows * C);
     float *f = malloc(sizeof(float) * rows * F);
@@ -1281,7 +1283,8 @@ static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *po
  * model and at slot `slot` of the cache (which holds `batch` rows of cache_len slots);
  * sources (batch, cache_len) or NULL: which row of the cache holds each slot of each row
  * (see slot_offsets); key_mask (rows, cache_len) or NULL: which slots a row may attend to.
- * logits (rows, vocab). threads: how many to use (torch's own setting). */
+ * logits (rows, vocab). threads: how many to use (torch's own setting). Returns 0, -1 (no
+ * memory for its buffers) or -3 (a token or position outside the embeddings: nothing done). */
 int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *positions, int rows, int batch,
                        int slot, int cache_len, void *k_cache, void *v_cache, const int32_t *sources,
                        const uint8_t *key_mask, float *logits, int threads) {

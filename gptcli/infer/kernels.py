@@ -479,8 +479,7 @@ class Decoder:
             ctypes.c_void_p(logits.data_ptr()),
             torch.get_num_threads(),
         )
-        if rc != 0:
-            raise MemoryError("the decoding kernel could not allocate its buffers")
+        _check(rc, tokens, self.vocab)
         cache.pos += 1
         return logits
 
@@ -489,6 +488,8 @@ class Decoder:
         what it holds, PREFILL_ROWS tokens per call (each call reads the weights once for
         them all; more rows would no longer keep their activations in a core's L2 cache)."""
         tokens = tokens.to(torch.long).contiguous()
+        outside = bool(((tokens < 0) | (tokens >= self.vocab)).any())
+        _check(-3 if outside else 0, tokens, self.vocab)  # (before any part is stored)
         self.model.cache_dtype = _DTYPES[cache.k.dtype]
         logits = torch.empty(1, self.vocab, dtype=torch.float32)
         for start in range(0, tokens.numel(), PREFILL_ROWS):
@@ -505,10 +506,20 @@ class Decoder:
                 ctypes.c_void_p(logits.data_ptr() if last else None),
                 torch.get_num_threads(),
             )
-            if rc != 0:
-                raise MemoryError("the decoding kernel could not allocate its buffers")
+            _check(rc, part, self.vocab)
             cache.pos += part.numel()
         return logits
+
+
+def _check(rc: int, tokens: torch.Tensor, vocab: int) -> None:
+    """What a C step's return code says: 0 done; -3 an id outside the embeddings (nothing
+    done; IndexError, as the model's own embedding raises); else no memory for its buffers."""
+    if rc == -3:
+        bad = tokens[(tokens < 0) | (tokens >= vocab)]
+        what = f"token id {int(bad[0])}" if bad.numel() else "a position"
+        raise IndexError(f"{what} is outside the model's embeddings (ids 0 to {vocab - 1})")
+    if rc != 0:
+        raise MemoryError("the decoding kernel could not allocate its buffers")
 
 
 def _weights_key(model: GPT) -> tuple[int, ...]:
