@@ -466,6 +466,7 @@ def test_the_c_sample_draws_what_torchs_softmax_and_draw_find():
     assert kernels.sample(torch.full((4, 9), float("-inf")), u, 1.0) is None
     assert kernels.sample(x.double(), u, 1.0) is None and kernels.sample(x, u.float(), 1.0) is None
     assert kernels.sample(x, u[:3], 1.0) is None and kernels.sample(x[:, :0], u, 1.0) is None
+    assert kernels.sample(x, u, 1e39) is None  # (a temperature float cannot hold: torch's code)
 
 
 def test_sampling_draws_in_c_unless_top_k_or_top_p(monkeypatch):

@@ -1083,7 +1083,7 @@ int gptcli_draw(const float *q, int rows, int V, const double *u, int64_t *ids) 
  * them twice. -1 (nothing drawn) for a row holding NaN or +inf, or no finite logit: the
  * caller then draws as torch does. */
 int gptcli_sample(const float *x, int rows, int V, float t, const double *u, int64_t *ids, int threads) {
-    if (V < 1 || !(t > 0.f)) return -1;
+    if (V < 1 || !(t > 0.f) || t == INFINITY) return -1; /* (a temperature past float's range: torch's code) */
     /* (below 1e-30 every logit short of the largest has no mass, as at any t that small) */
     const float inv_t = 1.f / (t < 1e-30f ? 1e-30f : t);
     const int blocks = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;

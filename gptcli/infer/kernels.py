@@ -492,14 +492,14 @@ class Decoder:
         _check(-3 if outside else 0, tokens, self.vocab)  # (before any part is stored)
         self.model.cache_dtype = _DTYPES[cache.k.dtype]
         logits = torch.empty(1, self.vocab, dtype=torch.float32)
-        for start in range(0, tokens.numel(), PREFILL_ROWS):
+        for start in range(0, tokens.numel(), PREFILL_ROWS):  # (cache.pos moves once all are stored)
             part = tokens[start : start + PREFILL_ROWS]
             last = start + part.numel() == tokens.numel()
             rc = lib.gptcli_prefill(
                 ctypes.byref(self.model),
                 ctypes.c_void_p(part.data_ptr()),
                 part.numel(),
-                cache.pos,
+                cache.pos + start,
                 cache.max_len,
                 ctypes.c_void_p(cache.k.data_ptr()),
                 ctypes.c_void_p(cache.v.data_ptr()),
@@ -507,7 +507,7 @@ class Decoder:
                 torch.get_num_threads(),
             )
             _check(rc, part, self.vocab)
-            cache.pos += part.numel()
+        cache.pos += tokens.numel()
         return logits
 
 
