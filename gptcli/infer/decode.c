@@ -975,15 +975,16 @@ static void attend(const Model *m, int layer, const float *qkv, const void *kc, 
 }
 
 /* at (rows, cache_len): where each row's slots 0..last[r] are in the cache, in elements from
- * a layer and head's slots at batch row 0. Row r is the cache's row own[r] (own NULL: row
- * r), whose slots it reads there, unless sources (batch, cache_len) says which row of the
- * cache holds each of them before last[r] (beams that share their history read it where it
- * was written, and are not copied); the new slot is the row's own. */
-static void slot_offsets(size_t *at, const int32_t *sources, const int *own, const int *last, int rows, int batch,
+ * a layer and head's slots at batch row 0. Row r is the cache's row r (one_sequence: every
+ * row is row 0, the rows a sequence's tokens), whose slots it reads there, unless sources
+ * (batch, cache_len) says which row of the cache holds each of them before last[r] (beams
+ * that share their history read it where it was written, and are not copied); the new slot
+ * is the row's own. */
+static void slot_offsets(size_t *at, const int32_t *sources, int one_sequence, const int *last, int rows, int batch,
                          int nh, int hs, int cache_len) {
     const size_t row_stride = (size_t)nh * cache_len * hs;
     for (int r = 0; r < rows; r++) {
-        const int mine = own ? own[r] : r;
+        const int mine = one_sequence ? 0 : r;
         for (int s = 0; s <= last[r]; s++) {
             int src = sources && s < last[r] ? sources[(size_t)mine * cache_len + s] : mine;
             if (src < 0 || src >= batch) src = mine; /* (never so: gptcli's own cache keeps them in range) */
@@ -1137,9 +1138,20 @@ void gptcli_logsumexp(const float *x, int rows, int V, float *out) {
     for (int r = 0; r < rows; r++) out[r] = row_logsumexp(x + (size_t)r * V, V);
 }
 
-/* values, index (k, best first): where off + x[j] for j < n of one row x ranks among them
- * (ties: the one there first ahead), its index first + j; entries at -inf or NaN never count.
- * Blocks of 64 ids are checked against the k-th value so far at once, so the pass runs at
+/* v at index i into values, index (k, best first) where it ranks, if it does (above the k-th:
+ * equal ones there first stay ahead; -inf and NaN never) */
+static inline void place(float v, int64_t i, int k, float *values, int64_t *index) {
+    if (!(v > values[k - 1])) return;
+    int at = k - 1; /* shift the smaller ones down */
+    while (at > 0 && values[at - 1] < v) {
+        values[at] = values[at - 1], index[at] = index[at - 1];
+        at--;
+    }
+    values[at] = v, index[at] = i;
+}
+
+/* values, index (k, best first): where off + x[j] for j < n of one row x ranks among them,
+ * its index first + j (see place). Blocks of 64 ids are checked against the k-th value so far at once, so the pass runs at
  * the speed of reading x; the few that reach it are placed by insertion. */
 static void rank_row(const float *x, int n, float off, int k, float *values, int64_t *index, int64_t first) {
     if (!(off > -INFINITY)) return; /* (a dead beam, or NaN) */
@@ -1150,16 +1162,7 @@ static void rank_row(const float *x, int n, float off, int k, float *values, int
 #pragma omp simd reduction(| : any)
         for (int j = j0; j < end; j++) any |= off + x[j] > least;
         if (!any) continue;
-        for (int j = j0; j < end; j++) {
-            const float v = off + x[j];
-            if (!(v > values[k - 1])) continue;
-            int at = k - 1; /* shift the smaller ones down; equal ones stay ahead */
-            while (at > 0 && values[at - 1] < v) {
-                values[at] = values[at - 1], index[at] = index[at - 1];
-                at--;
-            }
-            values[at] = v, index[at] = first + j;
-        }
+        for (int j = j0; j < end; j++) place(off + x[j], first + j, k, values, index);
     }
 }
 
@@ -1202,31 +1205,23 @@ int gptcli_best(const float *x, int rows, int V, int n, const float *scores, int
         rank_row(xr, n, scores[r] - row_logsumexp(xr, V), k, v, i, (int64_t)r * V);
     }
     for (int i = 0; i < k; i++) values[i] = -INFINITY, index[i] = -1;
-    for (int c = 0; c < rows * k; c++) {
-        const float v = best[c];
-        if (!(v > values[k - 1])) continue; /* (-inf: a place left over) */
-        int q = k - 1;
-        while (q > 0 && values[q - 1] < v) {
-            values[q] = values[q - 1], index[q] = index[q - 1];
-            q--;
-        }
-        values[q] = v, index[q] = at[c];
-    }
+    for (int c = 0; c < rows * k; c++) place(best[c], at[c], k, values, index); /* (in row order) */
     free(best), free(at);
     return 0;
 }
 
 /* The model over `rows` new tokens, in one parallel region: the threads meet at barriers
  * between the operations, rather than starting anew for each. Row r's token tokens[r] is
- * at position positions[r] of the model (its positional embedding), in row own[r] of the
- * cache (own NULL: row r), which holds `batch` rows of cache_len slots; its keys and values
+ * at position positions[r] of the model (its positional embedding), in row r of the cache
+ * (one_sequence: row 0, the rows a sequence's tokens), which holds `batch` rows of
+ * cache_len slots; its keys and values
  * go to slot last[r], and it attends to the slots 0..last[r] of that row (as sources and
  * key_mask say: see slot_offsets, attend). All the rows' keys are stored before any row
  * attends, so the rows may be one sequence's tokens. logits (out_rows, vocab): those of the
  * last out_rows rows; NULL: none (the unembedding skipped). */
 static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *positions, int rows, int batch,
                         int cache_len, void *k_cache, void *v_cache, const int32_t *sources, const uint8_t *key_mask,
-                        const int *own, const int *last, float *logits, int out_rows, int threads) {
+                        int one_sequence, const int *last, float *logits, int out_rows, int threads) {
     const int C = m->n_embd, F = 4 * C;
     for (int r = 0; r < rows; r++) /* ids and positions the embeddings have (-3: nothing done) */
         if (tokens[r] < 0 || tokens[r] >= m->vocab || positions[r] < 0 || positions[r] >= m->block) return -3;
@@ -1246,7 +1241,7 @@ static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *po
         free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(at), free(xb);
         return -1;
     }
-    slot_offsets(at, sources, own, last, rows, batch, m->n_head, C / m->n_head, cache_len);
+    slot_offsets(at, sources, one_sequence, last, rows, batch, m->n_head, C / m->n_head, cache_len);
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < C; i++)
             x[(size_t)r * C + i] = load_any(m->wte, m->emb_dtype, (size_t)tokens[r] * C + i) +
@@ -1292,7 +1287,7 @@ int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *pos
     if (!last) return -1;
     for (int r = 0; r < rows; r++) last[r] = slot;
     const int rc = forward_rows(m, tokens, positions, rows, batch, cache_len, k_cache, v_cache, sources, key_mask,
-                                NULL, last, logits, rows, threads);
+                                0, last, logits, rows, threads);
     free(last);
     return rc;
 }
@@ -1303,15 +1298,15 @@ int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *pos
  * parts: all but the last). The products read each weight once for all n tokens. */
 int gptcli_prefill(const Model *m, const int64_t *tokens, int n, int slot0, int cache_len, void *k_cache,
                    void *v_cache, float *logits, int threads) {
-    if (n < 1 || slot0 < 0 || slot0 + n > cache_len) return -2;
+    if (n < 1 || slot0 < 0 || slot0 + n > cache_len) return -3; /* (slots the cache does not have) */
     int64_t *positions = malloc(sizeof(int64_t) * n);
-    int *own = calloc(n, sizeof(int)), *last = malloc(sizeof(int) * n);
+    int *last = malloc(sizeof(int) * n);
     int rc = -1;
-    if (positions && own && last) {
+    if (positions && last) {
         for (int i = 0; i < n; i++) positions[i] = last[i] = slot0 + i;
-        rc = forward_rows(m, tokens, positions, n, 1, cache_len, k_cache, v_cache, NULL, NULL, own, last, logits,
-                          1, threads);
+        rc = forward_rows(m, tokens, positions, n, 1, cache_len, k_cache, v_cache, NULL, NULL, 1, last, logits, 1,
+                          threads);
     }
-    free(positions), free(own), free(last);
+    free(positions), free(last);
     return rc;
 }

@@ -47,6 +47,13 @@ class Sampling:
         return self.temperature == 0
 
     @property
+    def _divisor(self) -> float:
+        """The temperature logits are divided by: below float32's smallest normal number a
+        temperature would round to 0 (0/0 = NaN), and its distribution is already all on the
+        argmax."""
+        return max(self.temperature, torch.finfo(torch.float32).tiny)
+
+    @property
     def reshapes(self) -> bool:
         """Whether tokens are drawn from a q other than p (a temperature other than 1, or
         top-k / top-p); greedy decoding just takes p's argmax."""
@@ -69,10 +76,8 @@ class Sampling:
         if not self.reshapes:  # p itself: softmax subtracts the max on its own, to the same bits
             return logits.softmax(-1)
         # subtract the max first, so the largest logit is 0 and the others only fall towards
-        # -inf as the temperature shrinks; below float32's smallest normal number a temperature
-        # would round to 0 (0/0 = NaN), and its distribution is already all on the argmax
-        temperature = max(self.temperature, torch.finfo(torch.float32).tiny)
-        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+        # -inf as the temperature shrinks
+        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / self._divisor
         return filter_logits(scaled, self.top_k, self.top_p).softmax(-1)
 
     def draw(self, logits: torch.Tensor, generator: Generators = None) -> torch.Tensor:
@@ -84,8 +89,7 @@ class Sampling:
             return argmax(logits)
         u = uniforms(logits, generator)
         if self.top_k is None and (self.top_p or 1.0) >= 1.0:
-            temperature = max(self.temperature, torch.finfo(torch.float32).tiny)  # (as distribution)
-            fast = kernels.sample(logits.float(), u, temperature)
+            fast = kernels.sample(logits.float(), u, self._divisor)
             if fast is not None:
                 return fast
         return draw_at(self.distribution(logits), u)

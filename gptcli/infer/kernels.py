@@ -488,8 +488,7 @@ class Decoder:
         what it holds, PREFILL_ROWS tokens per call (each call reads the weights once for
         them all; more rows would no longer keep their activations in a core's L2 cache)."""
         tokens = tokens.to(torch.long).contiguous()
-        outside = bool(((tokens < 0) | (tokens >= self.vocab)).any())
-        _check(-3 if outside else 0, tokens, self.vocab)  # (before any part is stored)
+        _refuse_outside(tokens, self.vocab)  # (before any part is stored)
         self.model.cache_dtype = _DTYPES[cache.k.dtype]
         logits = torch.empty(1, self.vocab, dtype=torch.float32)
         for start in range(0, tokens.numel(), PREFILL_ROWS):  # (cache.pos moves once all are stored)
@@ -511,13 +510,19 @@ class Decoder:
         return logits
 
 
+def _refuse_outside(tokens: torch.Tensor, vocab: int) -> None:
+    """An IndexError, as the model's own embedding raises, for ids outside the vocabulary."""
+    bad = tokens[(tokens < 0) | (tokens >= vocab)]
+    if bad.numel():
+        raise IndexError(f"token id {int(bad[0])} is outside the model's embeddings (ids 0 to {vocab - 1})")
+
+
 def _check(rc: int, tokens: torch.Tensor, vocab: int) -> None:
-    """What a C step's return code says: 0 done; -3 an id outside the embeddings (nothing
-    done; IndexError, as the model's own embedding raises); else no memory for its buffers."""
+    """What a C step's return code says: 0 done; -3 an id or a position outside the
+    embeddings or the cache (nothing done; IndexError); else no memory for its buffers."""
     if rc == -3:
-        bad = tokens[(tokens < 0) | (tokens >= vocab)]
-        what = f"token id {int(bad[0])}" if bad.numel() else "a position"
-        raise IndexError(f"{what} is outside the model's embeddings (ids 0 to {vocab - 1})")
+        _refuse_outside(tokens, vocab)
+        raise IndexError("a position outside the model's embeddings or the KV cache")
     if rc != 0:
         raise MemoryError("the decoding kernel could not allocate its buffers")
 
@@ -571,11 +576,10 @@ def _next_logits(self: GPT, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
                 decoder = self.__dict__["_decoder"] = Decoder(self, lib)
                 decoder.weights = weights
             decoder.checked_for = (weakref.ref(cache), cache.resets)
-        if T > 1 and (decoder.packed or T <= STORED_PREFILL):
+        if T == 1:
+            return decoder.step(lib, idx[:, 0], cache)
+        if decoder.packed or T <= STORED_PREFILL:
             return decoder.prefill(lib, idx[0], cache)
-        if T > 1:
-            return GPT.next_logits(self, idx, **kwargs)
-        return decoder.step(lib, idx[:, 0], cache)
     return GPT.next_logits(self, idx, **kwargs)
 
 
