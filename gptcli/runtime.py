@@ -273,7 +273,10 @@ _TRIM_THRESHOLD = 2**31 - 1  # and the heap is trimmed only when 2 GiB at its to
 
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep memory freed by this process for reuse rather than return it
-    to the kernel. For CPU training; a no-op (False) where the C library is not glibc."""
+    to the kernel, which maps fresh memory in page by page, a fault each, on first touch. For
+    CPU training (every step's activations) and CPU decoding (every generation's KV cache,
+    every step's logits); the process keeps its peak memory. A no-op (False) where the C
+    library is not glibc."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     import ctypes
