@@ -23,6 +23,7 @@ from gptcli.infer.kernels import use_fast_decode
 from gptcli.infer.quantize import quantize
 from gptcli.model import GPT
 from gptcli.reports import Reporter
+from gptcli.runtime import keep_freed_memory
 from gptcli.store.hf import hf_to_gptcli_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +89,9 @@ def to_bf16(model: GPT) -> GPT:
 
 def decoding_models(fp32: GPT) -> dict[str, GPT]:
     """fp32's weights as fp32 (fp32 itself), bf16 and int8 (--quantize int8), each decoding
-    through the CPU kernel."""
+    through the CPU kernel, in a process that keeps the memory it frees (as `gptcli`'s
+    decoding verbs have it: cli.common.start_decoding)."""
+    keep_freed_memory()
     models = {"fp32": fp32, "bf16": to_bf16(fp32), "int8": to_bf16(fp32)}
     quantize(models["int8"])
     for m in models.values():

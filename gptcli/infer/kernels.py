@@ -51,7 +51,6 @@ from gptcli.cpuinfo import cpu_flags
 from gptcli.infer import kernel_build
 from gptcli.infer.quantize import Int8Linear as _Quantized
 from gptcli.model import GPT, KVCache
-from gptcli.runtime import keep_freed_memory
 
 SOURCE = Path(__file__).with_name("decode.c")
 F32, BF16, I8 = 0, 1, 2
@@ -675,11 +674,7 @@ def best(x: torch.Tensor, scores: torch.Tensor, n: int, k: int) -> tuple[torch.T
 
 def use_fast_decode(model: nn.Module) -> bool:
     """Decode through the C step when the model is on the CPU (fp32, bf16 or int8 weights);
-    starts building the kernel if this machine has none yet, and has glibc's malloc keep the
-    memory this process frees (runtime.keep_freed_memory): a generation's KV cache and every
-    step's logits then reuse freed memory instead of memory the kernel maps anew, page by
-    page on first touch (16 samples from GPT-2 124M: 150 to 300 page faults a step, 3 to 14%
-    of its time on a Zen 5). Returns whether it applies."""
+    starts building the kernel if this machine has none yet. Returns whether it applies."""
     p = next(model.parameters())
     if (
         p.device.type != "cpu"
@@ -691,7 +686,6 @@ def use_fast_decode(model: nn.Module) -> bool:
     if any(m.weight.dtype not in _DTYPES or not m.weight.is_contiguous() for m in linears):
         return False  # weights it cannot read: the model's own code
     LIBRARY.start()
-    keep_freed_memory()
     model.next_logits = types.MethodType(_next_logits, model)  # type: ignore[method-assign]
     return True
 
