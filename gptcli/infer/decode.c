@@ -219,7 +219,7 @@ static __attribute__((unused)) void quantize_rows(const float *x, int rows, int 
 
 /* where quantize_rows's row scales go in a thread's room xb, after the rows (rows, k) as
  * int16: 4-byte aligned */
-static inline float *row_scales(const uint16_t *xb, int rows, int k) {
+static inline float *row_scales(uint16_t *xb, int rows, int k) {
     return (float *)(xb + ((size_t)rows * k + 1) / 2 * 2);
 }
 
@@ -539,10 +539,11 @@ static inline __attribute__((always_inline)) void packed_block_i8(const Mat *m, 
     }
 }
 
-/* this thread's outputs [lo, hi) of a product with packed int8 weights; xq, sx: the
- * activations as int16 (rows, k) and their scales (rows), from quantize_rows */
-static void packed_product_i8(const Mat *m, const int16_t *xq, const float *sx, float *y, int rows, int mode, int lo,
-                              int hi) {
+/* this thread's outputs [lo, hi) of a product with packed int8 weights; xq, sx: this
+ * thread's room for the activations as int16 (rows, k) and their scales (rows) */
+static void packed_product_i8(const Mat *m, const float *x, int16_t *xq, float *sx, float *y, int rows, int mode,
+                              int lo, int hi) {
+    quantize_rows(x, rows, m->k, xq, sx);
     for (int j = lo; j < hi; j += PACK) {
         const int8_t *w = (const int8_t *)m->packed + (size_t)j * m->k;
         for (int r = 0; r < rows; r += 16) {
@@ -762,22 +763,26 @@ static inline float dot_row(const Mat *m, int j, const float *xr, const void *pr
 }
 
 /* this thread's outputs [lo, hi) of a product, from the weight rows as they are stored (for
- * weights with no packed copy: fp32, int8, or bf16 where the CPU lacks AVX512-BF16); xb: x
- * as prepare left it */
-static void stored_product(const Mat *m, const float *x, const uint16_t *xb, float *y, int rows, int mode, int lo,
-                           int hi) {
+ * weights with no packed copy: fp32, int8, or bf16 where the CPU lacks AVX512-BF16); xb:
+ * room for x as the bf16 products take it (rows, k): in bf16 (bf16 pairs) or split into
+ * fp32 even and odd ones (AVX2) */
+static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
     const int k = m->k;
     int j = lo;
     size_t prep_stride = 0; /* between the rows' prepared activations in xb, in bytes */
 #if defined(HAVE_BF16_PAIRS)
-    if (m->dtype == BF16) prep_stride = (size_t)k * 2;
+    if (m->dtype == BF16) to_bf16(x, xb, (size_t)rows * k), prep_stride = (size_t)k * 2;
 #elif defined(HAVE_SPLIT_BF16)
-    if (m->dtype == BF16) prep_stride = (size_t)k * 4;
+    if (m->dtype == BF16) {
+        for (int r = 0; r < rows; r++) split_even_odd(x + (size_t)r * k, k, (float *)xb + (size_t)r * k);
+        prep_stride = (size_t)k * 4;
+    }
 #endif
 #ifdef HAVE_INT16_PAIRS
     if (m->dtype == I8) { /* the rows as int16, their scales after them */
-        const int16_t *xq = (const int16_t *)xb;
-        const float *sx = row_scales(xb, rows, k);
+        int16_t *xq = (int16_t *)xb;
+        float *sx = row_scales(xb, rows, k);
+        quantize_rows(x, rows, k, xq, sx);
         for (; j < hi; j++)
             for (int r = 0; r < rows; r++) {
                 const int32_t dot = dot_i8_pairs((const int8_t *)m->w + (size_t)j * k, xq + (size_t)r * k, k);
@@ -801,63 +806,29 @@ static void stored_product(const Mat *m, const float *x, const uint16_t *xb, flo
             put(m, y, r, j, dot_row(m, j, x + (size_t)r * k, (const char *)xb + r * prep_stride), mode);
 }
 
-/* x (rows, k) as a product's dot products take it, in this thread's room xb: in bf16
- * (packed bf16 weights, bf16 pairs), split into fp32 even and odd ones (bf16 weights on
- * AVX2), as int16 with the rows' scales after them (int8 weights where the CPU multiplies
- * integer pairs); fp32 products read x itself */
-static void prepare(const Mat *m, const float *x, uint16_t *xb, int rows) {
-    const int k = m->k;
-#ifdef HAVE_PACKED
-    if (m->packed && m->dtype == BF16) {
-        to_bf16(x, xb, (size_t)rows * k);
-        return;
-    }
-#endif
-#ifdef HAVE_PACKED_I8
-    if (m->packed && m->dtype == I8) {
-        quantize_rows(x, rows, k, (int16_t *)xb, row_scales(xb, rows, k));
-        return;
-    }
-#endif
-#if defined(HAVE_BF16_PAIRS)
-    if (m->dtype == BF16) to_bf16(x, xb, (size_t)rows * k);
-#elif defined(HAVE_SPLIT_BF16)
-    if (m->dtype == BF16)
-        for (int r = 0; r < rows; r++) split_even_odd(x + (size_t)r * k, k, (float *)xb + (size_t)r * k);
-#endif
-#ifdef HAVE_INT16_PAIRS
-    if (m->dtype == I8) quantize_rows(x, rows, k, (int16_t *)xb, row_scales(xb, rows, k));
-#endif
-    (void)x, (void)xb, (void)rows, (void)k; /* (builds with nothing to prepare) */
-}
-
-/* this thread's outputs [lo, hi) (lo a multiple of 16) of y (rows, n) = x (rows, k) @ W^T +
- * bias, stored or added to y (see matvec); xb: x as prepare left it */
-static void products(const Mat *m, const float *x, const uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
-#ifdef HAVE_PACKED
-    if (m->packed && m->dtype == BF16) {
-        packed_product(m, xb, y, rows, mode, lo, hi);
-        return;
-    }
-#endif
-#ifdef HAVE_PACKED_I8
-    if (m->packed && m->dtype == I8) {
-        packed_product_i8(m, (const int16_t *)xb, row_scales(xb, rows, m->k), y, rows, mode, lo, hi);
-        return;
-    }
-#endif
-    stored_product(m, x, xb, y, rows, mode, lo, hi);
-}
-
 /* y (rows, n) = x (rows, k) @ W^T + bias, then stored, added to y (a residual) or passed
  * through GELU; each weight read from memory once for all rows. Called inside the step's
  * parallel region: each thread takes its share of the outputs, then they meet. xb: this
  * thread's room for x in bf16 or int16 (rows, k), and the rows' scales after it. */
 static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode) {
     int lo, hi;
-    share(m->n, PACK, &lo, &hi);
-    prepare(m, x, xb, rows);
-    products(m, x, xb, y, rows, mode, lo, hi);
+#ifdef HAVE_PACKED
+    if (m->packed && m->dtype == BF16) {
+        share(m->n, PACK, &lo, &hi);
+        to_bf16(x, xb, (size_t)rows * m->k);
+        packed_product(m, xb, y, rows, mode, lo, hi);
+    } else
+#endif
+#ifdef HAVE_PACKED_I8
+    if (m->packed && m->dtype == I8) {
+        share(m->n, PACK, &lo, &hi);
+        packed_product_i8(m, x, (int16_t *)xb, row_scales(xb, rows, m->k), y, rows, mode, lo, hi);
+    } else
+#endif
+    {
+        share(m->n, 16, &lo, &hi);
+        stored_product(m, x, xb, y, rows, mode, lo, hi);
+    }
     if (mode == GELU)
         for (int r = 0; r < rows; r++) gelu_all(y + (size_t)r * m->n + lo, hi - lo);
 #pragma omp barrier
