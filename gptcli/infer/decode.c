@@ -1151,8 +1151,9 @@ static inline void place(float v, int64_t i, int k, float *values, int64_t *inde
 }
 
 /* values, index (k, best first): where off + x[j] for j < n of one row x ranks among them,
- * its index first + j (see place). Blocks of 64 ids are checked against the k-th value so far at once, so the pass runs at
- * the speed of reading x; the few that reach it are placed by insertion. */
+ * its index first + j (see place). Blocks of 64 ids are checked against the k-th value so
+ * far at once, so the pass runs at the speed of reading x; the few that reach it are placed
+ * by insertion. */
 static void rank_row(const float *x, int n, float off, int k, float *values, int64_t *index, int64_t first) {
     if (!(off > -INFINITY)) return; /* (a dead beam, or NaN) */
     for (int j0 = 0; j0 < n; j0 += 64) {
