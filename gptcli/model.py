@@ -49,8 +49,11 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         static: bool = False,
     ) -> None:
-        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, nh, max_len, hs)
+        # each slot's heads side by side, so that the slots a row has written are one stretch of
+        # memory however many it has room for: the CPU decoding step reads a row's keys and
+        # values from start to end (gptcli/infer/decode.c, attend)
+        shape = (config.n_layer, batch_size, max_len, config.n_head, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, max_len, nh, hs)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.key_mask: torch.Tensor | None = None  # (B, max_len) bool
         # (B, max_len) int32 or None: which row of k and v holds each slot of each row, where
@@ -93,13 +96,13 @@ class KVCache:
         self.settle()
         if self.static:
             at = self.pos_t + self.slots[: k.size(2)]
-            self.k[layer].index_copy_(2, at, k)
-            self.v[layer].index_copy_(2, at, v)
-            return self.k[layer], self.v[layer]
+            self.k[layer].index_copy_(1, at, k.transpose(1, 2))
+            self.v[layer].index_copy_(1, at, v.transpose(1, 2))
+            return self.k[layer].transpose(1, 2), self.v[layer].transpose(1, 2)
         end = self.pos + k.size(2)
-        self.k[layer, :, :, self.pos : end] = k
-        self.v[layer, :, :, self.pos : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self.k[layer, :, self.pos : end] = k.transpose(1, 2)
+        self.v[layer, :, self.pos : end] = v.transpose(1, 2)
+        return self.k[layer, :, :end].transpose(1, 2), self.v[layer, :, :end].transpose(1, 2)
 
     def set_key_mask(self, valid: torch.Tensor) -> None:
         """Remember which of the first S positions hold real tokens; valid: (B, S)."""
@@ -147,8 +150,8 @@ class KVCache:
             self._move_rows(src[:, 0].tolist())
             return
         slots = torch.arange(src.size(1))
-        for t in (self.k, self.v):  # (B, S, L, nh, hs) gathered, then put back in place
-            t[:, :, :, : src.size(1)] = t[:, src.long(), :, slots].permute(2, 0, 3, 1, 4)
+        for t in (self.k, self.v):  # (L, B, S, nh, hs) gathered, then put back in place
+            t[:, :, : src.size(1)] = t[:, src.long(), slots]
 
     def _move_rows(self, index: list[int]) -> None:
         """Row r takes row index[r]'s slots written so far, in place: only the rows that
@@ -158,12 +161,12 @@ class KVCache:
         if not moved:
             return
         end = self.max_len if self.static else self.pos  # a static cache's position is a tensor
-        rows = {src: (self.k[:, src, :, :end], self.v[:, src, :, :end]) for _, src in moved}
+        rows = {src: (self.k[:, src, :end], self.v[:, src, :end]) for _, src in moved}
         for src in {dst for dst, _ in moved} & rows.keys():  # read before they are written over
             rows[src] = (rows[src][0].clone(), rows[src][1].clone())
         for dst, src in moved:
-            self.k[:, dst, :, :end].copy_(rows[src][0])
-            self.v[:, dst, :, :end].copy_(rows[src][1])
+            self.k[:, dst, :end].copy_(rows[src][0])
+            self.v[:, dst, :end].copy_(rows[src][1])
 
     def expand(self, n: int) -> None:
         """Repeat every row n times: prefill a prompt once, then decode n continuations.
@@ -180,8 +183,8 @@ class KVCache:
             return
         shape = (self.k.size(0), B * n, *self.k.shape[2:])
         k, v = torch.empty(shape, dtype=self.k.dtype), torch.empty(shape, dtype=self.v.dtype)
-        k[:, ::n, :, : self.pos] = self.k[:, :, :, : self.pos]  # (the slots past pos are written before read)
-        v[:, ::n, :, : self.pos] = self.v[:, :, :, : self.pos]
+        k[:, ::n, : self.pos] = self.k[:, :, : self.pos]  # (the slots past pos are written before read)
+        v[:, ::n, : self.pos] = self.v[:, :, : self.pos]
         self.k, self.v = k, v
         rows = torch.arange(B * n, dtype=torch.int32)
         self.sources = rows[:, None].expand(-1, self.max_len).contiguous()

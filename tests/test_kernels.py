@@ -96,9 +96,25 @@ def steps_both_ways(model: GPT, rows: int, prompt_len: int, steps: int, padded: 
 # read as stored
 @pytest.mark.parametrize("shape", [(64, 2), (48, 2), (50, 2), (45, 3)])
 def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
+    check_the_c_step(rows, kind, shape)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 16])
+def test_rows_of_a_bf16_cache_attended_whole_give_the_models_logits(rows):
+    """Heads of 64 in a bf16 cache: with as many rows as threads, each row's keys are read as
+    one stream and its values 4 heads at a time (attend_rows; 5 heads: a pass of 4, then one),
+    with padding masks and the rows reordered as beams are; one row: (row, head) pairs."""
+    check_the_c_step(rows, "bf16", (320, 5), sharp=True)
+
+
+def check_the_c_step(rows: int, kind: str, shape: tuple[int, int], sharp: bool = False) -> None:
     library()
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
     model = small_model(dtype, *shape, int8=kind == "int8")
+    if sharp:  # queries and keys 6x as large: attention far from uniform, as in a trained model
+        with torch.no_grad():
+            for block in model.transformer.h:
+                block.attn.c_attn.weight[: 2 * shape[0]].mul_(6)
     assert kernels.use_fast_decode(model)
     # a prompt of 20 and 4 steps: attention over more than 16 positions (the 16-key blocks); the
     # rows reordered between steps as beams are
@@ -111,18 +127,25 @@ def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
         assert all(bool(layer.attn.packed) == even and layer.out.packed for layer in decoder.layers)
         assert bool(decoder.model.head.packed) == even
     if kind == "bf16":  # activations rounded to bf16 at different points: within bf16 rounding
-        tol = dict(atol=0.03 * want.abs().max().item(), rtol=0)
+        # (sharp: within 0.8% of the largest here; a scale of 1/7 for 1/8 strays 2.5% to 3%)
+        tol = dict(atol=(0.015 if sharp else 0.03) * want.abs().max().item(), rtol=0)
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
     else:  # (int8 with VNNI: activations as int16, within 1/65,534 of their row's largest here)
         tol = dict(atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(got, want, **tol)
-    torch.testing.assert_close(got_cache.k.float(), want_cache.k.float(), **tol)
-    torch.testing.assert_close(got_cache.v.float(), want_cache.v.float(), **tol)
+    for got_t, want_t in ((got_cache.k, want_cache.k), (got_cache.v, want_cache.v)):
+        if sharp:  # (keys 6x as large as the logits: within bf16 rounding of their own size)
+            tol = dict(atol=0.03 * want_t.float().abs().max().item(), rtol=0)
+        torch.testing.assert_close(got_t.float(), want_t.float(), **tol)
     assert got_cache.pos == want_cache.pos == 24
 
 
-@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
-@pytest.mark.parametrize("shape", [(64, 2), (45, 3)])  # (45: bf16 weights read as stored)
+# 45: bf16 weights read as stored; 320 in 5 heads of 64: a bf16 cache's rows (the prompt's
+# tokens) attended whole (attend_rows)
+PREFILLS = [(kind, shape) for kind in ("fp32", "bf16", "int8") for shape in ((64, 2), (45, 3))]
+
+
+@pytest.mark.parametrize("kind, shape", [*PREFILLS, ("bf16", (320, 5))])
 def test_the_c_prefill_gives_the_models_logits_and_cache(kind, shape, monkeypatch):
     """A prompt of one row encoded by the C prefill (its tokens in calls of PREFILL_ROWS, each
     attending to the slots before it, causally), after what a cache already holds, then
@@ -395,11 +418,11 @@ def test_samples_of_one_prompt_read_its_slots_where_they_were_written():
     cache = KVCache(plain.config, 1, 10)
     with torch.no_grad():
         plain.next_logits(torch.tensor([[1, 2, 3]]), kv_cache=cache)
-    before = cache.k[:, 0, :, :3].clone()
+    before = cache.k[:, 0, :3].clone()
     cache.expand(3)
     assert cache.k.size(1) == 3 and cache.sources is not None and cache.sources[:, :3].eq(0).all()
     cache.settle()
-    assert all(torch.equal(cache.k[:, r, :, :3], before) for r in range(3))
+    assert all(torch.equal(cache.k[:, r, :3], before) for r in range(3))
 
 
 def test_the_c_draw_finds_the_ids_torchs_search_finds():

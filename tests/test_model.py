@@ -170,8 +170,8 @@ def test_reordering_in_place_keeps_what_each_row_is_given(index):
     cache.settle()
     assert (cache.k.data_ptr(), cache.v.data_ptr()) == buffers  # in place
     for dst, src in enumerate(index):
-        assert torch.equal(cache.k[:, dst, :, :9], k[:, src, :, :9])
-        assert torch.equal(cache.v[:, dst, :, :9], v[:, src, :, :9])
+        assert torch.equal(cache.k[:, dst, :9], k[:, src, :9])
+        assert torch.equal(cache.v[:, dst, :9], v[:, src, :9])
         assert torch.equal(cache.key_mask[dst], mask[src])
 
 
@@ -185,7 +185,7 @@ def test_reorders_between_steps_are_recorded_then_settled():
     history: list[list[torch.Tensor]] = [[] for _ in range(4)]  # per row: its slots' (L, nh, 2, hs)
     for step in range(10):
         new = torch.randn(config.n_layer, 4, config.n_head, 2, config.head_dim, generator=gen)
-        cache.k[:, :, :, step], cache.v[:, :, :, step] = new[..., 0, :], new[..., 1, :]
+        cache.k[:, :, step], cache.v[:, :, step] = new[..., 0, :], new[..., 1, :]
         for r in range(4):
             history[r].append(new[:, r])
         cache.pos += 1
@@ -198,9 +198,9 @@ def test_reorders_between_steps_are_recorded_then_settled():
     cache.settle()
     assert cache.sources is None
     for r in range(4):
-        want = torch.stack(history[r], dim=2)  # (L, nh, S, 2, hs)
-        assert torch.equal(cache.k[:, r, :, :10], want[..., 0, :])
-        assert torch.equal(cache.v[:, r, :, :10], want[..., 1, :])
+        want = torch.stack(history[r], dim=1)  # (L, S, nh, 2, hs)
+        assert torch.equal(cache.k[:, r, :10], want[..., 0, :])
+        assert torch.equal(cache.v[:, r, :10], want[..., 1, :])
     cache.reorder(torch.tensor([1, 0, 3, 2]))
     cache.reset()  # emptied: what was recorded goes too
     assert cache.sources is None and cache.pos == 0

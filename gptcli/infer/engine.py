@@ -387,9 +387,9 @@ class Engine:
             src = s.own if s.own is not None else old  # rows are right-aligned in both
             assert src is not None
             src.settle()  # (never reordered here; read as stored)
-            k, v = src.k[:, s.row, :, src.pos - n : src.pos], src.v[:, s.row, :, src.pos - n : src.pos]
-            cache.k[:, i, :, pos - n : pos] = k
-            cache.v[:, i, :, pos - n : pos] = v
+            k, v = src.k[:, s.row, src.pos - n : src.pos], src.v[:, s.row, src.pos - n : src.pos]
+            cache.k[:, i, pos - n : pos] = k
+            cache.v[:, i, pos - n : pos] = v
             valid[i, : pos - n] = False
             s.own, s.row = None, i
         cache.pos = pos
