@@ -9,10 +9,12 @@
  * the median of each. Alternating in one process is what makes the two comparable on a
  * machine whose memory bandwidth moves by 2x within a minute. bench/step_ab.sh builds it:
  *
- *     bash bench/step_ab.sh REV [ROWS SLOT REPS [bf16|int8|fp32] [SHARED]]   # decode.c at REV (A), the work tree's (B)
+ *     bash bench/step_ab.sh REV [ROWS SLOT REPS [bf16|int8|fp32] [SHARED] [CACHE_LEN]]   # decode.c at REV (A), the work tree's (B)
  *
  * SHARED (beams): every row reads its slots before slot - SHARED from row 0, as beams that
- * share all but their last SHARED tokens read their common history (KVCache.sources).
+ * share all but their last SHARED tokens read their common history (KVCache.sources); -1: none.
+ * CACHE_LEN: the slots the cache has room for (1024 unless given; generate's: the prompt's and
+ * the new tokens').
  */
 #include DECODE /* the work tree's, for its types and its packing (its public names renamed) */
 #include <stdio.h>
@@ -68,8 +70,11 @@ int main(int argc, char **argv) {
     int8 = argc > 4 && !strcmp(argv[4], "int8");
     fp32 = argc > 4 && !strcmp(argv[4], "fp32");
     const int shared = argc > 5 ? atoi(argv[5]) : -1;
-    const int C = 768, L = 12, nh = 12, V = 50257, cache_len = 1024;
-    if (rows < 1 || slot < 0 || slot >= cache_len || reps < 1) return fprintf(stderr, "ROWS SLOT REPS [bf16|int8|fp32] [SHARED]\n"), 2;
+    /* the slots the cache has room for (generate: the prompt's and the new tokens') */
+    const int cache_len = argc > 6 ? atoi(argv[6]) : 1024;
+    const int C = 768, L = 12, nh = 12, V = 50257;
+    if (rows < 1 || slot < 0 || slot >= cache_len || cache_len > 1024 || reps < 1)
+        return fprintf(stderr, "ROWS SLOT REPS [bf16|int8|fp32] [SHARED] [CACHE_LEN]\n"), 2;
     Layer layers[12];
     for (int l = 0; l < L; l++)
         layers[l] = (Layer){floats(C, 1), floats(C, 0), floats(C, 1), floats(C, 0),
@@ -97,7 +102,7 @@ int main(int argc, char **argv) {
         if (rep >= 2) t[b][(rep - 2) / 2] = now() - t0;
     }
     qsort(t[0], reps, 8, by_value), qsort(t[1], reps, 8, by_value);
-    printf("%s, rows %d, slot %d%s, %d steps each: A %.2f ms, B %.2f ms (medians; B/A %.3f)\n", int8 ? "int8" : fp32 ? "fp32" : "bf16",
-           rows, slot, shared >= 0 ? " (history shared)" : "", reps, t[0][reps / 2] * 1e3, t[1][reps / 2] * 1e3, t[1][reps / 2] / t[0][reps / 2]);
+    printf("%s, rows %d, slot %d of %d%s, %d steps each: A %.2f ms, B %.2f ms (medians; B/A %.3f)\n",
+           int8 ? "int8" : fp32 ? "fp32" : "bf16", rows, slot, cache_len, shared >= 0 ? " (history shared)" : "", reps, t[0][reps / 2] * 1e3, t[1][reps / 2] * 1e3, t[1][reps / 2] / t[0][reps / 2]);
     return 0;
 }

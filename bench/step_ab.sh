@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A/B of the CPU decoding step: gptcli/infer/decode.c at git REV (A) against the work tree's
 # (B), alternated in one process (see bench/step_ab.c). Needs a C compiler with OpenMP.
-#   bash bench/step_ab.sh REV [ROWS SLOT REPS [bf16|int8|fp32] [SHARED]]      e.g. bash bench/step_ab.sh HEAD~1 16 100 30
+#   bash bench/step_ab.sh REV [ROWS SLOT REPS [bf16|int8|fp32] [SHARED] [CACHE_LEN]]   e.g. bash bench/step_ab.sh HEAD~1 16 100 30
 set -euo pipefail
-rev=${1:?"usage: bash bench/step_ab.sh REV [ROWS SLOT REPS [bf16|int8|fp32] [SHARED]]"}
+rev=${1:?"usage: bash bench/step_ab.sh REV [ROWS SLOT REPS [bf16|int8|fp32] [SHARED] [CACHE_LEN]]"}
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

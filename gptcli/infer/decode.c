@@ -920,7 +920,9 @@ static float softmax_masses(float *p, int n, const uint8_t *keep) {
 }
 
 #ifdef HAVE_BF16_PAIRS
+#ifndef ROW_AHEAD
 #define ROW_AHEAD 4096 /* how far ahead attend_rows asks for a row's keys and values, in bytes */
+#endif
 /* out[h] = scale[h] * sum over s < n of w[h][s] V[s][h] for the G heads g .. g + G of a row (bf16, hs 64),
  * V[s] at V + at[s], w (nh, cache_len); the values' rows read in order, G x 4 vectors of sums in
  * registers; ask: whether to ask for the whole rows ahead (the first pass over them) */
@@ -932,7 +934,7 @@ static inline __attribute__((always_inline)) void values_of_heads(const uint16_t
         for (int v = 0; v < 4; v++) acc[a][v] = _mm512_setzero_ps();
     for (int s = 0; s < n; s++) {
         const uint16_t *row = V + at[s];
-        if (ask)
+        if (ask && ROW_AHEAD)
             for (int b = 0; b < 2 * C; b += 64) __builtin_prefetch((const char *)row + ROW_AHEAD + b, 0, 3);
         for (int a = 0; a < G; a++) {
             const __m512 x = _mm512_set1_ps(w[(size_t)(g + a) * cache_len + s]);
@@ -968,8 +970,10 @@ static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, co
             __m512 acc[16];
             for (int t = 0; t < 16; t++) {
                 const uint16_t *key = K + at[s] + h * 64, *q = qb + h * 64;
-                __builtin_prefetch((const char *)key + ROW_AHEAD, 0, 3);
-                __builtin_prefetch((const char *)key + ROW_AHEAD + 64, 0, 3);
+                if (ROW_AHEAD) {
+                    __builtin_prefetch((const char *)key + ROW_AHEAD, 0, 3);
+                    __builtin_prefetch((const char *)key + ROW_AHEAD + 64, 0, 3);
+                }
                 const __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(key),
                                                   (__m512bh)_mm512_loadu_si512(q));
                 acc[t] = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(key + 32), (__m512bh)_mm512_loadu_si512(q + 32));
