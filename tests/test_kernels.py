@@ -99,11 +99,22 @@ def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
     check_the_c_step(rows, kind, shape)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 16])
-def test_rows_of_a_bf16_cache_attended_whole_give_the_models_logits(rows):
-    """Heads of 64 in a bf16 cache: with as many rows as threads, each row's keys are read as
-    one stream and its values 4 heads at a time (attend_rows; 5 heads: a pass of 4, then one),
-    with padding masks and the rows reordered as beams are; one row: (row, head) pairs."""
+@pytest.fixture
+def two_threads():
+    """Two threads for the C step, whatever the machine has: which rows attend_rows takes
+    depends on how many share them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 9, 16])
+def test_rows_of_a_bf16_cache_attended_whole_give_the_models_logits(rows, two_threads):
+    """Heads of 64 in a bf16 cache, 2 threads: with rows the threads share evenly, or 4 rows a
+    thread and more (2, 4, 9, 16), each row's keys are read as one stream and its values 4
+    heads at a time (attend_rows; 5 heads: a pass of 4, then one); 1 and 3 rows by (row, head)
+    pairs; with padding masks and the rows reordered as beams are."""
     check_the_c_step(rows, "bf16", (320, 5), sharp=True)
 
 
@@ -146,7 +157,7 @@ PREFILLS = [(kind, shape) for kind in ("fp32", "bf16", "int8") for shape in ((64
 
 
 @pytest.mark.parametrize("kind, shape", [*PREFILLS, ("bf16", (320, 5))])
-def test_the_c_prefill_gives_the_models_logits_and_cache(kind, shape, monkeypatch):
+def test_the_c_prefill_gives_the_models_logits_and_cache(kind, shape, monkeypatch, two_threads):
     """A prompt of one row encoded by the C prefill (its tokens in calls of PREFILL_ROWS, each
     attending to the slots before it, causally), after what a cache already holds, then
     decoded on by the C step: the model's logits and cache all along."""

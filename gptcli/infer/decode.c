@@ -292,12 +292,12 @@ static inline __m512 sum16(const __m512 *a) {
                          _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* Each head's keys and values are a short stream (a few KB): read one after another, each
- * waited on memory anew. So while attention reads a slot's key or values, it asks for the
- * same slot of the next head, `ahead` bytes on (0: none), which the thread reads next (into
- * L2; GPT-2 124M, bf16, slot 100, Zen 4: a whole 16-row step 6% faster, 1 and 4 rows the
- * same within the noise). __builtin_prefetch, as _mm_prefetch here was dropped by GCC 12's
- * interprocedural optimizations (its `ahead` then an unused argument). */
+/* While attention reads a (row, head)'s key or values at a slot, it asks for those `ahead`
+ * bytes on (0: none): the same head ATTEND_AHEAD slots further on, whose slots are C apart
+ * (into L2; a hint only: near a row's end it may ask for room not yet written). When each
+ * head's slots were one short stream and the next head's the next asked for, a whole 16-row
+ * step of GPT-2 124M was 6% faster on a Zen 4. __builtin_prefetch, as _mm_prefetch here was
+ * dropped by GCC 12's interprocedural optimizations (its `ahead` then an unused argument). */
 static inline void ask_ahead(const void *p, ptrdiff_t ahead, int bytes) {
     if (ahead)
         for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + ahead + b, 0, 2);
@@ -1008,8 +1008,8 @@ static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, co
  * A layer's cache is (batch, cache_len, nh, hs): each slot's heads side by side, so that the
  * slots a row has written are one stretch of memory, however many it has room for. at (rows,
  * cache_len): where row r's slot s is, in elements from the layer's cache (see slot_offsets).
- * With as many rows as threads, rows are taken whole (attend_rows) where they can be;
- * otherwise each (row, head) on its own, its slots C apart. */
+ * With enough rows to share evenly among the threads, rows are taken whole (attend_rows)
+ * where they can be; otherwise each (row, head) on its own, its slots C apart. */
 static void attend(const Model *m, int layer, const float *qkv, const void *kc, const void *vc, const size_t *ats,
                    int rows, int batch, int cache_len, const int *last, const uint8_t *key_mask, float *y,
                    float *scratch) {
@@ -1023,7 +1023,8 @@ static void attend(const Model *m, int layer, const float *qkv, const void *kc, 
 #else
     const int threads = 1;
 #endif
-    if (dt == BF16 && hs == 64 && C <= 4096 && rows >= threads) {
+    /* (whole rows where the threads' shares are even, or uneven by at most a quarter) */
+    if (dt == BF16 && hs == 64 && C <= 4096 && rows >= threads && (rows % threads == 0 || rows >= 4 * threads)) {
         attend_rows(m, (const uint16_t *)kc + layer_off, (const uint16_t *)vc + layer_off, qkv, ats, rows, cache_len,
                     last, key_mask, y, scratch);
         return;
