@@ -472,7 +472,9 @@ def beam_search(
     scores[0] = 0.0  # at first, every row holds the same (empty) hypothesis: expand only one
     finished: list[Hypothesis] = []
     for step in range(max_new_tokens):
-        banned = [_banned_by_ngrams([*prompt, *seq], no_repeat_ngram) for seq in seqs]
+        banned: list[list[int]] = []  # each beam's ids that would repeat an n-gram
+        if no_repeat_ngram:
+            banned = [_banned_by_ngrams([*prompt, *seq], no_repeat_ngram) for seq in seqs]
         top_scores, top_index = best_continuations(logits, scores, 2 * beams, vocab_size, banned)
         V = logits.size(-1)
         last = step == max_new_tokens - 1
@@ -481,10 +483,10 @@ def beam_search(
             if s == float("-inf"):
                 break
             row, token = divmod(i, V)
-            seq = [*seqs[row], token]
-            ended = token in ends or (is_end is not None and is_end(seq))
+            ended = token in ends or (is_end is not None and is_end([*seqs[row], token]))
             if ended or last:
                 if rank < beams:
+                    seq = [*seqs[row], token]
                     finished.append(Hypothesis(seq, s, s / len(seq) ** length_penalty, ended))
             elif len(kept) < beams:
                 rows.append(row)
