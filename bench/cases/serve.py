@@ -19,6 +19,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -83,30 +84,49 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _peer(cmd: list[str], port: int, ready: str, clients: int, rounds: int) -> tuple[float, float, int]:
-    """A peer's server started by cmd on port, measured once it answers GET ready, then stopped."""
+def _peer(cmd: list[str], port: int, ready: str, clients: int, rounds: int) -> tuple[float, float, int] | str:
+    """A peer's server started by cmd on port, measured once it answers GET ready, then
+    stopped; or why it was not measured (it exited, or never answered, or served nothing)."""
     import httpx
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + ready, timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        measure(url, 2, 1)  # warm-up
-        return measure(url, clients, rounds)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    # its messages in a file, not a pipe, which a server logging every request would fill
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            for _ in range(600):
+                if proc.poll() is not None:
+                    log.seek(0)
+                    last = (log.read().strip().splitlines() or ["no message"])[-1]
+                    return f"it exited ({proc.returncode}) before answering: {last}"
+                try:
+                    if httpx.get(url + ready, timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            else:
+                return f"it did not answer {ready} within a minute"
+            measure(url, 2, 1)  # warm-up
+            found = measure(url, clients, rounds)
+            return found if found[0] > 0 else "it streamed no tokens"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
-def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float, int]:
-    """llama-cpp-python's OpenAI server on gguf, under `clients` at once."""
+SERVER_PACKAGES = ("sse_starlette", "starlette_context", "pydantic_settings")  # llama_cpp.server's
+
+
+def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float, int] | str:
+    """llama-cpp-python's OpenAI server on gguf, under `clients` at once (or why not)."""
+    import importlib.util
+
     import torch
+
+    missing = [name for name in SERVER_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"its server's packages are not installed ({', '.join(missing)})"
 
     port = _free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
@@ -115,7 +135,7 @@ def llama_server(gguf: Path, clients: int, rounds: int) -> tuple[float, float, i
     return _peer(cmd, port, "/v1/models", clients, rounds)
 
 
-def llama_cpp_server(binary: Path, gguf: Path, clients: int, rounds: int) -> tuple[float, float, int]:
+def llama_cpp_server(binary: Path, gguf: Path, clients: int, rounds: int) -> tuple[float, float, int] | str:
     """llama.cpp's own llama-server on gguf, batching `clients` slots, under `clients` at once."""
     import torch
 
@@ -167,8 +187,10 @@ def run(args) -> list[Result]:
             sixteen[1], one[1], "s", "one client", "<= 3x", sixteen[1] <= 3 * one[1], [],
         ),
     ]  # fmt: skip
-    if files:
-        peer = llama_server(files["f16"], 16, rounds)
+    peer = llama_server(files["f16"], 16, rounds) if files else f"no GGUF file: {why_not}"
+    if isinstance(peer, str):
+        notes.append(f"llama-cpp-python's server not measured: {peer}")
+    else:
         results.append(
             Result(
                 "gptcli serve against llama-cpp-python's server (f16), 16 concurrent clients",
@@ -178,11 +200,14 @@ def run(args) -> list[Result]:
                  f"streams it cut short: {peer[2]} of {16 * rounds} (their tokens until then counted)"],
             )
         )  # fmt: skip
-    else:
-        notes.append(f"llama-cpp-python's server not run: {why_not}")
     binary = getattr(args, "llama_server", None)
     if files and binary is not None and Path(binary).is_file():
         peer = llama_cpp_server(Path(binary), files["f16"], 16, rounds)
+    else:
+        peer = "--llama-server PATH names it"
+    if isinstance(peer, str):
+        notes.append(f"llama.cpp's own llama-server --parallel 16 not measured: {peer}")
+    else:
         results.append(
             Result(
                 "gptcli serve against llama.cpp's llama-server --parallel 16 (f16), 16 concurrent clients",
@@ -192,6 +217,4 @@ def run(args) -> list[Result]:
                  f"streams it cut short: {peer[2]} of {16 * rounds}"],
             )
         )  # fmt: skip
-    else:
-        notes.append("llama.cpp's own llama-server --parallel 16 not run (--llama-server PATH names it)")
     return results
