@@ -102,7 +102,9 @@ int main(int argc, char **argv) {
         if (rep >= 2) t[b][(rep - 2) / 2] = now() - t0;
     }
     qsort(t[0], reps, 8, by_value), qsort(t[1], reps, 8, by_value);
+    const double a = t[0][reps / 2], b = t[1][reps / 2];
     printf("%s, rows %d, slot %d of %d%s, %d steps each: A %.2f ms, B %.2f ms (medians; B/A %.3f)\n",
-           int8 ? "int8" : fp32 ? "fp32" : "bf16", rows, slot, cache_len, shared >= 0 ? " (history shared)" : "", reps, t[0][reps / 2] * 1e3, t[1][reps / 2] * 1e3, t[1][reps / 2] / t[0][reps / 2]);
+           int8 ? "int8" : fp32 ? "fp32" : "bf16", rows, slot, cache_len, shared >= 0 ? " (history shared)" : "", reps,
+           a * 1e3, b * 1e3, b / a);
     return 0;
 }

@@ -923,9 +923,9 @@ static float softmax_masses(float *p, int n, const uint8_t *keep) {
 #ifndef ROW_AHEAD
 #define ROW_AHEAD 4096 /* how far ahead attend_rows asks for a row's keys and values, in bytes */
 #endif
-/* out[h] = scale[h] * sum over s < n of w[h][s] V[s][h] for the G heads g .. g + G of a row (bf16, hs 64),
- * V[s] at V + at[s], w (nh, cache_len); the values' rows read in order, G x 4 vectors of sums in
- * registers; ask: whether to ask for the whole rows ahead (the first pass over them) */
+/* out[h] = scale[h] * sum over s < n of w[h][s] V[s][h] for the G heads g .. g + G of a row
+ * (bf16, hs 64), V[s] at V + at[s], w (nh, cache_len); the values' rows read in order, G x 4
+ * vectors of sums in registers; ask: whether to ask for the whole rows ahead (the first pass) */
 static inline __attribute__((always_inline)) void values_of_heads(const uint16_t *V, const size_t *at, const float *w,
                                                                   const float *scale, int n, int cache_len, int C,
                                                                   int g, const int G, int ask, float *out) {
@@ -955,9 +955,9 @@ static inline __attribute__((always_inline)) void values_of_heads(const uint16_t
  * written: a batch of 16 at slot 116 of 216 took 1.15x to 1.3x the time of a cache holding
  * exactly its 117 slots; this reads a row as such a cache would be read. */
 static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, const float *qkv, const size_t *ats,
-                        int rows, int cache_len, const int *last, const uint8_t *key_mask, float *y, float *scratch) {
+                        int rows, int cache_len, const int *last, const uint8_t *key_mask, float scale, float *y,
+                        float *scratch) {
     const int C = m->n_embd, nh = m->n_head;
-    const float scale = 1.f / 8.f; /* 1 / sqrt(64) */
 #pragma omp for schedule(static)
     for (int r = 0; r < rows; r++) {
         const size_t *at = ats + (size_t)r * cache_len;
@@ -1028,7 +1028,7 @@ static void attend(const Model *m, int layer, const float *qkv, const void *kc, 
     const int most = (rows + threads - 1) / threads;
     if (dt == BF16 && hs == 64 && C <= 4096 && rows >= threads && 4 * most * threads <= 5 * rows) {
         attend_rows(m, (const uint16_t *)kc + layer_off, (const uint16_t *)vc + layer_off, qkv, ats, rows, cache_len,
-                    last, key_mask, y, scratch);
+                    last, key_mask, scale, y, scratch);
         return;
     }
 #endif
@@ -1081,11 +1081,11 @@ static void attend(const Model *m, int layer, const float *qkv, const void *kc, 
 }
 
 /* at (rows, cache_len): where each row's slots 0..last[r] are in the cache, in elements from
- * a layer's cache (batch, cache_len, nh, hs): its heads follow. Row r is the cache's row r (one_sequence: every
- * row is row 0, the rows a sequence's tokens), whose slots it reads there, unless sources
- * (batch, cache_len) says which row of the cache holds each of them before last[r] (beams
- * that share their history read it where it was written, and are not copied); the new slot
- * is the row's own. */
+ * a layer's cache (batch, cache_len, nh, hs), its heads following. Row r is the cache's row r
+ * (one_sequence: every row is row 0, the rows a sequence's tokens), whose slots it reads
+ * there, unless sources (batch, cache_len) says which row of the cache holds each of them
+ * before last[r] (beams that share their history read it where it was written, and are not
+ * copied); the new slot is the row's own. */
 static void slot_offsets(size_t *at, const int32_t *sources, int one_sequence, const int *last, int rows, int batch,
                          int nh, int hs, int cache_len) {
     const size_t C = (size_t)nh * hs, row_stride = cache_len * C;
