@@ -104,6 +104,15 @@ CASES = [
     ("ckpt newer format", ["sample", "--ckpt", "ckpt-newer"], "written by a newer gptcli"),
     ("unknown tokenizer", ["tokenize", "corpus.txt", "--out", "o", "-t", "sentencepiece"], "unknown tokenizer"),
     ("export target", ["export", "{trained}", "out", "--to", "onnx"], "--to must be hf or gguf"),
+    ("export onto a file", ["export", "{trained}", "notes.txt", "--force"],
+     "notes.txt is a file; a Hugging Face export writes a directory"),
+    ("unknown quantization", ["sample", "--ckpt", "{trained}", "--quantize", "int4"],
+     "--quantize must be int8, got 'int4'; did you mean 'int8'?"),
+    ("empty stop text", ["beam", "The", "--ckpt", "{trained}", "--stop", ".", "--stop", ""],
+     "--stop is empty; give the text that ends one"),
+    # (--max-batch 0 is refused as well, after the key: a server never starts here)
+    ("empty API key", ["serve", "--ckpt", "{trained}", "--api-key", "", "--max-batch", "0"],
+     "--api-key is empty; give a key, or leave --api-key out to serve without one"),
     ("classify an LM", ["classify", "--ckpt", "{trained}", "some text"], "is not a classifier"),
     ("fp16 on the CPU", ["sample", "--ckpt", "{trained}", "--dtype", "fp16", "--device", "cpu"], "--dtype fp16 is for GPUs"),
     ("unknown dtype", ["pretrain", "corpus.txt", "--dtype", "fp64"], "train.dtype (--dtype) must be auto, fp32, bf16 or fp16, got 'fp64'"),
@@ -122,6 +131,18 @@ def test_bad_input(ws, trained, monkeypatch, args, message):
     assert message in lines[0], lines[0]
     assert "Traceback" not in result.output and not CLASS_NAME.search(result.output)
     assert snapshot(ws) == before  # nothing changed, nothing added
+
+
+def test_an_empty_api_key_in_the_environment_is_refused(ws, monkeypatch):
+    """GPTCLI_API_KEY="" (a key meant, e.g. from an unset variable) is refused rather than
+    served without one, before the model is read (no model here: a server never starts)."""
+    monkeypatch.chdir(ws)
+    monkeypatch.setenv("GPTCLI_API_KEY", "")
+    result = run("serve", "--ckpt", "nowhere")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        "error: GPTCLI_API_KEY is set but empty; give it a key, or unset it to serve without one"
+    )
 
 
 def test_a_prompt_longer_than_the_context_is_cut_with_a_warning(ws, trained, monkeypatch):

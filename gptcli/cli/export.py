@@ -34,7 +34,9 @@ def export(s: ExportSettings) -> None:
 
     if holds_checkpoints(out):
         raise UsageError(f"{out} is a gptcli run or checkpoint; export into a directory of its own")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not s.force:
+    if out.exists() and not out.is_dir():  # (--force replaces an export's files, never a file by a directory)
+        raise UsageError(f"{out} is a file; a Hugging Face export writes a directory: give a directory name")
+    if out.exists() and any(out.iterdir()) and not s.force:
         raise UsageError(f"{out} exists and is not empty; choose another directory or pass --force")
     if s.adapters_only:
         _export_adapters(ckpt, out, base, s.json_out)

@@ -30,6 +30,9 @@ def serve(s: ServeSettings) -> None:
     from gptcli.infer.engine import Engine
     from gptcli.infer.server import Served, create_app
 
+    api_key = s.api_key or os.environ.get("GPTCLI_API_KEY") or None
+    if api_key is None and os.environ.get("GPTCLI_API_KEY") == "":  # (meant as a key, not as none)
+        raise UsageError("GPTCLI_API_KEY is set but empty; give it a key, or unset it to serve without one")
     listener = _listen(s.host, s.port)  # before loading: a taken port fails at once
     loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
     block = loaded.model.config.block_size
@@ -38,7 +41,6 @@ def serve(s: ServeSettings) -> None:
         raise UsageError("--max-tokens-limit over 1,048,576 is not a limit; give a smaller one")
     if not s.compile:
         start_decoding(loaded)
-    api_key = s.api_key or os.environ.get("GPTCLI_API_KEY") or None
     name = s.model_name or _model_name(s.ckpt, loaded.path)
     engine = Engine(
         loaded.model,

@@ -72,10 +72,12 @@ def knob(
     argument: bool = False,
     complete: str | None = None,
     given_as: type | None = None,
+    nonempty: str | None = None,
 ) -> Any:
     """A setting and everything the rest of gptcli needs to know about it, written once:
 
-    - check, choices: the values it may take (checked by check_fields);
+    - check, choices: the values it may take (checked by check_fields); nonempty: what to
+      give instead of an empty text (or an empty text among several), which is refused;
     - flag: its command-line flag, e.g. "--max-new-tokens" or "--compile/--no-compile", and
       short, e.g. "-n"; argument: it is a positional argument instead;
     - help: what it does; shown: what its default means when the value does not say
@@ -90,6 +92,7 @@ def knob(
     meta = {
         "check": check,
         "choices": choices,
+        "nonempty": nonempty,
         "flag": flag,
         "short": short,
         "help": help,
@@ -160,10 +163,13 @@ def check_fields(obj: Any, section: str | None = None) -> None:
         else:
             name = flag_name(f)
         check, choices = f.metadata.get("check"), f.metadata.get("choices")
+        instead = f.metadata.get("nonempty")
+        if instead and ("" in value if isinstance(value, list | tuple) else value == ""):
+            raise UsageError(f"{name} is empty; give {instead}")
         if check is not None and isinstance(value, (int, float)) and not check.admits(value):
             raise UsageError(f"{name} must be {check.describe()}, got {value}")
         if choices and value not in choices:
-            listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
+            listed = f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
             close = difflib.get_close_matches(str(value), choices, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise UsageError(f"{name} must be {listed}, got {quote(value)}{hint}")

@@ -222,7 +222,12 @@ class SampleSettings(Settings):
     temp: float = temp_knob()
     top_k: int | None = top_k_knob()
     top_p: float | None = top_p_knob()
-    stop: list[str] = knob([], flag="--stop", help="End a continuation at this text (repeatable)")
+    stop: list[str] = knob(
+        [],
+        flag="--stop",
+        help="End a continuation at this text (repeatable)",
+        nonempty="the text that ends one",
+    )
     stream: bool | None = knob(
         None, flag="--stream/--no-stream", help="Print tokens as they come", shown="on in a terminal"
     )
@@ -311,10 +316,18 @@ class ServeSettings(Settings):
     host: str = knob("127.0.0.1", flag="--host", help="Address to listen on (0.0.0.0: every interface)")
     port: int = knob(8000, check=Range(0, 65535), flag="--port", help="Port to listen on (0: a free one)")
     model_name: str | None = knob(
-        None, flag="--model-name", help="The model's name in the API", shown="the run directory's name"
+        None,
+        flag="--model-name",
+        help="The model's name in the API",
+        shown="the run directory's name",
+        nonempty="a name, or leave --model-name out for the run directory's",
     )
     api_key: str | None = knob(
-        None, flag="--api-key", help="Require 'Authorization: Bearer KEY'", shown="$GPTCLI_API_KEY, else none"
+        None,
+        flag="--api-key",
+        help="Require 'Authorization: Bearer KEY'",
+        shown="$GPTCLI_API_KEY, else none",
+        nonempty="a key, or leave --api-key out to serve without one",
     )
     max_batch: int = knob(8, check=Range(1, 256), flag="--max-batch", help="Sequences decoded together")
     max_queue: int = knob(
@@ -373,7 +386,9 @@ class BeamSettings(Settings):
         help="Forbid repeating any n-gram of this size",
         shown="off",
     )
-    stop: list[str] = knob([], flag="--stop", help="Text that ends a hypothesis (repeatable)")
+    stop: list[str] = knob(
+        [], flag="--stop", help="Text that ends a hypothesis (repeatable)", nonempty="the text that ends one"
+    )
     eos: list[str] = knob(
         [], flag="--eos", help="A token, given as its text, that ends a hypothesis (repeatable)"
     )
