@@ -29,6 +29,8 @@ def ws(tmp_path_factory, trained) -> Path:
     (w / "heads.yaml").write_text("model:\n  n_embd: 100\n  n_head: 6\n")
     (w / "notes.txt").write_text("not a checkpoint")
     (w / "emptydir").mkdir()
+    (w / "to-emptydir").symlink_to("emptydir")
+    (w / "dangling").symlink_to("nowhere")
 
     def variant(name: str, change: Callable[[Path], None]) -> None:
         shutil.copytree(trained, w / name)
@@ -106,6 +108,8 @@ CASES = [
     ("export target", ["export", "{trained}", "out", "--to", "onnx"], "--to must be hf or gguf"),
     ("export onto a file", ["export", "{trained}", "notes.txt", "--force"],
      "notes.txt is a file; a Hugging Face export writes a directory"),
+    ("export into a link", ["export", "{trained}", "to-emptydir"], "to-emptydir is a symbolic link"),
+    ("export onto a dangling link", ["export", "{trained}", "dangling", "--force"], "dangling is a symbolic link"),
     ("unknown quantization", ["sample", "--ckpt", "{trained}", "--quantize", "int4"],
      "--quantize must be int8, got 'int4'; did you mean 'int8'?"),
     ("empty stop text", ["beam", "The", "--ckpt", "{trained}", "--stop", ".", "--stop", ""],

@@ -34,6 +34,8 @@ def export(s: ExportSettings) -> None:
 
     if holds_checkpoints(out):
         raise UsageError(f"{out} is a gptcli run or checkpoint; export into a directory of its own")
+    if out.is_symlink():  # (written through, it would put the files wherever the link points)
+        raise UsageError(f"{out} is a symbolic link; export into a directory of its own")
     if out.exists() and not out.is_dir():  # (--force replaces an export's files, never a file by a directory)
         raise UsageError(f"{out} is a file; a Hugging Face export writes a directory: give a directory name")
     if out.exists() and any(out.iterdir()) and not s.force:
