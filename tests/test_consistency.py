@@ -68,6 +68,42 @@ def test_resume_notices_a_tokenized_dir_that_was_redone_with_other_text(tmp_path
     assert_usage_error(refused, "the tokens in")
 
 
+def test_resume_on_new_text_encodes_it_with_the_runs_own_bpe(tmp_path):
+    """A bpe:N run resumed on new raw text keeps its tokenizer (the text is not given a BPE of
+    its own); a directory tokenized by another BPE of the same size is refused, naming the
+    command that tokenizes with the run's."""
+    make_corpus(tmp_path / "corpus.txt", seed=0)
+    (tmp_path / "other.txt").write_text(
+        "The owl sat in a tall tree at night.\n" * 40
+    )  # too few merges for bpe:300
+    assert (
+        run("pretrain", tmp_path / "corpus.txt", "-t", "bpe:300", "--out", tmp_path / "R", *SHORT).exit_code
+        == 0
+    )
+    tokenizer = (tmp_path / "R" / "last" / "tokenizer.json").read_bytes()
+    on_new = run(
+        "pretrain",
+        tmp_path / "other.txt",
+        "--resume",
+        "--new-data",
+        "--out",
+        tmp_path / "R",
+        "--max-iters",
+        "12",
+    )
+    assert on_new.exit_code == 0, on_new.output
+    assert checkpoint_meta(tmp_path / "R")["step"] == 12
+    assert (tmp_path / "R" / "last" / "tokenizer.json").read_bytes() == tokenizer
+    make_corpus(tmp_path / "third.txt", seed=2)
+    assert run("tokenize", tmp_path / "third.txt", "--out", tmp_path / "tok", "-t", "bpe:300").exit_code == 0
+    refused = run(
+        "pretrain", tmp_path / "tok", "--resume", "--new-data", "--out", tmp_path / "R", "--max-iters", "14"
+    )
+    assert_usage_error(refused, "is tokenized with another bpe:300 than the model's")
+    assert f"gptcli tokenize TEXT --out DIR -t {tmp_path / 'R'}" in refused.output
+    assert checkpoint_meta(tmp_path / "R")["step"] == 12
+
+
 def test_new_data_only_goes_with_resume(tmp_path):
     make_corpus(tmp_path / "c.txt")
     assert_usage_error(run("pretrain", tmp_path / "c.txt", "--new-data"), "--new-data goes with --resume")

@@ -119,12 +119,14 @@ def resume_pretraining(
             f"{loaded.path}/checkpoint.json does not say where the run's data is; it cannot be resumed"
         )
     data_dir, sources = Path(meta["data_dir"]), meta.get("sources", [])
-    if corpus:
+    if corpus:  # text encoded by the run's own tokenizer (a bpe:N one is not trained anew on it)
         paths = [Path(c) for c in corpus]
-        tokenizer, fraction = config.data.tokenizer, config.data.val_fraction
+        tokenizer, fraction = loaded.tokenizer, config.data.val_fraction
         data_dir, report = shared_setup(
             config.train.device,
-            lambda: prepare_text(paths, tokenizer, fraction, notes, True, Reader(config.data.text_column)),
+            lambda: prepare_text(
+                paths, tokenizer, fraction, notes, True, Reader(config.data.text_column), owner=run_dir
+            ),
             config.train.dist_timeout,
         )
         what, sources = " ".join(map(str, paths)), list(report.files)
@@ -135,13 +137,15 @@ def resume_pretraining(
         )
     else:
         report, what = read_meta(data_dir), f"the tokens in {data_dir}"
-    data = {"data_dir": str(data_dir), "sources": sources}
-    data |= same_data(meta, report.source_sha256, new_data, what, notes)
     tok, task = _lm_task(data_dir, config)
     if tok.to_dict() != loaded.tokenizer.to_dict():
+        other = f"another {tok.name} than the run's" if tok.name == loaded.tokenizer.name else tok.name
         raise UsageError(
-            f"the data is tokenized with {tok.name}, but the run was trained with {loaded.tokenizer.name}"
+            f"{data_dir} is tokenized with {other}; tokenize the text with the run's own: "
+            f"{command_line('tokenize', 'TEXT', '--out', 'DIR', '-t', run_dir)}"
         )
+    data = {"data_dir": str(data_dir), "sources": sources}
+    data |= same_data(meta, report.source_sha256, new_data, what, notes)
     meta = {"task": "lm", **data}
     return Trainer(loaded.model, loaded.tokenizer, task, config, run_dir, meta, _resume_point(loaded))
 
@@ -343,7 +347,12 @@ def _finetune_task(
         config.model.n_classes = 0
         paths = [Path(p) for p in settings.data]
         data_dir, report = prepare_text(
-            paths, tok, settings.val_fraction, notes, reader=Reader(config.data.text_column)
+            paths,
+            tok,
+            settings.val_fraction,
+            notes,
+            reader=Reader(config.data.text_column),
+            owner=settings.base,
         )
         train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
         task = LMTask(train, val, block, config.model.vocab_size, tok.byte_lengths())
@@ -385,19 +394,33 @@ def prepare_text(
     notes: Notes | None = None,
     explicit_tokenizer: bool = False,
     reader: Reader = Reader(),
+    owner: str | Path = "CKPT",
 ) -> tuple[Path, TokenizeReport]:
     """A tokenized directory for the corpus, and its report: the directory given (made by
     `gptcli tokenize`), or raw text tokenized into the cache, reused when the same text and
-    tokenizer come again. tokenizer: a spec (char, gpt2, bpe:N) or a Tokenizer."""
+    tokenizer come again. tokenizer: a spec (char, gpt2, bpe:N), or a model's Tokenizer
+    (owner: the run or checkpoint it comes from, which a tokenized directory must match)."""
     notes = notes or Notes()
     if len(corpus) == 1 and corpus[0].is_dir() and is_tokenized_dir(corpus[0]):
         report = read_meta(corpus[0])
-        wanted = tokenizer if isinstance(tokenizer, str) else tokenizer.name
-        if (explicit_tokenizer or not isinstance(tokenizer, str)) and report.tokenizer != wanted.lower():
+        if isinstance(tokenizer, str):
+            if explicit_tokenizer and report.tokenizer != tokenizer.lower():
+                raise UsageError(
+                    f"{corpus[0]} is tokenized with {report.tokenizer}, not {tokenizer}; drop --tokenizer, "
+                    "or tokenize the text again with: "
+                    f"{command_line('tokenize', 'TEXT', '--out', 'DIR', '-t', tokenizer)}"
+                )
+        elif load_data_tokenizer(corpus[0]).to_dict() != tokenizer.to_dict():  # (a bpe:N: the same merges)
+            theirs = report.tokenizer
+            same_name = theirs == tokenizer.name.lower()
+            other = (
+                f"another {theirs} than the model's"
+                if same_name
+                else f"{theirs}, not the model's {tokenizer.name}"
+            )
             raise UsageError(
-                f"{corpus[0]} is tokenized with {report.tokenizer}, not {wanted}; drop --tokenizer, "
-                "or tokenize the text again with: "
-                f"{command_line('tokenize', 'TEXT', '--out', 'DIR', '-t', wanted)}"
+                f"{corpus[0]} is tokenized with {other}; tokenize the "
+                f"text with the model's own: {command_line('tokenize', 'TEXT', '--out', 'DIR', '-t', owner)}"
             )
         return corpus[0], report
     total = sum(f.stat().st_size for f in collect_files(corpus))
