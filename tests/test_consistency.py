@@ -104,6 +104,29 @@ def test_resume_on_new_text_encodes_it_with_the_runs_own_bpe(tmp_path):
     assert checkpoint_meta(tmp_path / "R")["step"] == 12
 
 
+def test_a_run_refused_at_its_start_leaves_no_run_behind(tmp_path):
+    """A new run refused once its directory is made (fp16 on the CPU: when the device is set
+    up) takes it away again, so the same --out then starts afresh; an empty directory the
+    user made stays. A binary --eval-file is refused before anything is made."""
+    make_corpus(tmp_path / "corpus.txt")
+    (tmp_path / "bin.dat").write_bytes(b"text\x00\x01binary")
+    out, mine = tmp_path / "R", tmp_path / "mine"
+    assert_usage_error(
+        run("pretrain", tmp_path / "corpus.txt", "--out", out, *SHORT, "--dtype", "fp16"), "fp16"
+    )
+    assert not out.exists()
+    mine.mkdir()
+    assert_usage_error(
+        run("pretrain", tmp_path / "corpus.txt", "--out", mine, *SHORT, "--dtype", "fp16"), "fp16"
+    )
+    assert mine.is_dir() and not any(mine.iterdir())
+    bad = run("pretrain", tmp_path / "corpus.txt", "--out", out, "--eval-file", tmp_path / "bin.dat", *SHORT)
+    assert_usage_error(bad, "bin.dat: NUL byte (binary data) at byte offset 4; the file must be UTF-8 text")
+    assert not out.exists()
+    good = run("pretrain", tmp_path / "corpus.txt", "--out", out, *SHORT)
+    assert good.exit_code == 0, good.output
+
+
 def test_new_data_only_goes_with_resume(tmp_path):
     make_corpus(tmp_path / "c.txt")
     assert_usage_error(run("pretrain", tmp_path / "c.txt", "--new-data"), "--new-data goes with --resume")

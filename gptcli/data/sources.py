@@ -30,7 +30,7 @@ OnBytes = Callable[[int], None]
 
 def _decode_error(path: Path, offset: int, reason: str) -> UsageError:
     return UsageError(
-        f"{path}: {reason} at byte offset {offset}; the corpus must be UTF-8 text "
+        f"{path}: {reason} at byte offset {offset}; the file must be UTF-8 text "
         f"(convert it, e.g. iconv -f latin1 -t utf-8, or remove the file)"
     )
 

@@ -17,6 +17,7 @@ from gptcli.config import TrainConfig
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.evals import evaluate as evaluate_file
 from gptcli.evals import plan_files
+from gptcli.evals.text import encode_text
 from gptcli.runtime import Precision
 from gptcli.tasks import Batch, Task
 from gptcli.train.state import Parts
@@ -35,6 +36,9 @@ class Evaluator:
         self.model, self.tokenizer, self.task, self.cfg, self.meta = model, tokenizer, task, cfg, meta
         self.files = plan_files(cfg.eval_files, meta)  # checked before any training
         cfg.eval_files = [str(f.path.resolve()) for f in self.files]  # found again from anywhere
+        for f in self.files:  # text the tokenizer cannot read (binary, not UTF-8, unknown characters)
+            if f.task == "text" and f.how != "head":
+                encode_text(f.path, tokenizer)
         self.prompt = None
         if cfg.sample_every:  # a prompt the tokenizer cannot encode fails now, not mid-run
             from gptcli.infer.completion import encode_prompt

@@ -97,6 +97,10 @@ class Trainer:
         self.resume_from = resume_from  # the checkpoint run(resume=True) continues from: last/, or stable/
         self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
         self.dist = dist_from_env()
+        # a new run's directory, empty or not there yet: removed again if the run fails before
+        # its first checkpoint (a refusal at the start must not leave a run that cannot resume)
+        self.new_dir = not (self.run_dir.is_dir() and any(self.run_dir.iterdir()))
+        self.made_dir = not self.run_dir.exists()  # (an empty directory of the user's stays)
         self.reporter = Reporter()
         self.stopping = Stopping(config.train, self.dist)
         self.evaluator = Evaluator(model, tokenizer, task, config.train, self.meta)
@@ -124,6 +128,10 @@ class Trainer:
                 summary = self._run(resume)
                 finished = True
                 return summary
+        except BaseException:
+            if self.dist.is_main and self.new_dir and not resume:
+                self._remove_unstarted_run()
+            raise
         finally:
             self.reporter.close()
             if self.dist.enabled:
@@ -183,6 +191,17 @@ class Trainer:
         return self._finish(clock, session, start_step, start_tokens, *last)
 
     # -- around the loop
+
+    def _remove_unstarted_run(self) -> None:
+        """A new run that failed before its first checkpoint: what it wrote (the config, the
+        log), and the directory it made if nothing else is left in it."""
+        if any((self.run_dir / name).exists() for name in (LAST, BEST, STABLE)):
+            return
+        for name in (CONFIG_FILE, METRICS_FILE, "loss.png"):
+            (self.run_dir / name).unlink(missing_ok=True)
+        if self.made_dir:
+            with contextlib.suppress(OSError):
+                self.run_dir.rmdir()
 
     def _write_config(self) -> None:
         refit_schedule(self.state, self.config.train)
