@@ -127,6 +127,27 @@ def test_a_run_refused_at_its_start_leaves_no_run_behind(tmp_path):
     assert good.exit_code == 0, good.output
 
 
+def test_resume_refuses_fewer_steps_than_reached_and_an_edited_config_copy(lm_run):
+    """--max-iters below the run's step, and RUN/config.yaml with its maths edited by hand
+    (which resuming would rewrite), are refused before anything is written; what a resume may
+    change (max_iters) differing there is what a cut session leaves, and goes."""
+    run_dir = lm_run / "R"
+    written = (run_dir / "config.yaml").read_text()
+    assert_usage_error(
+        run("pretrain", "--resume", "--out", run_dir, "--max-iters", "5"),
+        "--max-iters 5 is below step 10, which the run has reached; give 10 or more",
+    )
+    assert (run_dir / "config.yaml").read_text() == written
+    (run_dir / "config.yaml").write_text(written.replace("lr: 0.003", "lr: 0.01"))
+    refused = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "12")
+    assert_usage_error(refused, "config.yaml was edited (train.lr: 0.01, not 0.003)", "-c")
+    assert "lr: 0.01" in (run_dir / "config.yaml").read_text() and checkpoint_meta(run_dir)["step"] == 10
+    (run_dir / "config.yaml").write_text(written.replace("max_iters: 10", "max_iters: 99"))
+    resumed = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "12")
+    assert resumed.exit_code == 0, resumed.output
+    assert checkpoint_meta(run_dir)["step"] == 12 and "max_iters: 12" in (run_dir / "config.yaml").read_text()
+
+
 def test_new_data_only_goes_with_resume(tmp_path):
     make_corpus(tmp_path / "c.txt")
     assert_usage_error(run("pretrain", tmp_path / "c.txt", "--new-data"), "--new-data goes with --resume")

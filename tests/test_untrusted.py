@@ -78,7 +78,7 @@ def outside(tmp_path) -> Path:
     return target
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", "config.yaml", "loss.png"])
+@pytest.mark.parametrize("name", ["config.yaml", "loss.png"])
 def test_resume_never_writes_through_a_link_planted_in_the_run(trained, tmp_path, outside, name):
     run_dir = tmp_path / "R"
     shutil.copytree(trained, run_dir)
@@ -93,6 +93,19 @@ def test_resume_never_writes_through_a_link_planted_in_the_run(trained, tmp_path
     assert result.exit_code == 0, result.output
     assert digest(outside) == before  # the link was replaced by the run's own file, never followed
     assert not (run_dir / name).is_symlink()
+
+
+def test_a_log_that_is_a_link_is_refused(trained, tmp_path, outside):
+    """metrics.jsonl as a link is refused, not read: its lines would be copied into the run."""
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    (run_dir / "metrics.jsonl").unlink()
+    (run_dir / "metrics.jsonl").symlink_to(outside)
+    before = digest(outside)
+    result = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "125")
+    assert_usage_error(result, "metrics.jsonl is a symbolic link; gptcli does not write through links")
+    assert digest(outside) == before and (run_dir / "metrics.jsonl").is_symlink()
+    assert not (run_dir / "metrics.jsonl.damaged").exists()
 
 
 def test_a_lock_file_that_is_a_link_is_refused(trained, tmp_path, outside):

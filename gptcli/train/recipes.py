@@ -21,6 +21,7 @@ from typing import Any
 
 from gptcli import lora
 from gptcli.config import (
+    CONFIG_CHANGES_ON_RESUME,
     FINETUNE_DEFAULTS,
     SAVED_BEFORE,
     Config,
@@ -54,7 +55,7 @@ from gptcli.store import loading
 from gptcli.store.checkpoint import LAST, STABLE, Loaded, checkpoint_in, newest_run
 from gptcli.tasks import LMTask, Task, supervised_task
 from gptcli.train.state import DAMAGED, METRICS_FILE, MetricsLog
-from gptcli.train.trainer import Trainer
+from gptcli.train.trainer import CONFIG_FILE, Trainer
 
 Flags = dict[str, dict[str, Any]]  # {section: {key: value}}, as config.flag_overrides makes
 
@@ -77,6 +78,11 @@ def pretrain_trainer(
     if not corpus:
         raise UsageError("give the text to train on: gptcli pretrain CORPUS... (files or directories)")
     config = load_config(config_path, flags)
+    if config.model.n_classes:
+        raise UsageError(
+            f"model.n_classes {config.model.n_classes}: pretraining trains a language model; a "
+            "classifier's head comes from finetuning one (gptcli finetune --task classify)"
+        )
     for text in config.train.unused(flags.get("train", {})):
         notes.warning(text)
     explicit_tokenizer = "tokenizer" in flags.get("data", {}) or (
@@ -379,11 +385,12 @@ def _finetune_task(
 def new_run_dir(out: str | Path | None, stem: str) -> Path:
     """out, or runs/<stem>-<timestamp>; never a directory that already holds something."""
     path = RUNS_DIR / f"{stem or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}" if out is None else Path(out)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise UsageError(
-            f"{path} already exists and is not empty; pass --resume to continue that run, "
-            "or choose another --out"
-        )
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{path} is a file; a run is a directory: choose another --out")
+    if path.exists() and any(path.iterdir()):
+        if checkpoint_in(path, LAST) is None:
+            raise UsageError(f"{path} already holds other files (not a run); choose another --out")
+        raise UsageError(f"{path} already holds a run; pass --resume to continue it, or choose another --out")
     return path
 
 
@@ -471,7 +478,15 @@ def load_for_resume(
     before = Config(train=TrainConfig(**asdict(SAVED_BEFORE)))
     saved = merge(before, loaded.meta["config"], f"{loaded.path}/checkpoint.json")
     given = [(read_yaml(config_path), str(config_path))] if config_path is not None else []
+    if config_path is None or not _same_file(Path(config_path), run / CONFIG_FILE):
+        _check_config_copy(run / CONFIG_FILE, saved)
     config = resume_config(saved, [*given, (flags, "the command line")])
+    step = loaded.meta.get("step")
+    if isinstance(step, int) and config.train.max_iters < step:
+        raise UsageError(
+            f"--max-iters {config.train.max_iters} is below step {step}, which the run has reached; "
+            f"give {step} or more"
+        )
     if config.train.eval_files == saved.train.eval_files:  # the run's own, not given again
         gone = [p for p in config.train.eval_files if not Path(p).is_file()]
         if gone:
@@ -482,6 +497,29 @@ def load_for_resume(
         loaded = loading.load(stable, base=base, merge=False)
     loaded.model.train()
     return loaded, config
+
+
+def _check_config_copy(path: Path, saved: Config) -> None:
+    """RUN/config.yaml is the run's config as gptcli wrote it, rewritten by every session; one
+    whose maths was edited by hand (in the hope that the resumed run takes it) is refused
+    rather than overwritten: a resumed run's settings are its checkpoint's, and -c or the flags."""
+    if not path.is_file() or path.is_symlink():
+        return
+    written = read_yaml(path)
+    ours = saved.to_dict()
+    edited = [
+        f"{section}.{key}: {value!r}, not {ours[section][key]!r}"
+        for section, keys in written.items()
+        if isinstance(keys, dict) and isinstance(ours.get(section), dict)
+        for key, value in keys.items()
+        if key in ours[section] and key not in CONFIG_CHANGES_ON_RESUME and value != ours[section][key]
+    ]  # (what a resume may change, it changes: a session cut before its first checkpoint wrote those)
+    if edited:
+        raise UsageError(
+            f"{path} was edited ({'; '.join(edited[:3])}), and resuming would rewrite it: a resumed "
+            f"run's settings are its checkpoint's; give what may change as flags or with -c {path}, "
+            "or undo the edit"
+        )
 
 
 def _longer_wsd_run(loaded: Loaded, saved: Config, config: Config, run: Path, notes: Notes) -> Path | None:

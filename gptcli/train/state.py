@@ -71,7 +71,12 @@ class MetricsLog:
 
     def _lines(self) -> tuple[list[tuple[bytes, dict[str, Any] | None]], bool]:
         """Each line with its record, or None where it is not one of ours (not UTF-8, not a
-        JSON object, no integer step); and whether the file ends inside a line."""
+        JSON object, no integer step); and whether the file ends inside a line. A link is
+        refused, as appending to it is: what it points to is not the run's log."""
+        if self.path.is_symlink():
+            raise UsageError(
+                f"{self.path} is a symbolic link; gptcli does not write through links: remove it"
+            )
         data = self.path.read_bytes() if self.path.exists() else b""
         out = []
         for raw in data.split(b"\n")[: -1 if data.endswith(b"\n") else None]:  # (\r is a byte of a line)
