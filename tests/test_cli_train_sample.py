@@ -80,15 +80,21 @@ def test_pretrain_with_a_config_file_and_flags(tmp_path):
     assert "n_embd: 24" in saved and "n_layer: 1" in saved and "max_iters: 3" in saved
 
 
-def test_pretrain_refuses_to_overwrite_a_run(tmp_path):
+def test_pretrain_refuses_to_overwrite_a_run(tmp_path, trained):
     corpus = make_corpus(tmp_path / "c.txt")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("mine")
     assert_usage_error(
-        run("pretrain", corpus, "--out", tmp_path / "run", *TINY), "already exists", "--resume"
+        run("pretrain", corpus, "--out", tmp_path / "run", *TINY), "already holds other files (not a run)"
     )
     assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
+    assert_usage_error(run("pretrain", corpus, "--out", tmp_path / "run" / "notes.txt", *TINY), "is a file")
+    assert_usage_error(run("pretrain", corpus, "--out", trained, *TINY), "already holds a run", "--resume")
     assert_usage_error(run("pretrain"), "give the text to train on")
+    (tmp_path / "cls.yaml").write_text("model:\n  n_classes: 3\n")
+    refused = run("pretrain", corpus, "--out", tmp_path / "new", "-c", tmp_path / "cls.yaml", *TINY)
+    assert_usage_error(refused, "model.n_classes 3: pretraining trains a language model")
+    assert not (tmp_path / "new").exists()
 
 
 def test_sample_json_and_greedy_is_deterministic(trained):

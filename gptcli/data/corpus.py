@@ -279,10 +279,10 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
         if same:
             return True
         if not force:
-            if meta.get("source_sha256") != scan.sha256:
-                what = "of other text"
-            elif meta.get("request") != request:
+            if meta.get("request") != request:  # (first: the text's scan depends on the tokenizer)
                 what = f"with tokenizer {meta.get('request')}, not {request}"
+            elif meta.get("source_sha256") != scan.sha256:
+                what = "of other text"
             elif meta.get("val_fraction") != val_fraction:
                 what = f"with --val-fraction {meta.get('val_fraction')}, not {val_fraction}"
             else:

@@ -33,8 +33,8 @@ def evaluate_chat(
 ) -> Result:
     if not tokenizer.has_chat:
         raise UsageError(
-            f"{path} holds conversations, and this model has no chat template; score a model "
-            "finetuned with --task chat"
+            f"{path}: scoring conversations (--task chat) needs a chat model, and this one has no chat "
+            "template; score a model finetuned with --task chat"
         )
     rows = records(path, limit)
     fitted = chat_examples(rows, tokenizer, model.config.block_size)

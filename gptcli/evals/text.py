@@ -39,6 +39,8 @@ def encode_text(path: Path, tokenizer: Tokenizer) -> Encoded:
     nchars: list[np.ndarray] = []
     eot = tokenizer.eot_id
     docs = ["".join(d) for d in iter_documents(path)]
+    if not any(docs):  # (an empty file: not one token to predict, whatever a document's start adds)
+        raise UsageError(f"{path}: no text to score (the file is empty)")
     if eot is None and len(docs) > 1:  # documents end with a newline where no token separates them
         docs = [d if d.endswith("\n") else d + "\n" for d in docs]
     for doc in docs:
