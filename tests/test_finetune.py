@@ -351,6 +351,21 @@ def test_csv_pairs_with_both_orders(pretrained, tmp_path):
         pretrained, data, tmp_path / "pairs", "--task", "classify", "--both-orders", "--max-iters", "5"
     )
     assert meta["both_orders"] is True and meta["labels"] == ["other", "same"]
+    single = tmp_path / "single.csv"
+    single.write_text("text,label\n" + "".join(f"{line.split(',')[0]},x\n" for line in lines[1:]))
+    refused = run(
+        "finetune",
+        "--ckpt",
+        pretrained,
+        single,
+        "--task",
+        "classify",
+        "--both-orders",
+        "--out",
+        tmp_path / "s",
+    )
+    assert_usage_error(refused, "--both-orders trains on pairs of texts both ways round")
+    assert not (tmp_path / "s").exists()
 
 
 def test_read_records_multiline_csv_and_jsonl_line_separators(tmp_path):

@@ -116,6 +116,11 @@ def build(src: Source) -> tuple[SupervisedTask, int, dict]:
     """The task, its head's outputs (one per label) and what the checkpoint must remember:
     the labels, and how validation was held out (class by class for new runs)."""
     s = src.settings
+    if s["both_orders"] and not any("text_b" in r.fields for r in src.records):
+        raise UsageError(
+            f"--both-orders trains on pairs of texts both ways round; {s['data'][0]} holds single "
+            '"text" records (pairs are "text_a" and "text_b"): drop --both-orders'
+        )
     labels = label_set(src.records) if src.labels is None else src.labels
 
     def convert(records: list[Record]) -> list[Example]:
