@@ -505,7 +505,9 @@ def _check_config_copy(path: Path, saved: Config) -> None:
     rather than overwritten: a resumed run's settings are its checkpoint's, and -c or the flags."""
     if not path.is_file() or path.is_symlink():
         return
-    written = read_yaml(path)
+    written = read_yaml(path)  # (not YAML: refused as read_yaml refuses it, the file kept)
+    if not isinstance(written, dict):
+        return
     ours = saved.to_dict()
     edited = [
         f"{section}.{key}: {value!r}, not {ours[section][key]!r}"
