@@ -115,7 +115,16 @@ def _refuse_existing(path: Path, flag: str) -> None:
 
 def check_writable(path: Path, replace: bool, flag: str = "--force") -> None:
     """Fail early, before any work, if writing path would replace a file not meant to be
-    replaced, or if its directory is missing."""
+    replaced, or if its directory is missing. A device, pipe or socket is never replaced
+    (--force or not: replacing /dev/null with a file is never what was meant)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    special = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+               stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket"}  # fmt: skip
+    if mode is not None and stat.S_IFMT(mode) in special:
+        raise UsageError(f"{path} is {special[stat.S_IFMT(mode)]}, not a file; give a file name")
     if not replace:
         _refuse_existing(path, flag)
     if os.path.isdir(path) and not os.path.islink(path):

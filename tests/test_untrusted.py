@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +95,17 @@ def test_resume_never_writes_through_a_link_planted_in_the_run(trained, tmp_path
     assert result.exit_code == 0, result.output
     assert digest(outside) == before  # the link was replaced by the run's own file, never followed
     assert not (run_dir / name).is_symlink()
+
+
+def test_force_never_replaces_a_pipe_or_a_device(trained, tmp_path):
+    """--force replaces a file (or a link), never a named pipe or a device: refused in one line."""
+    pipe = tmp_path / "out.json"
+    os.mkfifo(pipe)
+    for args in (["inspect-attn", "The fox", "--ckpt", trained, "--save", pipe, "--force"],
+                 ["export", trained, "/dev/null", "--to", "gguf", "--force"]):  # fmt: skip
+        message = assert_usage_error(run(*args), "not a file; give a file name")
+        assert "--force" not in message
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
 def test_a_log_that_is_a_link_is_refused(trained, tmp_path, outside):
