@@ -8,6 +8,8 @@ command lines for a user to paste.
   surrogates (bytes of a file name that were not UTF-8 come back as `\\xNN`). Newlines and
   tabs stay. With a limit, a very long text keeps its start and end around a mark that
   says how much was cut. The render layer passes everything it prints through it.
+- `one_line(text)`: printable, and its line breaks escaped as well (error, warning and
+  info lines).
 - `quote(value)` is how a message names a value: bounded whatever the value is (a YAML
   alias bomb, a 1 MB string, a list nested a thousand deep), with its type and size.
 - `command_line(*args)`: `gptcli ARGS...`, each argument shell-quoted.
@@ -33,6 +35,16 @@ def _escape(match: re.Match[str]) -> str:
     if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8, kept by Python as a surrogate
         return f"\\x{code - 0xDC00:02x}"
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """printable(text), with line breaks shown escaped too: a message that names something
+    from outside (a file name may hold a newline) stays the one line it is meant to be."""
+    return _BREAKS.sub(lambda m: _BROKEN[m.group()], printable(text, limit))
+
+
+_BREAKS = re.compile("[\n\u2028\u2029]")
+_BROKEN = {"\n": "\\n", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
 def cut(text: str, limit: int) -> str:

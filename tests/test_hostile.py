@@ -213,6 +213,9 @@ def test_file_names_paths_and_prompts_are_shown_escaped(ws, monkeypatch, tmp_pat
     line = assert_usage_error(result, "invalid UTF-8")
     assert "evil\\x1b]0;TITLE\\x07\\x1b[2J\\xe9.txt" in line
     _no_raw_control(result.output)
+    # a line break in a name is shown escaped too: the error stays one line
+    line = assert_usage_error(run("sample", "--ckpt", "two\nlines\u2028three", "-p", "hi"), "no such file")
+    assert "--ckpt two\\nlines\\u2028three:" in line
 
     for args in (
         ["sample", "--ckpt", ws / "run", "-p", "\x1b[2JThe fox"],  # a character the model does not know

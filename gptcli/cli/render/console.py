@@ -31,7 +31,7 @@ from rich.progress import (
 from rich.text import Text
 
 from gptcli import reports
-from gptcli.messages import printable
+from gptcli.messages import one_line, printable
 
 
 class Stream(io.TextIOBase):
@@ -141,19 +141,19 @@ def text(value: str, style: str = "", limit: int | None = None) -> Text:
 
 def error(message: str) -> None:
     """One line on stderr: what is wrong and what to do."""
-    err.print(Text.assemble(("error: ", "bold red"), printable(message, MESSAGE_LIMIT)), soft_wrap=True)
+    err.print(Text.assemble(("error: ", "bold red"), one_line(message, MESSAGE_LIMIT)), soft_wrap=True)
 
 
 def warning(message: str) -> None:
     if not _QUIET:
         err.print(
-            Text.assemble(("warning: ", "bold yellow"), printable(message, MESSAGE_LIMIT)), soft_wrap=True
+            Text.assemble(("warning: ", "bold yellow"), one_line(message, MESSAGE_LIMIT)), soft_wrap=True
         )
 
 
 def info(message: str) -> None:
     if not _QUIET:
-        err.print(text(message, "dim", MESSAGE_LIMIT), soft_wrap=True)
+        err.print(Text(one_line(message, MESSAGE_LIMIT), style="dim"), soft_wrap=True)
 
 
 def note(message: str) -> None:
