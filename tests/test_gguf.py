@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -275,6 +276,14 @@ def _rebuilt(src, dst, keys: dict | None = None, drop=(), tensors=None):
     return dst
 
 
+def _poisoned(t):
+    """A GGUF tensor as it is, but the final layer norm's weights NaN: damaged weights."""
+    data = np.asarray(t.data)
+    if t.name == "output_norm.weight":
+        data = np.full_like(data, np.nan)
+    return SimpleNamespace(name=t.name, data=data, shape=t.shape, tensor_type=t.tensor_type)
+
+
 def test_crafted_headers_and_keys_are_one_line_each(gpt2_dir, tmp_path):
     good = tmp_path / "m.gguf"
     export(gpt2_dir, good)
@@ -311,6 +320,8 @@ def test_crafted_headers_and_keys_are_one_line_each(gpt2_dir, tmp_path):
         (_rebuilt(good, tmp_path / "merges.gguf", drop=(*own, "tokenizer.ggml.merges")), "not GPT-2's"),
         (_rebuilt(good, tmp_path / "types.gguf", {"tokenizer.ggml.token_type": (["x"] * 50257, ARR)},
                   drop=own), "not GPT-2's"),
+        (_rebuilt(good, tmp_path / "nan.gguf", tensors=[_poisoned(t) for t in gguf.GGUFReader(good).tensors]),
+         "output_norm.weight holds NaN or inf"),
     ]:  # fmt: skip
         assert_usage_error(run("sample", "--ckpt", path, "-n", "2"), words)
     # a name that is not UTF-8 or not a string: the file's stem

@@ -40,6 +40,7 @@ from gptcli.data.tokenizer import (
 from gptcli.errors import UsageError, need
 from gptcli.model import GPT
 from gptcli.store.gguf_header import ARRAY, INTEGERS, STRING, Field, Header, Tensor, read_header
+from gptcli.store.validate import check_finite
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 
@@ -278,6 +279,7 @@ def load_gguf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Toke
         if shape != expected[name]:
             raise UsageError(f"{path}: {name} has shape {shape}, the model's is {expected[name]}")
         state[ours_of[name]] = _dequantized(header, t, shape)
+        check_finite(name, state[ours_of[name]], str(path))  # (q8_0: its scales too, through the product)
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise UsageError(f"{path}: it lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
