@@ -81,7 +81,7 @@ def test_export_round_trips_through_transformers(trained, tmp_path):
     assert_usage_error(run("export", trained, "--to", "onnx", tmp_path / "x"), "--to must be hf or gguf")
 
 
-def test_export_of_a_gpt2_bpe_model_brings_its_tokenizer(hf_gpt2, tmp_path):
+def test_export_of_a_gpt2_bpe_model_brings_its_tokenizer(hf_gpt2, trained, tmp_path):
     hf = hf_gpt2(vocab_size=50257, n_embd=16, n_head=2)
     hf.save_pretrained(tmp_path / "src")
     loaded = load(tmp_path / "src")
@@ -97,6 +97,15 @@ def test_export_of_a_gpt2_bpe_model_brings_its_tokenizer(hf_gpt2, tmp_path):
     logits_equal(
         transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval(), loaded.model, [1, 2, 3]
     )
+    # over an earlier export with --force, in either order, none of the other's tokenizer stays
+    char = load(trained)
+    export_hf(char.model, char.tokenizer, tmp_path / "over")
+    export_hf(loaded.model, loaded.tokenizer, tmp_path / "over")
+    assert "gptcli_tokenizer.json" not in {p.name for p in (tmp_path / "over").iterdir()}
+    assert load(tmp_path / "over").tokenizer.encode(text) == loaded.tokenizer.encode(text)
+    export_hf(char.model, char.tokenizer, tmp_path / "over")
+    assert not {"vocab.json", "merges.txt"} & {p.name for p in (tmp_path / "over").iterdir()}
+    assert load(tmp_path / "over").tokenizer.name == "char"
 
 
 def test_unsupported_variants_and_broken_weights_are_refused(hf_gpt2, tmp_path):

@@ -347,4 +347,8 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
         contents[GPTCLI_TOKENIZER] = tokenizer.dumps()
     for name, content in contents.items():
         files.write_file(out / name, content)
-    return ["config.json", "model.safetensors", *list(contents)[1:]]
+    written = ["config.json", "model.safetensors", *list(contents)[1:]]
+    for name in set(EXPORTED) - set(written):  # an earlier export's (--force): not this one's
+        if files.is_regular_file(out / name) or (out / name).is_symlink():
+            (out / name).unlink()
+    return written
