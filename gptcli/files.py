@@ -303,6 +303,7 @@ def new_dir(
     full-disk error names (default final)."""
     tmp = final.with_name(f".{final.name.lstrip('.')}.{_tag()}.tmpdir")
     final.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(final.parent, [final.name.lstrip(".")])  # what a killed process left for the same name
     os.mkdir(tmp, 0o777 & ~_umask())  # exclusive: fails on anything already there, links included
     try:
         yield tmp

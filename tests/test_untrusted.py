@@ -18,11 +18,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from gptcli import files
+from gptcli.store.loading import load
 from tests.helpers import (
     TINY,
     assert_refused_cold,
     assert_usage_error,
     chromium,
+    dead_pid,
     digest,
     edit_json,
     gptcli,
@@ -106,6 +109,22 @@ def test_force_never_replaces_a_pipe_or_a_device(trained, tmp_path):
         message = assert_usage_error(run(*args), "not a file; give a file name")
         assert "--force" not in message
     assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_an_export_killed_midway_leaves_nothing_in_the_way(trained, tmp_path):
+    """A Hugging Face export is moved into place whole: one killed midway leaves only its
+    temporary directory (as a dead process's, made here), which the next export of that name
+    removes, as a GGUF export's; the same command then works."""
+    tag = f"{files._HOST}-{dead_pid()}-abcdef"
+    for left in (f".hf.{tag}.tmpdir", f".m.gguf.{tag}.tmpdir"):
+        (tmp_path / left).mkdir()
+        (tmp_path / left / "model.safetensors").write_bytes(b"half")
+    assert run("export", trained, tmp_path / "hf").exit_code == 0
+    assert {p.name for p in tmp_path.iterdir()} == {"hf", f".m.gguf.{tag}.tmpdir"}
+    assert load(tmp_path / "hf").tokenizer.name == "char"
+    with files.writing_path(tmp_path / "m.gguf") as path:  # as a GGUF export writes its file
+        path.write_bytes(b"GGUF")
+    assert {p.name for p in tmp_path.iterdir()} == {"hf", "m.gguf"}
 
 
 def test_a_log_that_is_a_link_is_refused(trained, tmp_path, outside):

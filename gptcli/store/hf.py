@@ -10,6 +10,7 @@ model uses GPT-2's BPE.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -323,32 +324,39 @@ def export_hf(model: GPT, tokenizer: Any, out: Path) -> list[str]:
         "eos_token_id": ends,
         "torch_dtype": "float32",
     }
-    out.mkdir(parents=True, exist_ok=True)
-    files.clean_stale(out, EXPORTED)
-    state = gptcli_to_hf_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
-    files.save_tensors(state, out / "model.safetensors", metadata={"format": "pt"})
-    contents: dict[str, str | bytes] = {"config.json": json.dumps(config, indent=2)}
-    if tokenizer.has_chat:
-        generation = {"bos_token_id": eot, "eos_token_id": ends}
-        contents["generation_config.json"] = json.dumps(generation, indent=2)
-    # Hugging Face's tokenizer.json (and its config) for every tokenizer, so AutoTokenizer loads it
-    contents |= hf_tokenizer_files(tokenizer, c.block_size)
-    if tokenizer.name == "gpt2":
-        data = _gpt2_data_dir()
-        special = {**special_tokens_map(tokenizer), "unk_token": ENDOFTEXT}
-        tok_cfg = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": c.block_size, **special}
-        contents |= {
-            "vocab.json": (data / "encoder.json").read_bytes(),
-            "merges.txt": (data / "vocab.bpe").read_bytes(),
-            "special_tokens_map.json": json.dumps(special, indent=2),
-            "tokenizer_config.json": json.dumps(tok_cfg | chat_template(tokenizer), indent=2),
-        }
-    if tokenizer.name != "gpt2" or tokenizer.has_chat:  # and gptcli's own, which gptcli reads back exactly
-        contents[GPTCLI_TOKENIZER] = tokenizer.dumps()
-    for name, content in contents.items():
-        files.write_file(out / name, content)
-    written = ["config.json", "model.safetensors", *list(contents)[1:]]
-    for name in set(EXPORTED) - set(written):  # an earlier export's (--force): not this one's
-        if files.is_regular_file(out / name) or (out / name).is_symlink():
-            (out / name).unlink()
+    # a new export is written beside out and moved into place whole (a killed one leaves a
+    # temporary directory, removed the next time, never half an export); --force over an
+    # earlier one writes its files in place, each atomically, and removes those it does not write
+    fresh = not (out.is_dir() and any(out.iterdir()))
+    with files.new_dir(out) if fresh else contextlib.nullcontext(out) as dest:
+        if not fresh:
+            files.clean_stale(out, EXPORTED)
+        state = gptcli_to_hf_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
+        files.save_tensors(state, dest / "model.safetensors", metadata={"format": "pt"})
+        contents: dict[str, str | bytes] = {"config.json": json.dumps(config, indent=2)}
+        if tokenizer.has_chat:
+            generation = {"bos_token_id": eot, "eos_token_id": ends}
+            contents["generation_config.json"] = json.dumps(generation, indent=2)
+        # Hugging Face's tokenizer.json (and its config) for every tokenizer, so AutoTokenizer loads it
+        contents |= hf_tokenizer_files(tokenizer, c.block_size)
+        if tokenizer.name == "gpt2":
+            data = _gpt2_data_dir()
+            special = {**special_tokens_map(tokenizer), "unk_token": ENDOFTEXT}
+            tok_cfg = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": c.block_size, **special}
+            contents |= {
+                "vocab.json": (data / "encoder.json").read_bytes(),
+                "merges.txt": (data / "vocab.bpe").read_bytes(),
+                "special_tokens_map.json": json.dumps(special, indent=2),
+                "tokenizer_config.json": json.dumps(tok_cfg | chat_template(tokenizer), indent=2),
+            }
+        if (
+            tokenizer.name != "gpt2" or tokenizer.has_chat
+        ):  # and gptcli's own, which gptcli reads back exactly
+            contents[GPTCLI_TOKENIZER] = tokenizer.dumps()
+        for name, content in contents.items():
+            files.write_file(dest / name, content)
+        written = ["config.json", "model.safetensors", *list(contents)[1:]]
+        for name in set(EXPORTED) - set(written):  # an earlier export's: not this one's
+            if files.is_regular_file(dest / name) or (dest / name).is_symlink():
+                (dest / name).unlink()
     return written
