@@ -39,7 +39,9 @@ _FULL = {
     errno.ENOSPC: "no space left on the device to write",
     getattr(errno, "EDQUOT", errno.ENOSPC): "the disk quota is reached: no room to write",
     errno.EFBIG: "the file size limit (ulimit -f) is too small to write",
+    -1: "the disk is full or the file size limit (ulimit -f) is reached: could not write",  # a short write
 }
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")  # numpy's words for a write cut short
 _FULL_TEXT = {
     "No space left": errno.ENOSPC,
     "StorageFull": errno.ENOSPC,
@@ -91,14 +93,18 @@ def disk_full(
     need = f"{'at least ' if at_least and needed else ''}{_sizes(needed)} needed"
     what = _FULL[_full_errno(cause) or errno.ENOSPC]
     fix = "raise the limit" if what.startswith("the file size") else "free some space"
+    if what.startswith("the disk is full"):  # (a write cut short: either)
+        fix = "free some space or raise the limit"
     return DiskFull(f"{what} {path} ({need}{room}); {fix}, or write somewhere else, and retry")
 
 
 def _full_errno(e: BaseException | None) -> int | None:
     if e is None:
         return None
-    if isinstance(e, OSError):
+    if isinstance(e, OSError) and e.errno is not None:
         return e.errno if e.errno in _FULL else None
+    if _SHORT_WRITE.search(str(e)):
+        return -1
     return next((code for text, code in _FULL_TEXT.items() if text in str(e)), None)
 
 

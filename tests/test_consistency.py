@@ -310,6 +310,18 @@ def test_a_full_disk_is_one_line_and_leaves_no_temp_files(tmp_path, monkeypatch)
         assert [p.name for p in out.iterdir()] == []
 
 
+def test_a_write_cut_short_and_a_name_too_long_are_one_line(tmp_path):
+    """numpy's words for a write cut short (a GGUF file under a file size limit) read as a
+    full disk or the limit; a name the file system refuses as too long is bad input (2)."""
+    short = OSError("3216448 requested and 69800 written")
+    assert files.is_full(short)
+    line = str(files.disk_full(tmp_path / "a.gguf", None, cause=short))
+    assert line.startswith("the disk is full or the file size limit (ulimit -f) is reached: could not write")
+    assert "free some space or raise the limit" in line
+    line = assert_usage_error(run("sample", "--ckpt", "a" * 5000), "is too long for the file system")
+    assert len(line) < 300
+
+
 def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(trained, tmp_path, monkeypatch):
     import gptcli.store.checkpoint as checkpoint
 

@@ -34,6 +34,7 @@ from gptcli.cli.serve import serve
 from gptcli.cli.tokenize import tokenize
 from gptcli.config import verbs
 from gptcli.errors import GptcliError, unforeseen
+from gptcli.messages import printable
 
 _debug = os.environ.get("GPTCLI_DEBUG", "") not in ("", "0")
 
@@ -93,12 +94,18 @@ class _Boundary(TyperGroup):
         except typer.Abort:
             code = 130
         except OSError as e:
-            if e.errno != errno.EPIPE:
+            code = 1
+            if e.errno == errno.ENAMETOOLONG and not _debug:  # bad input: a path the file system refuses
+                render.error(
+                    f"a name in {printable(str(e.filename), 80)} is too long for the file system; "
+                    "give a shorter one"
+                )
+                code = 2
+            elif e.errno != errno.EPIPE:
                 if _debug:
                     raise
                 doing = f" ({e.gptcli_doing})" if getattr(e, "gptcli_doing", None) else ""
                 render.error(f"{e.strerror or e}: {e.filename or ''}".rstrip(": ") + doing)
-            code = 1
         except BaseException as e:  # Exception, and a Rust library's panic, which derives from BaseException
             if _debug or (not isinstance(e, Exception) and type(e).__name__ != "PanicException"):
                 raise
