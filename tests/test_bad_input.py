@@ -98,7 +98,8 @@ CASES = [
     ("beams zero", ["beam", "The", "--ckpt", "{trained}", "--beams", "0"], "--beams must be >= 1"),
     ("ckpt missing", ["sample", "--ckpt", "nowhere"], "--ckpt nowhere: no such file or directory"),
     ("ckpt not a run", ["sample", "--ckpt", "emptydir"], "is not a gptcli run or checkpoint"),
-    ("ckpt is a file", ["beam", "x", "--ckpt", "notes.txt"], "is not a gptcli run or checkpoint"),
+    ("ckpt is a file", ["beam", "x", "--ckpt", "notes.txt"], "notes.txt is a file, not a gptcli run or checkpoint"),
+    ("ckpt is a device", ["sample", "--ckpt", "/dev/zero"], "/dev/zero is a character device, not a gptcli run"),
     ("ckpt truncated", ["sample", "--ckpt", "ckpt-truncated"], "model.safetensors is corrupted"),
     ("ckpt bad header", ["inspect-attn", "The", "--ckpt", "ckpt-header"], "model.safetensors is corrupted"),
     ("ckpt shape mismatch", ["sample", "--ckpt", "ckpt-shape"], "the weights do not match the config"),
@@ -192,3 +193,13 @@ def test_debug_shows_the_traceback(ws, monkeypatch):
     from gptcli.errors import UsageError
 
     assert isinstance(result.exception, UsageError)  # raised through, for the traceback
+
+
+def test_json_cut_short_is_named_once(tmp_path):
+    """json's 'Unterminated string starting at' is not followed by a second 'at'."""
+    from gptcli.data.inputs import read_json
+    from gptcli.errors import UsageError
+
+    (tmp_path / "c.json").write_text('{"format": "x')
+    with pytest.raises(UsageError, match=r"\(not valid JSON: Unterminated string starting at line 1\); it"):
+        read_json(tmp_path / "c.json", "it is damaged")

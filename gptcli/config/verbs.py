@@ -23,7 +23,11 @@ TOP_P = Range(0, 1, lo_open=True)  # (0, 1]: a nucleus of some mass
 
 
 def ckpt_knob(**kw: Any) -> Any:
-    help = kw.pop("help", "A run dir (its best/ checkpoint), a checkpoint dir such as RUN/last")
+    help = kw.pop(
+        "help",
+        "A run dir (its best/ checkpoint), a checkpoint dir such as RUN/last, a Hugging Face GPT-2 "
+        "dir or hub name (gpt2), or a .gguf file",
+    )
     shown = kw.pop("shown", "the newest run under ./runs")
     return knob(None, flag="--ckpt", help=help, shown=shown, complete="runs", **kw)
 
@@ -187,7 +191,7 @@ class FinetuneVerbSettings(Settings):
     ckpt: str | None = knob(
         None,
         flag="--ckpt",
-        help="The model to start from: a run, checkpoint dir, GPT-2 dir or hub name",
+        help="The model to start from: a run, checkpoint dir, GPT-2 dir or hub name, or a .gguf file",
         shown="the run's, with --resume",
         panel=RUN,
         complete="runs",
@@ -478,7 +482,7 @@ class ClassifySettings(Settings):
 class EvalSettings(Settings):
     files: list[Path] = knob(..., argument=True, help="Text (.txt, .jsonl documents) or JSONL/CSV records.")
     ckpt: list[str] | None = ckpt_knob(
-        help="A run, checkpoint, Hugging Face directory or hub name; repeat it to compare models"
+        help="A run, checkpoint, Hugging Face directory or hub name, or a .gguf file; repeat it to compare"
     )
     base: Path | None = base_knob()
     task: str | None = knob(

@@ -67,7 +67,7 @@ def read_json(path: os.PathLike | str, then: str) -> Any:
     except UnicodeDecodeError as e:
         why = f"not valid JSON: not UTF-8 text at byte {e.start}"
     except ValueError as e:  # json.JSONDecodeError
-        why = f"not valid JSON: {getattr(e, 'msg', e)}" + (
+        why = f"not valid JSON: {str(getattr(e, 'msg', e)).removesuffix(' at')}" + (
             f" at line {e.lineno}" if hasattr(e, "lineno") else ""
         )
     except RecursionError:

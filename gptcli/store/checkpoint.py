@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 
 from gptcli import __version__, files, lora
 from gptcli.config import Config, merge
-from gptcli.data.inputs import check_types, read_json, try_read_json
+from gptcli.data.inputs import check_types, read_json, try_read_json, what_is
 from gptcli.data.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from gptcli.errors import UsageError
 from gptcli.model import GPT
@@ -220,6 +220,11 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     found = checkpoint_in(p, BEST) or checkpoint_in(p, LAST)
     if found is not None:
         return found
+    if not p.is_dir():  # (a device, a pipe, a file that is none of the formats gptcli reads)
+        raise UsageError(
+            f"--ckpt {p} is {what_is(p)}, not a gptcli run or checkpoint (a directory), a Hugging Face "
+            "directory or a .gguf file"
+        )
     raise UsageError(
         f"--ckpt {p} is not a gptcli run or checkpoint (no {META_FILE} in it, {BEST}/ or {LAST}/)"
     )
