@@ -108,6 +108,20 @@ def test_export_of_a_gpt2_bpe_model_brings_its_tokenizer(hf_gpt2, trained, tmp_p
     assert load(tmp_path / "over").tokenizer.name == "char"
 
 
+def test_sharded_weights_and_a_tokenizer_that_is_not_a_file_are_refused(hf_gpt2, trained, tmp_path):
+    hf = hf_gpt2()
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert_usage_error(run("sample", "--ckpt", tmp_path / "sharded", "-n", "2"), "its weights are in shards")
+    assert run("export", trained, tmp_path / "hf").exit_code == 0
+    (tmp_path / "hf" / "gptcli_tokenizer.json").unlink()
+    (tmp_path / "hf" / "gptcli_tokenizer.json").mkdir()  # (GPT-2's tokenizer must not stand in for it)
+    assert_usage_error(
+        run("sample", "--ckpt", tmp_path / "hf", "-n", "2"),
+        "gptcli_tokenizer.json is a directory, not a file",
+    )
+
+
 def test_unsupported_variants_and_broken_weights_are_refused(hf_gpt2, tmp_path):
     hf = hf_gpt2()
     hf.save_pretrained(tmp_path / "m")

@@ -79,6 +79,16 @@ def gptcli_to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def is_hf_dir(path: Path) -> bool:
+    """A GPT-2 directory in Hugging Face's layout; one whose weights are in shards is refused
+    (gptcli reads one weights file)."""
+    if (path / "config.json").is_file() and not any((path / f).is_file() for f in WEIGHT_FILES):
+        index = next((f for f in ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+                      if (path / f).is_file()), None)  # fmt: skip
+        if index is not None:
+            raise UsageError(
+                f"{path}: its weights are in shards ({index}); gptcli reads one file: save the model with "
+                'save_pretrained(..., max_shard_size="10GB") and give that directory'
+            )
     return (path / "config.json").is_file() and any((path / f).is_file() for f in WEIGHT_FILES)
 
 
