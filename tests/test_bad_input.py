@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +67,16 @@ def ws(tmp_path_factory, trained) -> Path:
     variant("ckpt-shape", edit_meta(**{"model.n_embd": 64}))
     variant("ckpt-newer", edit_meta(version=99))
     variant("ckpt-vocab", bigger_vocab)
+
+    def replaced(name: str, by: Callable[[Path], None]) -> Callable[[Path], None]:
+        def change(d: Path) -> None:
+            (d / name).unlink()
+            by(d / name)
+
+        return change
+
+    variant("ckpt-weights-dir", replaced("model.safetensors", Path.mkdir))
+    variant("ckpt-tokenizer-pipe", replaced("tokenizer.json", os.mkfifo))
     return w
 
 
@@ -104,6 +115,9 @@ CASES = [
     ("ckpt bad header", ["inspect-attn", "The", "--ckpt", "ckpt-header"], "model.safetensors is corrupted"),
     ("ckpt shape mismatch", ["sample", "--ckpt", "ckpt-shape"], "the weights do not match the config"),
     ("ckpt vocab mismatch", ["sample", "--ckpt", "ckpt-vocab"], "do not belong together"),
+    ("ckpt weights a directory", ["sample", "--ckpt", "ckpt-weights-dir"],
+     "model.safetensors is a directory, not a file; the checkpoint is damaged"),
+    ("ckpt tokenizer a pipe", ["sample", "--ckpt", "ckpt-tokenizer-pipe"], "tokenizer.json is a named pipe, not a tokenizer file"),
     ("ckpt newer format", ["sample", "--ckpt", "ckpt-newer"], "written by a newer gptcli"),
     ("tokenized otherwise", ["tokenize", "corpus.txt", "--out", "tok-char", "-t", "bpe:300"],
      "tok-char already holds a different tokenization (with tokenizer char, not bpe:300)"),

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gptcli.data.inputs import read_json
+from gptcli.data.inputs import read_json, what_is
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -493,6 +493,10 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         candidates = [path / GPTCLI_TOKENIZER_FILE, path / TOKENIZER_FILE]  # an HF export keeps ours aside
         candidates += [path / "best" / TOKENIZER_FILE, path / "last" / TOKENIZER_FILE]
         file = next((c for c in candidates if c.is_file()), candidates[0])
+        if not file.is_file():  # none is a file: one that is there but something else says so
+            file = next((c for c in candidates if os.path.lexists(c)), file)
+    if os.path.lexists(file) and not file.is_file():
+        raise UsageError(f"{file} is {what_is(file)}, not a tokenizer file")
     if not file.is_file():
         raise UsageError(f"no tokenizer at {path} (expected {TOKENIZER_FILE})")
     d = read_json(file, "it must be a gptcli tokenizer file")

@@ -10,6 +10,7 @@ not floating point or hold NaN or inf (the message names the tensor).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from gptcli.data.inputs import what_is
 from gptcli.errors import UsageError
 
 
@@ -35,6 +37,8 @@ def header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     from safetensors import SafetensorError, safe_open
 
     if not file.is_file():
+        if os.path.lexists(file):  # a directory, a device, a pipe, a link to nothing
+            raise UsageError(f"{file} is {what_is(file)}, not a file; the checkpoint is damaged")
         raise UsageError(f"{file} is missing; the checkpoint is incomplete")
     try:
         with safe_open(file, framework="pt") as f:
