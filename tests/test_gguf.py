@@ -318,6 +318,7 @@ def test_crafted_headers_and_keys_are_one_line_each(gpt2_dir, tmp_path):
         (_rebuilt(good, tmp_path / "pre.gguf", {"tokenizer.ggml.pre": ("llama-bpe", S)}, drop=own),
          "pre-tokenizer is 'llama-bpe'"),
         (_rebuilt(good, tmp_path / "merges.gguf", drop=(*own, "tokenizer.ggml.merges")), "not GPT-2's"),
+        (_rebuilt(good, tmp_path / "tokens.gguf", drop=(*own, "tokenizer.ggml.tokens")), "lists no tokens"),
         (_rebuilt(good, tmp_path / "types.gguf", {"tokenizer.ggml.token_type": (["x"] * 50257, ARR)},
                   drop=own), "not GPT-2's"),
         (_rebuilt(good, tmp_path / "nan.gguf", tensors=[_poisoned(t) for t in gguf.GGUFReader(good).tensors]),

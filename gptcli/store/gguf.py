@@ -351,8 +351,10 @@ def _gguf_tokenizer(header: Header, path: Path, vocab_size: int) -> Tokenizer:
     gptcli would write for it, else refused: gptcli cannot tokenize for another vocabulary."""
     model = _field(header, "tokenizer.ggml.model", str, path)
     tokens_field = header.fields.get("tokenizer.ggml.tokens")
-    if model != "gpt2" or tokens_field is None:
+    if model != "gpt2":
         raise UsageError(f"{path}: its tokenizer is {model!r}; gptcli reads GPT-2's BPE only")
+    if tokens_field is None:
+        raise UsageError(f"{path}: it names GPT-2's tokenizer but lists no tokens; the file is damaged")
     pre = header.fields.get("tokenizer.ggml.pre")
     if pre is not None and pre.text() != "gpt-2":
         raise UsageError(
