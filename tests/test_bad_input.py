@@ -217,3 +217,13 @@ def test_json_cut_short_is_named_once(tmp_path):
     (tmp_path / "c.json").write_text('{"format": "x')
     with pytest.raises(UsageError, match=r"\(not valid JSON: Unterminated string starting at line 1\); it"):
         read_json(tmp_path / "c.json", "it is damaged")
+
+
+def test_json_that_gives_a_key_twice_is_refused(tmp_path):
+    """A checkpoint.json (or any JSON file read whole) that says two things for one key."""
+    from gptcli.data.inputs import read_json
+    from gptcli.errors import UsageError
+
+    (tmp_path / "c.json").write_text('{"model": {"n_layer": 2, "n_layer": 200}}')
+    with pytest.raises(UsageError, match=r"not valid JSON: the key 'n_layer' appears twice\); it is damaged"):
+        read_json(tmp_path / "c.json", "it is damaged")

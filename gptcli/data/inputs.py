@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gptcli.errors import UsageError
-from gptcli.messages import printable
+from gptcli.messages import printable, quote
 
 
 def what_is(path: os.PathLike | str) -> str:
@@ -51,6 +51,17 @@ def check_input(path: os.PathLike | str, what: str, directory: bool = False) -> 
     raise UsageError(f"{what} {shown} is {found}, not {wanted}; give {wanted}")
 
 
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (as YAML configs must be): a file that
+    says two things for one key is not one to guess from."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {quote(key)} appears twice")
+        out[key] = value
+    return out
+
+
 def read_json(path: os.PathLike | str, then: str) -> Any:
     """The JSON document in a file from outside. Whatever is wrong with it (missing, not a
     file, not UTF-8, not JSON, nested deeper than Python can follow) is one line:
@@ -61,7 +72,7 @@ def read_json(path: os.PathLike | str, then: str) -> Any:
         raise UsageError(f"{shown} is {found}, not a file; {then}")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            return json.load(f, object_pairs_hook=_once_each)
     except OSError as e:
         why = e.strerror or "cannot be read"
     except UnicodeDecodeError as e:
