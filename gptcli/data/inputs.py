@@ -51,6 +51,14 @@ def check_input(path: os.PathLike | str, what: str, directory: bool = False) -> 
     raise UsageError(f"{what} {shown} is {found}, not {wanted}; give {wanted}")
 
 
+def refuse_if_not_a_file(path: os.PathLike | str, then: str = "", kind: str = "a file") -> None:
+    """Something at path that is not a file (a directory, a device, a pipe, a link to
+    nothing) refused, saying what it is; nothing there passes (the caller says it is missing)."""
+    if os.path.lexists(path) and not os.path.isfile(path):
+        shown = printable(str(path), 300)
+        raise UsageError(f"{shown} is {what_is(path)}, not {kind}" + (f"; {then}" if then else ""))
+
+
 def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object whose keys are each given once (as YAML configs must be): a file that
     says two things for one key is not one to guess from."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gptcli.data.inputs import read_json, what_is
+from gptcli.data.inputs import read_json, refuse_if_not_a_file
 from gptcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -495,8 +495,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         file = next((c for c in candidates if c.is_file()), candidates[0])
         if not file.is_file():  # none is a file: one that is there but something else says so
             file = next((c for c in candidates if os.path.lexists(c)), file)
-    if os.path.lexists(file) and not file.is_file():
-        raise UsageError(f"{file} is {what_is(file)}, not a tokenizer file")
+    refuse_if_not_a_file(file, kind="a tokenizer file")
     if not file.is_file():
         raise UsageError(f"no tokenizer at {path} (expected {TOKENIZER_FILE})")
     d = read_json(file, "it must be a gptcli tokenizer file")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gptcli.data.inputs import what_is
+from gptcli.data.inputs import refuse_if_not_a_file
 from gptcli.data.tokenizer import TOKENIZER_FILE, gpt2_tokenizer, load_tokenizer
 from gptcli.errors import UsageError
 from gptcli.store import hf
@@ -174,8 +174,7 @@ def _load_hf(path: Path, device: torch.device | str) -> Loaded:
     model, meta = hf.load_hf(path, device)
     # a model exported by gptcli with its own tokenizer keeps it beside the weights
     own = path / hf.GPTCLI_TOKENIZER
-    if os.path.lexists(own) and not own.is_file():  # (not read past: GPT-2's would stand in for it)
-        raise UsageError(f"{own} is {what_is(own)}, not a file; the export is damaged")
+    refuse_if_not_a_file(own, "the export is damaged")  # (not passed over: GPT-2's would stand in for it)
     # else GPT-2's, with the chat tokens when the directory's template is ChatML
     tokenizer = load_tokenizer(own) if own.is_file() else chat_from_hf(path, gpt2_tokenizer())
     if not own.is_file() and tokenizer.vocab_size > model.config.vocab_size:

@@ -10,7 +10,6 @@ not floating point or hold NaN or inf (the message names the tensor).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gptcli.data.inputs import what_is
+from gptcli.data.inputs import refuse_if_not_a_file
 from gptcli.errors import UsageError
 
 
@@ -36,9 +35,8 @@ def header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{name: (dtype, shape)} from a safetensors file's header, reading no tensor."""
     from safetensors import SafetensorError, safe_open
 
+    refuse_if_not_a_file(file, "the checkpoint is damaged")
     if not file.is_file():
-        if os.path.lexists(file):  # a directory, a device, a pipe, a link to nothing
-            raise UsageError(f"{file} is {what_is(file)}, not a file; the checkpoint is damaged")
         raise UsageError(f"{file} is missing; the checkpoint is incomplete")
     try:
         with safe_open(file, framework="pt") as f:

@@ -143,13 +143,8 @@ def resume_pretraining(
         )
     else:
         report, what = read_meta(data_dir), f"the tokens in {data_dir}"
-    tok, task = _lm_task(data_dir, config)
-    if tok.to_dict() != loaded.tokenizer.to_dict():
-        other = f"another {tok.name} than the run's" if tok.name == loaded.tokenizer.name else tok.name
-        raise UsageError(
-            f"{data_dir} is tokenized with {other}; tokenize the text with the run's own: "
-            f"{command_line('tokenize', 'TEXT', '--out', 'DIR', '-t', run_dir)}"
-        )
+    check_tokenized_with(data_dir, loaded.tokenizer, run_dir)
+    _, task = _lm_task(data_dir, config)
     data = {"data_dir": str(data_dir), "sources": sources}
     data |= same_data(meta, report.source_sha256, new_data, what, notes)
     meta = {"task": "lm", **data}
@@ -417,18 +412,8 @@ def prepare_text(
                     "or tokenize the text again with: "
                     f"{command_line('tokenize', 'TEXT', '--out', 'DIR', '-t', tokenizer)}"
                 )
-        elif load_data_tokenizer(corpus[0]).to_dict() != tokenizer.to_dict():  # (a bpe:N: the same merges)
-            theirs = report.tokenizer
-            same_name = theirs == tokenizer.name.lower()
-            other = (
-                f"another {theirs} than the model's"
-                if same_name
-                else f"{theirs}, not the model's {tokenizer.name}"
-            )
-            raise UsageError(
-                f"{corpus[0]} is tokenized with {other}; tokenize the "
-                f"text with the model's own: {command_line('tokenize', 'TEXT', '--out', 'DIR', '-t', owner)}"
-            )
+        else:
+            check_tokenized_with(corpus[0], tokenizer, owner)
         return corpus[0], report
     total = sum(f.stat().st_size for f in collect_files(corpus))
     with notes.progress("tokenizing", total) as update:
@@ -438,6 +423,25 @@ def prepare_text(
         f"{verb} {len(report.files)} file(s): {report.tokens:,} {report.tokenizer} tokens ({data_dir})"
     )
     return data_dir, report
+
+
+def check_tokenized_with(data_dir: Path, tokenizer: Tokenizer, owner: str | Path) -> None:
+    """A tokenized directory must hold the model's very tokenizer (a bpe:N: the same merges);
+    else one line with the command that tokenizes the text with it (owner: the run or
+    checkpoint the tokenizer comes from)."""
+    theirs = load_data_tokenizer(data_dir)
+    if theirs.to_dict() == tokenizer.to_dict():
+        return
+    same_name = theirs.name.lower() == tokenizer.name.lower()
+    other = (
+        f"another {theirs.name} than the model's"
+        if same_name
+        else f"{theirs.name}, not the model's {tokenizer.name}"
+    )
+    raise UsageError(
+        f"{data_dir} is tokenized with {other}; tokenize the text with the model's own: "
+        f"{command_line('tokenize', 'TEXT', '--out', 'DIR', '-t', owner)}"
+    )
 
 
 def load_for_resume(
