@@ -146,6 +146,11 @@ def test_the_classifier_reloads_and_predicts_the_same(pretrained, order_data, tm
     assert data["accuracy"] is not None and 0 <= data["accuracy"] <= 1
     single = run("classify", "--ckpt", tmp_path / "cls", "the dog fed the cat")
     assert single.exit_code == 0 and "label" in single.output and "◀" in single.output
+    assert trainer.meta["pairs"] is False  # trained on single texts: a pair is refused
+    assert_usage_error(
+        run("classify", "--ckpt", tmp_path / "cls", "the dog", "--text-b", "the cat"),
+        "the command line: this classifier was trained on single texts, not pairs",
+    )
 
 
 def test_multiple_choice_trains(pretrained, tmp_path):
@@ -350,7 +355,18 @@ def test_csv_pairs_with_both_orders(pretrained, tmp_path):
     meta, _ = finetune(
         pretrained, data, tmp_path / "pairs", "--task", "classify", "--both-orders", "--max-iters", "5"
     )
-    assert meta["both_orders"] is True and meta["labels"] == ["other", "same"]
+    assert meta["both_orders"] is True and meta["labels"] == ["other", "same"] and meta["pairs"] is True
+    pair = run("classify", "--ckpt", tmp_path / "pairs", "the cat ate", "--text-b", "the cat", "--json")
+    assert pair.exit_code == 0
+    assert set(json.loads(pair.stdout)["predictions"][0]["probs"]) == {"other", "same"}
+    assert_usage_error(
+        run("classify", "--ckpt", tmp_path / "pairs", "the cat ate"),
+        "this classifier was trained on pairs of texts; give a pair (the second text with --text-b",
+    )
+    (tmp_path / "mixed.jsonl").write_text('{"text_a": "a", "text_b": "b"}\n{"text": "c"}\n')
+    assert_usage_error(
+        run("classify", "--ckpt", tmp_path / "pairs", "--file", tmp_path / "mixed.jsonl"), "mixed.jsonl:2: "
+    )
     single = tmp_path / "single.csv"
     single.write_text("text,label\n" + "".join(f"{line.split(',')[0]},x\n" for line in lines[1:]))
     refused = run(

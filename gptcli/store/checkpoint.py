@@ -264,7 +264,8 @@ META_SCHEMA: dict[str, tuple[type, ...]] = {
     "step": (int,), "tokens": (int,), "best_val_loss": (float, type(None)), "data_dir": (str,),
     "sources": (list,), "data_sha256": (str,), "data_changes": (list,), "labels": (list,),
     "split": (str, type(None)), "delimiter": (str,), "both_orders": (bool,), "base": (str,),
-    "data": (list,), "val_data": (str, type(None)), "val_fraction": (float,), "aux_lm_weight": (float,),
+    "pairs": (bool,), "data": (list,), "val_data": (str, type(None)), "val_fraction": (float,),
+    "aux_lm_weight": (float,),
     "lora_rank": (int,), "lora_alpha": (float, type(None)), "lora_dropout": (float,), "lora_targets": (list,),
     "base_checkpoint": (str,), "base_sha256": (str,), "decay_started": (int,), "optimizers": (dict,),
 }  # fmt: skip

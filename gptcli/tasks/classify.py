@@ -135,4 +135,30 @@ def build(src: Source) -> tuple[SupervisedTask, int, dict]:
     if src.val_records is not None:
         _check_val_classes(src.val_records, splits["val"], {e.label for e in splits["train"]}, labels)
     task = SupervisedTask("classify", splits, s["aux_lm_weight"], src.block_size)
-    return task, len(labels), {"labels": labels, "split": src.split}
+    extra: dict = {"labels": labels, "split": src.split}
+    shapes = {is_pair(r) for r in src.records}
+    if len(shapes) == 1:  # what classify will take: single texts, or pairs (not recorded when mixed)
+        extra["pairs"] = shapes.pop()
+    return task, len(labels), extra
+
+
+def is_pair(record: Record) -> bool:
+    """Whether a classification record is a pair of texts ("text_a", "text_b") rather than
+    one ("text"), as classify_sequences reads it."""
+    return "text" not in record.fields
+
+
+def check_shape(record: Record, pairs: bool | None) -> None:
+    """Refuse a record of the other kind than a classifier was trained on (pairs: what its
+    checkpoint says; None for classifiers trained on both kinds, or made before it said)."""
+    if pairs is None or is_pair(record) == pairs:
+        return
+    if pairs:
+        raise UsageError(
+            f"{record.source}: this classifier was trained on pairs of texts; give a pair "
+            '(the second text with --text-b, or "text_a" and "text_b" in a file)'
+        )
+    raise UsageError(
+        f"{record.source}: this classifier was trained on single texts, not pairs; give one text "
+        '(without --text-b, or "text" in a file)'
+    )

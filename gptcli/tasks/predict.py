@@ -12,7 +12,7 @@ from gptcli.data.records import Record
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.tasks.choice import choice_label, choice_sequences, record_choices
-from gptcli.tasks.classify import classify_sequences, label_index, record_label
+from gptcli.tasks.classify import check_shape, classify_sequences, label_index, record_label
 from gptcli.tasks.supervised import Example, SupervisedTask
 
 
@@ -36,6 +36,8 @@ def predict_records(
     kind, block = meta.get("task"), model.config.block_size
     if kind == "classify":
         labels, index = meta["labels"], label_index(meta["labels"])
+        for r in records:
+            check_shape(r, meta.get("pairs"))
         seqs = [
             classify_sequences(r, tokenizer, block, meta["delimiter"], meta["both_orders"]) for r in records
         ]
