@@ -244,17 +244,16 @@ def adapter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 # --- PEFT's format, for export --adapters-only -------------------------------------------------
 
 
-def peft_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters under PEFT's names for Hugging Face's GPT2LMHeadModel. Its Conv1D
-    layers hold W transposed (in, out); PEFT's A (r, in) and B (out, r) are ours as they are
-    (with fan_in_fan_out it transposes the product), so nothing is transposed here."""
-    out = {}
-    for name, m in model.named_modules():
-        if isinstance(m, LoRALinear):
-            for part in ("A", "B"):
-                tensor = getattr(m, f"lora_{part}").detach().float().cpu().contiguous()
-                out[f"base_model.model.{name}.lora_{part}.weight"] = tensor
-    return out
+def peft_tensors(saved: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters of a LoRA checkpoint (saved: name -> tensor, as adapter_shapes names
+    them) under PEFT's names for Hugging Face's GPT2LMHeadModel. Its Conv1D layers hold W
+    transposed (in, out); PEFT's A (r, in) and B (out, r) are ours as they are (with
+    fan_in_fan_out it transposes the product), so nothing is transposed here."""
+    return {
+        f"base_model.model.{name}.weight": tensor.detach().float().cpu().contiguous()
+        for name, tensor in saved.items()
+        if name.endswith((".lora_A", ".lora_B"))
+    }
 
 
 def peft_config(settings: LoRASettings, base_name: str) -> dict:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from gptcli import lora
 from gptcli.config import ModelConfig
@@ -181,6 +182,17 @@ def test_a_changed_or_missing_base_is_refused_and_a_moved_one_found(data, tmp_pa
     # the original, moved elsewhere, is accepted with --base
     shutil.rmtree(tmp_path / "base")
     assert_usage_error(run("sample", "--ckpt", tmp_path / "lm"), "is not there", "--base PATH")
+    # PEFT's adapters need no base: written from the run alone, the very tensors it trained
+    alone = run("export", tmp_path / "lm", tmp_path / "adapters", "--adapters-only")
+    assert alone.exit_code == 0, alone.output
+    written = load_file(tmp_path / "adapters" / "adapter_model.safetensors")
+    trained = {
+        f"base_model.model.{n}.weight": p
+        for n, p in loading.load(data / "lm", merge=False).model.named_parameters()
+        if n.endswith((".lora_A", ".lora_B"))
+    }
+    assert written.keys() == trained.keys() and len(trained) == 2 * 4 * 2
+    assert all(torch.equal(written[k], p.detach().float()) for k, p in trained.items())
     moved = run(
         "sample",
         "--ckpt",

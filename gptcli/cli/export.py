@@ -41,7 +41,7 @@ def export(s: ExportSettings) -> None:
     if out.exists() and any(out.iterdir()) and not s.force:
         raise UsageError(f"{out} exists and is not empty; choose another directory or pass --force")
     if s.adapters_only:
-        _export_adapters(ckpt, out, base, s.json_out)
+        _export_adapters(ckpt, out, s.json_out)
         return
     loaded = loading.load(ckpt, base=base)  # a LoRA run: merged into its base
     _warn_head(loaded)
@@ -105,31 +105,33 @@ def _stored_type(loaded: Any) -> str:
     return "f32"
 
 
-def _export_adapters(ckpt: str, out: Path, base: Path | None, json_out: bool) -> None:
+def _export_adapters(ckpt: str, out: Path, json_out: bool) -> None:
+    """--adapters-only: the adapters as the run saved them, in PEFT's format; the base is
+    not read (PEFT's file names it, for whoever loads the adapters onto it)."""
     from gptcli import lora
     from gptcli.store import loading
+    from gptcli.store.checkpoint import model_config
     from gptcli.store.hf import export_peft
 
-    loaded = loading.load(ckpt, base=base, merge=False)
-    settings = lora.LoRASettings.of(loaded.meta)
-    if settings is None:
-        raise UsageError(f"--adapters-only: {loaded.path} is not a LoRA run (finetune --lora-rank makes one)")
-    if loaded.model.config.n_classes:
+    path, meta = loading.lora_checkpoint(ckpt)
+    if model_config(path, meta).n_classes:
         raise UsageError(
             "--adapters-only: PEFT's format holds a language model's adapters, and this run's "
             "classification head has no place in it; export the merged model without --adapters-only"
         )
-    if loaded.meta.get("added_tokens"):
+    if meta.get("added_tokens"):
         raise UsageError(
             "--adapters-only: this run added the chat template's tokens to its base, and their "
             "embedding rows have no place in PEFT's adapters; export the merged model without --adapters-only"
         )
-    written = export_peft(loaded.model, settings, str(loaded.meta.get("base", "")), out)
+    settings = lora.LoRASettings.of(meta)
+    assert settings is not None  # (lora_checkpoint refuses runs without adapters)
+    written = export_peft(loading.read_adapters(path, meta), settings, str(meta.get("base", "")), out)
     if json_out:
         render.print_json({"out": str(out), "format": "peft", "files": written})
         return
     render.info(f"wrote {out}: {', '.join(written)}")
     render.info(
         f'load it with: peft.PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(BASE), "{out}"), '
-        f"BASE being {loaded.meta.get('base')} in Hugging Face's format (gptcli export BASE --to hf DIR)"
+        f"BASE being {meta.get('base')} in Hugging Face's format (gptcli export BASE --to hf DIR)"
     )

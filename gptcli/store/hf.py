@@ -285,15 +285,15 @@ def load_hf(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, dict[s
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
-def export_peft(model: GPT, settings: Any, base_name: str, out: Path) -> list[str]:
-    """Write a LoRA run's adapters (model unmerged, settings a lora.LoRASettings) in PEFT's
-    format, for peft.PeftModel.from_pretrained(GPT2LMHeadModel of the base, out). Returns
-    the files written."""
+def export_peft(saved: dict[str, torch.Tensor], settings: Any, base_name: str, out: Path) -> list[str]:
+    """Write a LoRA run's adapters (saved: what its checkpoint holds, settings a
+    lora.LoRASettings) in PEFT's format, for peft.PeftModel.from_pretrained(GPT2LMHeadModel
+    of the base, out). Returns the files written."""
     from gptcli import lora
 
     out.mkdir(parents=True, exist_ok=True)
     files.clean_stale(out, PEFT_FILES)
-    files.save_tensors(lora.peft_tensors(model), out / PEFT_FILES[1], metadata={"format": "pt"})
+    files.save_tensors(lora.peft_tensors(saved), out / PEFT_FILES[1], metadata={"format": "pt"})
     files.write_file(out / PEFT_FILES[0], json.dumps(lora.peft_config(settings, base_name), indent=2))
     return list(PEFT_FILES)
 

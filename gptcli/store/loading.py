@@ -143,6 +143,37 @@ def _load_lora(
     return Loaded(ckpt, model, tokenizer, meta)
 
 
+def lora_checkpoint(spec: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint directory and metadata of a LoRA run, read without its base;
+    a one-line error for anything else --ckpt may name."""
+    path = Path(spec)
+    if not path.exists() and str(spec) not in hf.HUB_MODELS:
+        raise UsageError(f"--ckpt {path}: no such file or directory")
+    if not path.is_dir() or (not is_checkpoint_dir(path) and hf.is_hf_dir(path)):
+        raise UsageError(f"{path} is not a LoRA run (finetune --lora-rank makes one)")
+    ckpt = resolve_checkpoint(path)
+    meta = read_meta(ckpt)
+    if not meta.get("lora_rank"):
+        raise UsageError(f"{ckpt} is not a LoRA run (finetune --lora-rank makes one)")
+    return ckpt, meta
+
+
+def read_adapters(ckpt: Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """What a LoRA checkpoint saved (its adapters, and any head or new token rows), checked
+    against the shapes its metadata implies, without its base: writing the adapters out
+    (PEFT's format) needs nothing else."""
+    from gptcli import lora
+    from gptcli.model import GPT
+
+    config = model_config(ckpt, meta)
+    with torch.device("meta"):  # the layers' names and shapes, no memory
+        plain = GPT(config)
+    added = _added_tokens(ckpt, meta, config.vocab_size)
+    shapes = lora.planned_shapes(plain, lora.LoRASettings.of(meta), config.n_classes, len(added))
+    check_tensors(ckpt / MODEL_FILE, shapes)
+    return read_tensors(ckpt / MODEL_FILE, shapes)
+
+
 def _added_tokens(ckpt: Path, meta: dict[str, Any], base_vocab: int) -> list[int]:
     """The ids a LoRA run added to its base's vocabulary ([first, count] in its metadata),
     checked to be a few rows at most one past the base's end."""
