@@ -131,6 +131,25 @@ out = _Console(file=STDOUT, highlight=False, quiet=_QUIET)
 err = _Console(file=STDERR, highlight=False)
 
 
+def fits(width: int) -> bool:
+    """Whether a view of this many columns can be drawn whole: always in a file or a pipe
+    (see wide), at a terminal only if it is that wide."""
+    return not out.is_terminal or width <= out.width
+
+
+@contextmanager
+def wide(width: int) -> Iterator[None]:
+    """Views drawn inside may take width columns when the output is not a terminal: a file
+    or a pipe has no width to fit (where Rich would assume 80 and cut a map's rows)."""
+    saved = out._width  # (None: the terminal's, or 80)
+    if not out.is_terminal and width > out.width:
+        out.width = width
+    try:
+        yield
+    finally:
+        out._width = saved
+
+
 def text(value: str, style: str = "", limit: int | None = None) -> Text:
     """A Rich Text of a string that may have come from outside: escaped (and cut to limit)."""
     return Text(printable(value, limit), style=style)

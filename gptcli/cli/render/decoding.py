@@ -51,17 +51,23 @@ def probs_table(
         show_edge=False,
         pad_edge=False,
     )
-    table.add_column("#", justify="right", style="dim")
+    table.add_column("#", justify="right", style="dim", no_wrap=True)
     table.add_column(column)
-    table.add_column("p" if sampling else "prob", justify="right")
+    table.add_column("p" if sampling else "prob", justify="right", no_wrap=True)
     if sampling:
-        table.add_column("q", justify="right")
-    table.add_column("", style="green")
-    for rank, piece, prob, chosen, *q in rows:
-        cells = [str(rank), text(piece, "bold green" if chosen else ""), f"{prob:.4f}"]
-        if sampling:
-            cells.append(f"{q[0]:.4f}")
-        table.add_row(*cells, _bar(prob) + (" ◀" if chosen else ""))
+        table.add_column("q", justify="right", no_wrap=True)
+    table.add_column("", style="green", no_wrap=True)
+    body = [
+        [str(rank), text(piece, "bold green" if chosen else ""), f"{prob:.4f}"]
+        + ([f"{q[0]:.4f}"] if sampling else [])
+        for rank, piece, prob, chosen, *q in rows
+    ]
+    # the bars as long as the terminal leaves them, so that the chosen row's ◀ stays on its row
+    # (each column but the outer ones is padded by a space each side, with a rule between)
+    widths = [max(len(table.columns[i].header), *(len(r[i]) for r in body)) for i in range(len(body[0]))]
+    bar = min(24, max(1, out.width - sum(widths) - 3 * len(widths) - 2))
+    for cells, (_, _, prob, chosen, *_) in zip(body, rows, strict=True):
+        table.add_row(*cells, _bar(prob, bar) + (" ◀" if chosen else ""))
     out.print(table)
 
 
@@ -70,23 +76,30 @@ def probs_table(
 
 def beam_table(prompt: str, rows: Sequence[dict[str, Any]]) -> None:
     """The n-best hypotheses: rank, text (prompt dimmed, continuation bright), total
-    log-probability, length-normalised score, length, and whether it ended."""
+    log-probability, length-normalised score, length, and whether it ended. A terminal too
+    narrow for the table gets a line of figures and the text below it, per hypothesis."""
+    figures = [
+        (str(i), f"{r['logprob']:.3f}", f"{r['score']:.4f}", str(len(r["ids"])), "✓✗"[not r["finished"]])
+        for i, r in enumerate(rows, 1)
+    ]
+    headers = ("#", "log p", "score", "len", "ended")
+    widths = [max(len(h), *(len(f[i]) for f in figures)) for i, h in enumerate(headers)]
+    texts = [Text.assemble((printable(prompt), "dim"), (printable(r["text"]), "bold")) for r in rows]
+    if out.width - sum(widths) - 3 * len(widths) < 16:  # numbers are never cut; the text wraps
+        out.print(Text("beam search", style="italic"))
+        for (rank, logp, score, length, ended), line in zip(figures, texts, strict=True):
+            out.print(Text(f"{rank}. log p {logp}, score {score}, len {length}, ended {ended}", style="bold"))
+            out.print(line)
+        return
     table = Table(show_edge=False, pad_edge=False, title="beam search", title_justify="left")
-    table.add_column("#", justify="right", style="dim")
+    table.add_column("#", justify="right", style="dim", no_wrap=True)
     table.add_column("text", ratio=1)
-    table.add_column("log p", justify="right")
-    table.add_column("score", justify="right", style="bold")
-    table.add_column("len", justify="right")
-    table.add_column("ended", justify="center")
-    for rank, r in enumerate(rows, 1):
-        table.add_row(
-            str(rank),
-            Text.assemble((printable(prompt), "dim"), (printable(r["text"]), "bold")),
-            f"{r['logprob']:.3f}",
-            f"{r['score']:.4f}",
-            str(len(r["ids"])),
-            "✓" if r["finished"] else "✗",
-        )
+    table.add_column("log p", justify="right", no_wrap=True)
+    table.add_column("score", justify="right", style="bold", no_wrap=True)
+    table.add_column("len", justify="right", no_wrap=True)
+    table.add_column("ended", justify="center", no_wrap=True)
+    for (rank, *numbers), line in zip(figures, texts, strict=True):
+        table.add_row(rank, line, *numbers)
     out.print(table)
 
 

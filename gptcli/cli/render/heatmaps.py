@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from gptcli.cli.render.console import out
+from gptcli.cli.render.console import fits, out, wide
 from gptcli.messages import printable
 
 # viridis, from 0 (dark) to 1 (bright)
@@ -37,39 +37,66 @@ def _cell(w: float, masked: bool, numbers: bool) -> Text:
 
 def attention_heatmap(tokens: Sequence[str], weights: Any, title: str) -> None:
     """One attention map large: query tokens as rows, key tokens as columns, future
-    positions masked. weights: (T, T) nested sequence or tensor."""
+    positions masked. weights: (T, T) nested sequence or tensor. Cells show their weight
+    when the prompt is 16 tokens or shorter and the terminal is wide enough, else a shade;
+    a map wider than the terminal shows its last positions and says so."""
     tokens = [printable(t) for t in tokens]
     T = len(tokens)
-    numbers = T <= 16
+    labels = [f"{tokens[q][:12]} {q:>2} " for q in range(T)]
+    label_width = max(len("query ↓  key →"), *map(len, labels))
+    numbers = T <= 16 and fits(label_width + 4 * T)
+    start = _first_shown(T, label_width, 4 if numbers else 2)
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False, show_lines=False,
                   box=None, padding=(0, 0))  # fmt: skip
     table.add_column("query ↓  key →", justify="right", style="bold", no_wrap=True)
-    for tok in tokens:
+    for tok in tokens[start:]:
         label = tok[:6]
         table.add_column(Text("\n".join(label) if numbers else label[:1]), justify="center", no_wrap=True,
                          header_style="cyan", vertical="bottom")  # fmt: skip
-    for q in range(T):
-        row = [_cell(float(weights[q][k]), k > q, numbers) for k in range(T)]
-        table.add_row(Text(f"{tokens[q][:12]} {q:>2} "), *row)
-    out.print(table)
+    for q in range(start, T):
+        row = [_cell(float(weights[q][k]), k > q, numbers) for k in range(start, T)]
+        table.add_row(Text(labels[q]), *row)
+    with wide(label_width + (4 if numbers else 2) * T):
+        out.print(table)
+    _say_left_out(start)
+
+
+def _first_shown(T: int, others: int, cell: int) -> int:
+    """The first position a map of T positions shows at this terminal (0: all of them), its
+    cells `cell` columns wide beside `others` columns of labels or borders."""
+    if fits(others + cell * T):
+        return 0
+    return max(0, T - max(1, (out.width - others) // cell))
+
+
+def _say_left_out(start: int) -> None:
+    if start:
+        out.print(Text(f"(positions 0..{start - 1} left out to fit: a wider terminal, --json or "
+                       "--save attn.html shows them)", style="dim"))  # fmt: skip
 
 
 def attention_grid(tokens: Sequence[str], maps: Sequence[tuple[str, Any]]) -> None:
-    """Many attention maps small, side by side: (title, (T, T) weights) each."""
+    """Many attention maps small, side by side: (title, (T, T) weights) each. A map wider
+    than the terminal shows its last positions and says so."""
     from rich.columns import Columns
     from rich.panel import Panel
 
     T = len(tokens)
+    start = _first_shown(T, 2, 2)
     panels = []
     for title, weights in maps:
         lines = Text()
-        for q in range(T):
-            for k in range(T):
+        for q in range(start, T):
+            for k in range(start, T):
                 lines.append_text(_cell(float(weights[q][k]), k > q, numbers=False))
             if q < T - 1:
                 lines.append("\n")
-        panels.append(Panel(lines, title=title, expand=False, padding=(0, 0), border_style="grey42"))
-    out.print(Columns(panels, padding=(0, 1)))
+        # as wide as its title too ("╭─ L0 H1 ─╮"), which a panel of 1 to 3 positions would cut
+        width = max(2 * (T - start), len(title) + 4) + 2
+        panels.append(Panel(lines, title=title, width=width, padding=(0, 0), border_style="grey42"))
+    with wide(2 * T + 2):
+        out.print(Columns(panels, padding=(0, 1)))
+    _say_left_out(start)
     out.print(Text("rows: queries, columns: keys, · masked (future)   ", style="dim") + legend())
 
 

@@ -9,7 +9,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from gptcli.cli.render.console import out
+from gptcli.cli.render.console import fits, out, wide
 from gptcli.cli.render.heatmaps import color, legend
 
 PIECE = 7  # characters of a token in a grid cell, then its probability: "·hole  .42"
@@ -31,8 +31,8 @@ def lens_grid(
     """Rows: layers (the embeddings, then each block's output); columns: positions, headed by
     the token read there; cells: the top next token, on a shade of its probability.
     top: [layer][position] -> [(piece, prob), ...] best first. Only as many positions as fit
-    the terminal are drawn (the last ones), and the rest is said."""
-    fit = max(1, (out.width - 8) // (CELL + 1))
+    the terminal are drawn (the last ones), and the rest is said; a file or a pipe gets them all."""
+    fit = len(positions) if fits(8 + (CELL + 1) * len(positions)) else max(1, (out.width - 8) // (CELL + 1))
     shown = range(max(0, len(positions) - fit), len(positions))
     out.print(Text("top next token, layer by layer, at each position (below the token read there)"))
     table = Table(
@@ -52,7 +52,8 @@ def lens_grid(
             label = piece[:PIECE].ljust(PIECE) + _prob(prob).rjust(4)
             cells.append(Text(label, style=f"{ink} on {color(prob)}"))
         table.add_row(layer_name(layer), *cells)
-    out.print(table)
+    with wide(8 + (CELL + 1) * len(shown)):
+        out.print(table)
     hidden = len(positions) - len(shown)
     if hidden:
         out.print(Text(f"(positions {positions[0]}..{positions[hidden - 1]} left out to fit: "

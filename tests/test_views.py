@@ -1,0 +1,92 @@
+"""The Rich views at a terminal of a given width, and in a file: numbers are never cut, a
+row never splits, a map wider than the terminal says what it leaves out, and a file gets
+the whole view."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from gptcli.cli import render
+from gptcli.cli.render import console
+
+
+@pytest.fixture
+def screen(monkeypatch):
+    """draw(width or None for a file, view, *args) -> the text it printed, without colours."""
+
+    def draw(width: int | None, view, *args) -> str:
+        buf = io.StringIO()
+        monkeypatch.setattr(console.out, "file", buf)
+        monkeypatch.setattr(console.out, "_force_terminal", width is not None)
+        monkeypatch.setattr(console.out, "_width", width)
+        monkeypatch.setattr(console.out, "_color_system", None)
+        view(*args)
+        return buf.getvalue()
+
+    return draw
+
+
+def _weights(T: int) -> list[list[float]]:
+    return [[1 / (q + 1) if k <= q else 0.0 for k in range(T)] for q in range(T)]
+
+
+def test_small_maps_keep_their_titles_for_a_short_prompt(screen):
+    text = screen(
+        80, render.attention_grid, ["The", "·fox"], [("L0 H0", _weights(2)), ("L0 H1", _weights(2))]
+    )
+    assert "L0 H0" in text and "L0 H1" in text
+    text = screen(80, render.attention_grid, ["a"], [("L11 Hmean", _weights(1))])
+    assert "L11 Hmean" in text
+
+
+def test_a_large_map_fits_the_terminal_and_a_file_gets_it_whole(screen):
+    tokens = [f"·w{i}" for i in range(40)]
+    shown = screen(80, render.attention_heatmap, tokens, _weights(40), "layer 1, head 0")
+    assert max(map(len, shown.splitlines())) <= 80
+    assert "(positions 0..6 left out to fit" in shown  # 33 positions of 2 columns beside 14 of labels
+    assert "·w7  7" in shown and "·w6  6" not in shown and "·w39 39" in shown
+    whole = screen(None, render.attention_heatmap, tokens, _weights(40), "layer 1, head 0")
+    assert "left out" not in whole and "·w0  0" in whole and "·w39 39" in whole
+    assert max(map(len, whole.splitlines())) > 80  # a file is not cut at 80 columns
+    # 16 tokens: the weights themselves where they fit, shades where they do not
+    assert " .50" in screen(100, render.attention_heatmap, tokens[:16], _weights(16), "t")
+    narrow = screen(40, render.attention_heatmap, tokens[:12], _weights(12), "t")
+    assert " .50" not in narrow and "left out" not in narrow and max(map(len, narrow.splitlines())) <= 40
+
+
+def test_the_chosen_token_s_mark_stays_on_its_row_in_a_narrow_terminal(screen):
+    rows = [
+        (1, "·hunted", 0.3722, False, 0.7562),
+        (2, "·dug", 0.1686, True, 0.2438),
+        (3, "·was", 0.16, False, 0.0),
+    ]
+    for width in (30, 40, 100):
+        text = screen(width, render.probs_table, "The fox", rows, None, "token", "T=0.7, top-k 2")
+        marked = [line for line in text.splitlines() if "◀" in line]
+        assert len(marked) == 1 and "0.1686" in marked[0] and "0.2438" in marked[0]
+        assert "·dug" in marked[0] or width < 32  # (30 columns cannot hold every column whole)
+        assert max(map(len, text.splitlines())) <= width
+
+
+def test_beam_figures_stay_whole_in_a_narrow_terminal(screen):
+    rows = [
+        {"text": " dug a burrow because it was cold", "logprob": -3.8871, "score": -0.64781, "ids": [1] * 6,
+         "finished": True},
+        {"text": " ate", "logprob": -12.5, "score": -12.5, "ids": [2], "finished": False},
+    ]  # fmt: skip
+    for width in (40, 80):
+        text = screen(width, render.beam_table, "The rabbit", rows)
+        for figure in ("-3.887", "-0.6478", "-12.500", "-12.5000"):
+            assert figure in text, (width, text)
+        assert "because it was" in text.replace("\n", " ") and max(map(len, text.splitlines())) <= width
+
+
+def test_the_lens_grid_shows_every_position_in_a_file(screen):
+    pieces = [f"·t{i}" for i in range(11)]
+    top = [[[("·x", 0.5)] for _ in pieces] for _ in range(3)]
+    at_80 = screen(80, render.lens_grid, pieces, list(range(11)), top)
+    assert "left out to fit" in at_80 and max(map(len, at_80.splitlines())) <= 80
+    whole = screen(None, render.lens_grid, pieces, list(range(11)), top)
+    assert "left out" not in whole and "·t0" in whole and "·t10" in whole
