@@ -410,3 +410,20 @@ def test_every_finetune_task_has_a_builder():
     from gptcli.config import FINETUNE_TASKS
 
     assert ("lm", *tasks.FINETUNE) == FINETUNE_TASKS
+
+
+def test_each_verb_resumes_its_own_runs_only(pretrained, order_data, tmp_path):
+    """pretrain --resume on a finetuning run would save it as a pretraining run, dropping
+    its base, data and task: refused before anything is loaded, as the other way round."""
+    finetune(pretrained, order_data, tmp_path / "ft", "--max-iters", "2")
+    meta_file = tmp_path / "ft" / "last" / "checkpoint.json"
+    before = meta_file.read_bytes()
+    assert_usage_error(
+        run("pretrain", "--resume", "--out", tmp_path / "ft", "--max-iters", "4"),
+        f"{tmp_path / 'ft'} is a finetuning run; resume it with gptcli finetune --resume --out",
+    )
+    assert meta_file.read_bytes() == before
+    assert_usage_error(
+        run("finetune", "--resume", "--out", pretrained, "--max-iters", "4"),
+        "is a pretraining run; resume it with gptcli pretrain --resume --out",
+    )

@@ -53,6 +53,7 @@ from gptcli.reports import Notes
 from gptcli.runtime import broadcast_from_main, dist_from_env, seed_everything, shared_setup
 from gptcli.store import loading
 from gptcli.store.checkpoint import LAST, STABLE, Loaded, checkpoint_in, newest_run
+from gptcli.store.checkpoint import read_meta as read_checkpoint_meta
 from gptcli.tasks import LMTask, Task, supervised_task
 from gptcli.train.state import DAMAGED, METRICS_FILE, MetricsLog
 from gptcli.train.trainer import CONFIG_FILE, Trainer
@@ -118,7 +119,7 @@ def resume_pretraining(
     its own tokens, or on corpus when given again (which must be the same text, unless
     new_data)."""
     notes = notes or Notes()
-    loaded, config = load_for_resume(out, flags or {}, config_path, notes)
+    loaded, config = load_for_resume(out, flags or {}, config_path, notes, finetuning=False)
     run_dir, meta = loaded.path.parent, loaded.meta
     if "data_dir" not in meta:
         raise UsageError(
@@ -266,12 +267,8 @@ def resume_finetuning(
     notes = notes or Notes()
     given = {k: v for k, v in (given or {}).items() if v is not None}
     moved_base = given.pop("base_checkpoint", None)  # --base: where a LoRA run's base is now
-    loaded, config = load_for_resume(out, flags or {}, config_path, notes, base=moved_base)
+    loaded, config = load_for_resume(out, flags or {}, config_path, notes, finetuning=True, base=moved_base)
     meta = loaded.meta
-    if "base" not in meta:
-        raise UsageError(
-            f"{loaded.path.parent} is a pretraining run; resume it with gptcli pretrain --resume"
-        )
     names = [f.name for f in fields(FinetuneSettings)]
     required = ["task", "data", "base"]  # what every finetuning run has saved
     missing = [k for k in required if k not in meta]
@@ -449,12 +446,15 @@ def load_for_resume(
     flags: Flags,
     config_path: str | Path | None,
     notes: Notes,
+    *,
+    finetuning: bool,
     base: str | Path | None = None,
 ) -> tuple[Loaded, Config]:
     """The last/ checkpoint of the run to resume, and its config: the saved one, where the
     --config file and the flags may repeat its values, and change only what a resumed run
     may change. A LoRA run's adapters come on top of its base (base: where it is now, if it
-    moved), kept apart from the weights to train on."""
+    moved), kept apart from the weights to train on. finetuning: which verb resumes it (a
+    finetuning run names its base; the other verb's run is refused before it is loaded)."""
     if out is None:
         found_run = newest_run()
         if found_run is None:
@@ -468,6 +468,11 @@ def load_for_resume(
     found = checkpoint_in(run, LAST)
     if found is None:
         raise UsageError(f"--resume: {run} has no last/ checkpoint to continue from")
+    if ("base" in read_checkpoint_meta(found)) != finetuning:  # (pretraining would drop its finetuning)
+        kind, verb = ("pretraining", "pretrain") if finetuning else ("finetuning", "finetune")
+        raise UsageError(
+            f"{run} is a {kind} run; resume it with {command_line(verb, '--resume', '--out', run)}"
+        )
     if dist_from_env().is_main:  # one process repairs the log; the trainer's rank 0 writes it
         damaged = MetricsLog(run / METRICS_FILE).set_aside_damaged()
         if damaged:
