@@ -147,6 +147,32 @@ def test_same_corpus_twice_is_reused_and_a_different_one_refused(tmp_path, corpu
     assert load_tokenizer(out).decode(load_split(out, "train").tolist()) in other.read_text()
 
 
+def test_token_files_cut_short_are_never_trained_on_nor_reused(tmp_path, corpus, monkeypatch):
+    from tests.helpers import TINY
+
+    monkeypatch.setenv("GPTCLI_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    assert run("tokenize", corpus, "--out", out).exit_code == 0
+    whole = (out / "train.bin").read_bytes()
+    os.truncate(out / "train.bin", 3000)  # a whole number of ids, fewer than meta.json counts
+    assert_usage_error(
+        run("pretrain", out, "--out", tmp_path / "r", *TINY),
+        "train.bin holds 1,500 ids where",
+        "cut short or changed since",
+        "--force",
+    )
+    assert not (tmp_path / "r").exists()
+    assert_usage_error(run("tokenize", corpus, "--out", out), "token files are missing, cut short or changed")
+    assert run("tokenize", corpus, "--out", out, "--force").exit_code == 0
+    assert (out / "train.bin").read_bytes() == whole
+    # the cache of raw text: encoded again, in silence
+    assert run("pretrain", corpus, "--out", tmp_path / "a", *TINY, "--max-iters", "1").exit_code == 0
+    (cached,) = (tmp_path / "cache" / "tokens").iterdir()
+    os.truncate(cached / "train.bin", 3000)
+    assert run("pretrain", corpus, "--out", tmp_path / "b", *TINY, "--max-iters", "1").exit_code == 0
+    assert (cached / "train.bin").read_bytes() == whole
+
+
 def test_tokenizer_from_a_data_dir(tmp_path, corpus):
     out = tmp_path / "bpe"
     assert run("tokenize", corpus, "--out", out, "-t", "bpe:300").exit_code == 0

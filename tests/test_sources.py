@@ -31,6 +31,10 @@ def write_all(tmp_path: Path, docs: list[str]) -> dict[str, Path]:
         "plain.jsonl": jsonl,
         "gz.jsonl.gz": gzip.compress(jsonl),
         "zst.jsonl.zst": zstd.ZstdCompressor().compress(jsonl),
+        # frames one after another (zstd -c a b > ab.zst), cut mid-document
+        "frames.jsonl.zst": b"".join(
+            zstd.ZstdCompressor().compress(jsonl[i : i + 1000]) for i in range(0, len(jsonl), 1000)
+        ),
         "plain.txt": text,
         "gz.txt.gz": gzip.compress(text),
         "zst.txt.zst": zstd.ZstdCompressor().compress(text),
@@ -94,6 +98,13 @@ def test_bad_rows_and_damaged_files_get_one_line(tmp_path, docs):
     assert_usage_error(
         run("tokenize", tmp_path / "cut.jsonl.gz", "--out", tmp_path / "o4"), "cut.jsonl.gz", "gzip"
     )
+    for name in ("zst.txt.zst", "zst.jsonl.zst"):  # cut inside a frame: refused as gzip is, not read short
+        blob = (tmp_path / name).read_bytes()
+        (tmp_path / f"cut-{name}").write_bytes(blob[: len(blob) // 2])
+        assert_usage_error(
+            run("tokenize", tmp_path / f"cut-{name}", "--out", tmp_path / "o8"),
+            f"cut-{name}: not a complete zstd file (it ends inside a frame)",
+        )
     (tmp_path / "fake.txt.zst").write_bytes(b"not zstd at all")
     assert_usage_error(
         run("tokenize", tmp_path / "fake.txt.zst", "--out", tmp_path / "o5"), "fake.txt.zst", "zstd"
@@ -105,7 +116,7 @@ def test_bad_rows_and_damaged_files_get_one_line(tmp_path, docs):
     bad_json = gzip.compress(b'{"text": "ok"}\n{"text": 5}\n')
     (tmp_path / "bad.jsonl.gz").write_bytes(bad_json)
     assert_usage_error(run("tokenize", tmp_path / "bad.jsonl.gz", "--out", tmp_path / "o7"), "bad.jsonl.gz:2")
-    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 8))
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 9))
 
 
 def test_a_missing_extra_is_named(tmp_path, docs, monkeypatch):

@@ -273,8 +273,7 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
             and meta.get("request") == request
             and meta.get("val_fraction") == val_fraction
             and meta.get("version") == VERSION
-            and (out / "train.bin").is_file()
-            and (out / "val.bin").is_file()
+            and _shards_whole(out, meta)
         )
         if same:
             return True
@@ -285,8 +284,10 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
                 what = "of other text"
             elif meta.get("val_fraction") != val_fraction:
                 what = f"with --val-fraction {meta.get('val_fraction')}, not {val_fraction}"
-            else:
+            elif meta.get("version") != VERSION:
                 what = f"in data format version {meta.get('version')}, not {VERSION}"
+            else:
+                what = "whose token files are missing, cut short or changed since"
             raise UsageError(
                 f"{out} already holds a different tokenization ({what}); "
                 "choose another --out or pass --force to replace it"
@@ -297,6 +298,19 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
     if not unfinished and any(out.iterdir()) and not force:
         raise UsageError(f"{out} is not empty; choose another --out or pass --force to write into it")
     return False
+
+
+def _shards_whole(out: Path, meta: dict) -> bool:
+    """Whether train.bin and val.bin hold as many ids as meta.json says they do."""
+    try:
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        return all(
+            (out / f"{split}.bin").is_file()
+            and (out / f"{split}.bin").stat().st_size == meta[f"{split}_tokens"] * itemsize
+            for split in ("train", "val")
+        )
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 class _ShardWriter:
@@ -591,6 +605,13 @@ def load_split(path: str | os.PathLike, split: str) -> np.ndarray:
     if size % dtype.itemsize:
         raise UsageError(
             f"{file} is {size} bytes, not a whole number of {dtype.name} ids; re-run gptcli tokenize"
+        )
+    expected = getattr(report, f"{split}_tokens")
+    if size != expected * dtype.itemsize:
+        raise UsageError(
+            f"{file} holds {size // dtype.itemsize:,} ids where {path / META_FILE} says {expected:,}: "
+            f"it was cut short or changed since; tokenize the corpus again (gptcli tokenize CORPUS --out "
+            f"{path} --force)"
         )
     if size == 0:
         return np.zeros(0, dtype=dtype)

@@ -62,8 +62,47 @@ def _decompressed(path: Path, raw: IO[bytes]) -> IO[bytes]:
         return IGzipFile(fileobj=raw, mode="rb")
     if suffix == ".zst":
         zstd = need("zstandard", "zstd", f"{path} (zstd)")
-        return zstd.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        return io.BufferedReader(_Zstd(zstd.ZstdDecompressor(), raw), READ_BYTES)
     return raw
+
+
+class _Zstd(io.RawIOBase):
+    """The text of a zstd file of one frame or more. One that ends inside a frame raises
+    EOFError, as gzip does: zstandard's stream_reader ends there without a word, and the
+    corpus would be cut short in silence."""
+
+    def __init__(self, decompressor: Any, raw: IO[bytes]) -> None:
+        self.decompressor, self.raw = decompressor, raw
+        self.frame = decompressor.decompressobj()
+        self.inside = False  # whether the current frame has begun
+        self.pending, self.at = memoryview(b""), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self.at == len(self.pending):
+            chunk = self.raw.read(READ_BYTES)
+            if not chunk:
+                if self.inside:
+                    raise EOFError("it ends inside a frame")
+                return 0
+            self.pending, self.at = memoryview(self._decompress(chunk)), 0
+        n = min(len(buffer), len(self.pending) - self.at)
+        buffer[:n] = self.pending[self.at : self.at + n]
+        self.at += n
+        return n
+
+    def _decompress(self, chunk: bytes) -> bytes:
+        out = []
+        while chunk:
+            self.inside = True
+            out.append(self.frame.decompress(chunk))
+            if not self.frame.eof:
+                break
+            chunk = self.frame.unused_data  # the next frame's start, if any
+            self.frame, self.inside = self.decompressor.decompressobj(), False
+        return b"".join(out)
 
 
 def _compression_error(path: Path, e: Exception) -> UsageError | None:
