@@ -174,7 +174,7 @@ def test_sample_uses_the_newest_run(trained, tmp_path):
     ("args", "message"),
     [
         (["--temp", "-1"], "--temp must be >= 0, got -1.0"),
-        (["--temp", "nan"], "--temp must be >= 0, got nan"),
+        (["--temp", "nan"], "--temp must be a finite number >= 0, got nan"),
         (["--seed", "99999999999999999999"], "--seed must be in [0, 9223372036854775807]"),
         (["--prompt-file", "/"], "--prompt-file /: a directory, not a file"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),

@@ -382,19 +382,19 @@ def test_a_tokenized_dir_with_a_bad_meta_is_refused(tmp_path):
 # --- numbers: finite and in range, for every verb ----------------------------------------------------
 
 NUMBERS = [
-    (["pretrain", "{corpus}", "--max-time", "nan"], "train.max_time (--max-time) must be > 0, got nan"),
-    (["pretrain", "{corpus}", "--lr", "inf"], "train.lr (--lr) must be > 0, got inf"),
-    (["pretrain", "{corpus}", "--dropout", "nan"], "model.dropout (--dropout) must be in [0, 1), got nan"),
-    (["pretrain", "{corpus}", "--grad-clip", "-inf"], "train.grad_clip (--grad-clip) must be >= 0, got -inf"),
+    (["pretrain", "{corpus}", "--max-time", "nan"], "(--max-time) must be a finite number > 0, got nan"),
+    (["pretrain", "{corpus}", "--lr", "inf"], "train.lr (--lr) must be a finite number > 0, got inf"),
+    (["pretrain", "{corpus}", "--dropout", "nan"], "(--dropout) must be a finite number in [0, 1), got nan"),
+    (["pretrain", "{corpus}", "--grad-clip", "-inf"], "(--grad-clip) must be a finite number >= 0, got -inf"),
     (["pretrain", "{corpus}", "--grad-accum", "0"], "train.grad_accum (--grad-accum) must be >= 1, got 0"),
-    (["finetune", "--ckpt", "{run}", "{corpus}", "--aux-lm-weight", "nan"], "--aux-lm-weight must be >= 0"),
+    (["finetune", "--ckpt", "{run}", "{corpus}", "--aux-lm-weight", "nan"], "weight must be a finite"),
     (
         ["finetune", "--ckpt", "{run}", "{corpus}", "--val-fraction", "nan"],
-        "--val-fraction must be in (0, 1)",
+        "--val-fraction must be a finite number in (0, 1)",
     ),
-    (["finetune", "--ckpt", "{run}", "{corpus}", "--weight-decay", "inf"], "must be >= 0, got inf"),
-    (["sample", "--ckpt", "{run}", "--temp", "inf"], "--temp must be >= 0, got inf"),
-    (["sample", "--ckpt", "{run}", "--top-p", "nan"], "--top-p must be in (0, 1], got nan"),
+    (["finetune", "--ckpt", "{run}", "{corpus}", "--weight-decay", "inf"], "a finite number >= 0, got inf"),
+    (["sample", "--ckpt", "{run}", "--temp", "inf"], "--temp must be a finite number >= 0, got inf"),
+    (["sample", "--ckpt", "{run}", "--top-p", "nan"], "--top-p must be a finite number in (0, 1], got nan"),
     (["sample", "--ckpt", "{run}", "--top-k", "0"], "--top-k must be >= 1, got 0"),
     (["sample", "--ckpt", "{run}", "--show-probs", "-1"], "--show-probs must be >= 0, got -1"),
     (
@@ -403,7 +403,7 @@ NUMBERS = [
     ),
     (["beam", "The", "--ckpt", "{run}", "--no-repeat-ngram", "-2"], "--no-repeat-ngram must be >= 0"),
     (["inspect-attn", "The", "--ckpt", "{run}", "--top-k", "0"], "--top-k must be >= 1"),
-    (["tokenize", "{corpus}", "--out", "o", "--val-fraction", "nan"], "--val-fraction must be in [0, 1)"),
+    (["tokenize", "{corpus}", "--out", "o", "--val-fraction", "nan"], "fraction must be a finite"),
     (["sample", "--ckpt", "{run}", "--num-samples", "9" * 400], "needs at least more than a billion GB"),
     (["beam", "The", "--ckpt", "{run}", "--beams", "-" + "9" * 400], "--beams must be >= 1, got -999"),
 ]

@@ -167,7 +167,13 @@ def check_fields(obj: Any, section: str | None = None) -> None:
         if instead and ("" in value if isinstance(value, list | tuple) else value == ""):
             raise UsageError(f"{name} is empty; give {instead}")
         if check is not None and isinstance(value, (int, float)) and not check.admits(value):
-            raise UsageError(f"{name} must be {check.describe()}, got {value}")
+            bounded = check.lo is not None or check.hi is not None  # (else it says "a finite number")
+            finite = (
+                "a finite number "
+                if bounded and isinstance(value, float) and not math.isfinite(value)
+                else ""
+            )
+            raise UsageError(f"{name} must be {finite}{check.describe()}, got {value}")
         if choices and value not in choices:
             listed = f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
             close = difflib.get_close_matches(str(value), choices, n=1)
