@@ -159,8 +159,10 @@ def test_echo_logprobs_scores_the_prompt_as_the_model_does(trained, server):
     for t in range(1, len(ids)):
         assert lp.token_logprobs[t] == pytest.approx(float(logp[t - 1, ids[t]]), abs=1e-4)
         assert (
-            len(lp.top_logprobs[t]) == 3 and max(lp.top_logprobs[t].values()) >= lp.token_logprobs[t] - 1e-6
+            len(lp.top_logprobs[t]) in (3, 4)
+            and max(lp.top_logprobs[t].values()) >= lp.token_logprobs[t] - 1e-6
         )
+        assert lp.top_logprobs[t][lp.tokens[t]] == lp.token_logprobs[t]  # the token itself is always there
     # echo without logprobs: the prompt's text first, streamed or not
     r = server.client.completions.create(
         model=server.model, prompt="The", max_tokens=4, echo=True, temperature=0
@@ -178,6 +180,17 @@ def test_echo_logprobs_scores_the_prompt_as_the_model_does(trained, server):
     )
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == 3 + 4 and r.choices[0].text.startswith("The")
+    # sampled far from the top: each drawn token is still among its top_logprobs (OpenAI's rule)
+    r = server.client.completions.create(
+        model=server.model, prompt="The", max_tokens=12, logprobs=1, temperature=5, seed=3
+    )
+    lp = r.choices[0].logprobs
+    assert all(
+        top[tok] == p for tok, p, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True)
+    )
+    assert any(len(top) == 2 for top in lp.top_logprobs)  # (at temperature 5, some are not the top one)
+    # suffix "" is the neutral value (no text after the completion), as for the other fields
+    assert server.client.completions.create(model=server.model, prompt="The", max_tokens=2, suffix="").choices
 
 
 def test_streaming_gives_the_same_text_and_usage_last(server):
@@ -457,6 +470,14 @@ def test_chat_completions_answer_as_gptcli_chat_does(chat_run):
             ({"messages": [{"role": "user", "content": "Ä"}]}, "not in this char tokenizer's vocabulary"),
             ({"messages": [{"role": "user", "content": "the " * 200}]}, "too long for this model's context"),
             ({"messages": convo, "top_logprobs": 2}, "needs 'logprobs': true"),
+            (
+                {"messages": convo, "response_format": {"type": "json_object"}},
+                "'response_format' is not supported",
+            ),
+            (
+                {"messages": convo, "tools": [{"type": "function", "function": {"name": "f"}}]},
+                "'tools' is not",
+            ),
         ]:
             with pytest.raises(openai.BadRequestError, match=re.escape(words)):
                 c.chat.completions.create(model=s.model, **kwargs)

@@ -194,7 +194,7 @@ def check_completion(body: Any, served: Served) -> Completion:
         )
     for name, neutral in (
         ("best_of", 1),
-        ("suffix", None),
+        ("suffix", ""),
         ("presence_penalty", 0),
         ("frequency_penalty", 0),
     ):
@@ -283,6 +283,18 @@ def check_chat(body: Any, served: Served) -> Completion:
             "messages",
             "context_length_exceeded",
         )
+    for name, neutral in (
+        ("tools", []),
+        ("functions", []),
+        ("tool_choice", "none"),
+        ("function_call", "none"),
+    ):
+        if body.get(name, neutral) not in (neutral, None):  # a client would wait for calls never made
+            raise ApiError(400, f"'{name}' is not supported by this server: it writes text only", name)
+    if body.get("response_format") not in (None, {"type": "text"}):
+        raise ApiError(
+            400, "'response_format' is not supported by this server: it writes text only", "response_format"
+        )
     logprobs = _bool(body, "logprobs")
     top = _int(body, "top_logprobs", None, 0, min(MAX_LOGPROBS, served.tokenizer.vocab_size))
     if top is not None and not logprobs:
@@ -359,8 +371,11 @@ class Choice:
                 continue
             part["tokens"].append(token_text(tok, s.id))
             part["token_logprobs"].append(s.logprob)
+            # OpenAI's rule: the token itself is always among them (up to logprobs + 1 entries)
             part["top_logprobs"].append(
-                None if s.logprob is None else {token_text(tok, t): lp for t, lp in s.top}
+                None
+                if s.logprob is None
+                else {token_text(tok, t): lp for t, lp in s.top} | {token_text(tok, s.id): s.logprob}
             )
             part["text_offset"].append(len(tok.decode(self.ids[: start + i])))
         if not self.req.stream:
