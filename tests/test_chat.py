@@ -183,6 +183,17 @@ def test_chat_from_a_messages_file_and_what_it_refuses(chat_run, tmp_path):
         assert result.exit_code == 0, result.output
         outs.append(result.stdout)
     assert outs[0] == outs[1] == "The mole found a nest.\n"
+    # OpenAI's shapes of the same conversation, as /v1/chat/completions takes them
+    parts = tmp_path / "parts.json"
+    parts.write_text(json.dumps([
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "the "}, {"type": "text", "text": "mole"}]},
+    ]))  # fmt: skip
+    assert run("chat", "--ckpt", chat_run, "--messages", parts, "--temp", "0").stdout == outs[0]
+    parts.write_text(json.dumps([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]))
+    assert_usage_error(
+        run("chat", "--ckpt", chat_run, "--messages", parts), "message 1's content is not a string"
+    )
     ends_with_assistant = tmp_path / "a.json"
     ends_with_assistant.write_text(json.dumps([*convo, {"role": "assistant", "content": "x"}]))
     assert_usage_error(

@@ -434,6 +434,10 @@ def test_chat_completions_answer_as_gptcli_chat_does(chat_run):
         for convo in (
             [{"role": "user", "content": "the mole"}],
             [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the fox"}],
+            [  # OpenAI's text parts and 'developer' role: the same conversation as chat's
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "the fox"}]},
+            ],
             [
                 {"role": "user", "content": "the otter"},
                 {"role": "assistant", "content": "The otter left a den."},

@@ -33,10 +33,17 @@ CHATML_JINJA = (
 )
 
 
+def _is_text_part(part: object) -> bool:
+    """OpenAI's {"type": "text", "text": "..."} part of a message's content."""
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
 def check_messages(value: object, where: str, *, training: bool = False) -> list[Message]:
     """The messages of a conversation, or a one-line error naming where they came from.
-    Training (and eval) records must also have non-empty contents and an assistant turn to
-    learn from, and may not open with the assistant."""
+    OpenAI's other shapes of the same thing are taken: a content that is a list of text
+    parts, and the role 'developer' (its newer name for system). Training (and eval)
+    records must also have non-empty contents and an assistant turn to learn from, and may
+    not open with the assistant."""
     if not isinstance(value, list) or not value:
         raise UsageError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
     out: list[Message] = []
@@ -44,6 +51,9 @@ def check_messages(value: object, where: str, *, training: bool = False) -> list
         if not isinstance(m, dict):
             raise UsageError(f"{where}: message {n} is not an object with a role and a content")
         role, content = m.get("role"), m.get("content")
+        role = "system" if role == "developer" else role
+        if isinstance(content, list) and all(_is_text_part(p) for p in content):
+            content = "".join(p["text"] for p in content)
         if role not in ROLES:
             raise UsageError(f"{where}: message {n} has role {role!r}; use system, user or assistant")
         if not isinstance(content, str):

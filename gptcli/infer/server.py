@@ -258,11 +258,8 @@ def check_chat(body: Any, served: Served) -> Completion:
             "it with --task chat)",
             "messages",
         )
-    messages = body.get("messages")
-    if isinstance(messages, list):  # OpenAI's other shapes of the same thing
-        messages = [_plain_message(m) for m in messages]
-    try:
-        messages = check_messages(messages, "'messages'")
+    try:  # (OpenAI's text parts and 'developer' role taken too)
+        messages = check_messages(body.get("messages"), "'messages'")
     except UsageError as e:
         raise ApiError(400, str(e), "messages") from None
     if body.get("echo") or body.get("prompt") is not None:
@@ -308,20 +305,6 @@ def check_chat(body: Any, served: Served) -> Completion:
     req = check_completion(rest, served)
     req.chat = True
     return req
-
-
-def _plain_message(m: Any) -> Any:
-    """A message whose content is OpenAI's list of text parts, or whose role is 'developer'
-    (OpenAI's newer name for system), as {role, content}; anything else as it came."""
-    if not isinstance(m, dict):
-        return m
-    m = dict(m)
-    if m.get("role") == "developer":
-        m["role"] = "system"
-    content = m.get("content")
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        m["content"] = "".join(str(p.get("text", "")) for p in content)
-    return m
 
 
 # --- running one --------------------------------------------------------------------------------
