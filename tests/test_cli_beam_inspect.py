@@ -60,6 +60,7 @@ def test_beam_stops_at_stop_strings_and_eos_tokens(trained):
         (["--beams", "0"], "--beams must be >= 1"),
         (["--beams", "2", "--n-best", "3"], "--n-best must be between 1 and --beams (2)"),
         (["--eos", "abc"], "is 3 tokens, not one"),
+        (["--eos", ""], "--eos is empty; give the text of a token"),
         (["-n", "16"], "below the model's block_size 16"),
         (["--no-repeat-ngram", "-1"], "--no-repeat-ngram must be >= 0"),
     ],

@@ -305,6 +305,10 @@ def test_eval_files_on_resume_and_bad_ones(tmp_path, monkeypatch):
     make_corpus(tmp_path / "c.txt", n_sentences=200)
     make_corpus(tmp_path / "held.txt", n_sentences=10, seed=3)
     assert_usage_error(run("pretrain", "c.txt", "--out", "r", *TINY, "--eval-file", "nope.txt"), "nope.txt")
+    Path("labels.jsonl").write_text('{"text": "a b", "label": 1}\n')
+    labelled = run("pretrain", "c.txt", "--out", "r", *TINY, "--eval-file", "labels.jsonl")
+    assert_usage_error(labelled, "labels.jsonl holds labelled examples", "or give texts to score as text")
+    assert "--task" not in labelled.output.replace("--task classify", "")  # pretrain has no --task
     assert not Path("r").exists()
     assert run("pretrain", "c.txt", "--out", "r", *TINY, "--max-iters", "15").exit_code == 0
     again = run(

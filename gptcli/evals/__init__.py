@@ -41,9 +41,10 @@ ZERO_SHOT: dict[str, Callable[..., Result]] = {
 HEADS = ("classify", "choice")  # finetuned tasks whose head eval uses
 
 
-def guess_task(path: Path) -> str:
+def guess_task(path: Path, flag: bool = True) -> str:
     """text for plain text and JSONL documents; choice for JSONL with choices, chat for
-    conversations (never lambada)."""
+    conversations (never lambada). flag: whether the command has --task to say otherwise
+    (eval has; a training run's --eval-file has not)."""
     if path.suffix.lower() not in (".jsonl", ".csv"):
         return "text"
     fields = read_records(path)[0].fields
@@ -52,23 +53,27 @@ def guess_task(path: Path) -> str:
     if "messages" in fields:
         return "chat"
     if "label" in fields:
+        other = "or pass --task text to score the texts as text" if flag else "or give texts to score as text"
         raise UsageError(
-            f"{path} holds labelled examples: score them with a model finetuned with --task classify, "
-            "or pass --task text to score the texts as text"
+            f"{path} holds labelled examples: score them with a model finetuned with --task classify, {other}"
         )
     if path.suffix.lower() == ".jsonl" and "text" in fields:
         return "text"
+    if not flag:
+        raise UsageError(f'{path}: cannot tell which evaluation it is for; give text, or JSONL of "text", '
+                         '"choices" or "messages" records')  # fmt: skip
     raise UsageError(f"{path}: cannot tell which evaluation it is for; pass --task text, lambada or choice")
 
 
-def plan(meta: dict, path: Path, task: str | None) -> tuple[str, str]:
+def plan(meta: dict, path: Path, task: str | None, flag: bool = True) -> tuple[str, str]:
     """(task, how): how is "head" when a finetuned classify/choice model scores with its
-    own head (its task, unless --task asks for another), else "zero-shot"."""
+    own head (its task, unless --task asks for another), else "zero-shot". flag: as for
+    guess_task."""
     kind = meta.get("task")
     if kind in HEADS and task in (None, kind):
         return kind, "head"
     if task is None:
-        task = guess_task(path)
+        task = guess_task(path, flag)
     if task not in ZERO_SHOT:
         raise UsageError(f"--task {task!r}: use one of {', '.join(ZERO_SHOT)}")
     return task, "zero-shot"
@@ -91,7 +96,7 @@ def plan_files(paths: list[str], meta: dict) -> list[FileEval]:
     for p, name in zip(paths, names, strict=True):
         path = Path(p)
         check_input(path, "--eval-file")
-        task, how = plan(meta, path, None)
+        task, how = plan(meta, path, None, flag=False)
         planned.append(FileEval(name if names.count(name) == 1 else str(path), path, task, how))
     return planned
 

@@ -226,6 +226,8 @@ def end_token_ids(tokenizer: Tokenizer, eos: Sequence[str] = ()) -> list[int]:
     ids = list(tokenizer.end_ids)
     for text in eos:
         encoded = tokenizer.encode(text)
+        if not text:
+            raise UsageError("--eos is empty; give the text of a token that ends a hypothesis (--eos .)")
         if len(encoded) != 1:
             raise UsageError(f"--eos {text!r} is {len(encoded)} tokens, not one; use --stop {text!r} instead")
         ids.append(encoded[0])
