@@ -106,6 +106,16 @@ def test_verbs_without_ckpt_take_the_newest_run_that_fits(trained, tmp_path, mon
         assert "using the newest run: runs/lm (the newer runs/cls is not one)" in result.output
     result = run("classify", "The fox.")
     assert "using the newest classifier: runs/cls" in result.output
+    (tmp_path / "labels.jsonl").write_text('{"text": "The fox.", "label": "a"}\n')
+    (tmp_path / "held.txt").write_text("The fox dug a hole.\n")
+    assert (
+        "using the newest classifier: runs/cls" in run("eval", "labels.jsonl").output
+    )  # its head scores them
+    result = run("eval", "held.txt")
+    assert (
+        result.exit_code == 0
+        and "using the newest run: runs/lm (the newer runs/cls is not one)" in result.output
+    )
 
 
 # --- numbers on screen -----------------------------------------------------------------------

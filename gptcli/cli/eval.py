@@ -16,13 +16,15 @@ def eval_(s: EvalSettings) -> None:
     gptcli eval --ckpt runs/demo --ckpt gpt2 lambada_test.jsonl --task lambada
     gptcli eval --ckpt gpt2 hellaswag_val.jsonl --limit 500 --json
     """
-    from gptcli.evals import evaluate, plan
+    from gptcli.evals import evaluate, labelled, plan
 
     for f in s.files:
         check_input(f, "the file to score")
+    # without --ckpt: the newest classifier for labelled records, else the newest model that writes text
+    classifier = not s.ckpt and s.task is None and any(labelled(f) for f in s.files)
     rows, results, said = [], [], {}
     for spec in s.ckpt or [None]:
-        loaded = load_model(spec, s.device, s.dtype, base=s.base, quantize=s.quantize)
+        loaded = load_model(spec, s.device, s.dtype, base=s.base, quantize=s.quantize, classifier=classifier)
         name = str(spec) if spec is not None else str(loaded.path)
         for f in s.files:
             task_, how = plan(loaded.meta, f, s.task)

@@ -65,6 +65,15 @@ def guess_task(path: Path, flag: bool = True) -> str:
     raise UsageError(f"{path}: cannot tell which evaluation it is for; pass --task text, lambada or choice")
 
 
+def labelled(path: Path) -> bool:
+    """Whether a file holds classification records (a label, no choices): what only a
+    model finetuned with --task classify scores."""
+    if path.suffix.lower() not in (".jsonl", ".csv"):
+        return False
+    fields = read_records(path)[0].fields
+    return "label" in fields and "choices" not in fields and "endings" not in fields
+
+
 def plan(meta: dict, path: Path, task: str | None, flag: bool = True) -> tuple[str, str]:
     """(task, how): how is "head" when a finetuned classify/choice model scores with its
     own head (its task, unless --task asks for another), else "zero-shot". flag: as for
