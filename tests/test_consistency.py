@@ -135,9 +135,15 @@ def test_resume_refuses_fewer_steps_than_reached_and_an_edited_config_copy(lm_ru
     written = (run_dir / "config.yaml").read_text()
     assert_usage_error(
         run("pretrain", "--resume", "--out", run_dir, "--max-iters", "5"),
-        "--max-iters 5 is below step 10, which the run has reached; give 10 or more",
+        "--max-iters 5 is below step 10, which the run has reached; give --max-iters 10 or more",
     )
     assert (run_dir / "config.yaml").read_text() == written
+    (lm_run / "short.yaml").write_text("train:\n  max_iters: 4\n")  # the number came from a file
+    assert_usage_error(
+        run("pretrain", "--resume", "--out", run_dir, "-c", lm_run / "short.yaml"),
+        f"max_iters in {lm_run / 'short.yaml'} 4 is below step 10",
+        "give --max-iters 10 or more",
+    )
     (run_dir / "config.yaml").write_text(written.replace("lr: 0.003", "lr: 0.01"))
     refused = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "12")
     assert_usage_error(refused, "config.yaml was edited (train.lr: 0.01, not 0.003)", "-c")

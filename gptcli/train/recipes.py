@@ -492,9 +492,11 @@ def load_for_resume(
     config = resume_config(saved, [*given, (flags, "the command line")])
     step = loaded.meta.get("step")
     if isinstance(step, int) and config.train.max_iters < step:
+        from_flag = "max_iters" in (flags.get("train") or {})
+        named = "--max-iters" if from_flag or config_path is None else f"max_iters in {config_path}"
         raise UsageError(
-            f"--max-iters {config.train.max_iters} is below step {step}, which the run has reached; "
-            f"give {step} or more"
+            f"{named} {config.train.max_iters} is below step {step}, which the run has reached; "
+            f"give --max-iters {step} or more"
         )
     if config.train.eval_files == saved.train.eval_files:  # the run's own, not given again
         gone = [p for p in config.train.eval_files if not Path(p).is_file()]
