@@ -328,6 +328,28 @@ def test_a_write_cut_short_and_a_name_too_long_are_one_line(tmp_path):
     assert len(line) < 300
 
 
+def test_a_path_through_a_file_is_one_line(tmp_path, monkeypatch):
+    """--out notes.txt/run, or GPTCLI_CACHE_DIR naming a file: which part is a file, not the
+    OS's bare 'Not a directory'."""
+    from tests.helpers import TINY, make_corpus
+
+    corpus = make_corpus(tmp_path / "c.txt")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    assert_usage_error(
+        run("tokenize", corpus, "--out", notes / "d"),
+        f"{notes} is a file, not a directory; give a path under",
+    )
+    assert_usage_error(
+        run("pretrain", corpus, "--out", notes / "run", *TINY), f"{notes} is a file, not a directory"
+    )
+    monkeypatch.setenv("GPTCLI_CACHE_DIR", str(notes))
+    assert_usage_error(
+        run("pretrain", corpus, "--out", tmp_path / "r", *TINY), "not a directory (GPTCLI_CACHE_DIR)"
+    )
+    assert notes.read_text() == "mine\n" and not (tmp_path / "r").exists()
+
+
 def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(trained, tmp_path, monkeypatch):
     import gptcli.store.checkpoint as checkpoint
 

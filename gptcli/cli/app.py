@@ -44,6 +44,22 @@ _debug = os.environ.get("GPTCLI_DEBUG", "") not in ("", "0")
 ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
+def _not_a_directory(name: str) -> str:
+    """The line for a path that goes through a file as if it were a directory (--out
+    notes.txt/run, GPTCLI_CACHE_DIR=notes.txt)."""
+    import os
+    from pathlib import Path
+
+    path = Path(name)
+    blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), None)
+    what = "a part of it is not a directory"
+    if blocker is not None:
+        what = f"{printable(str(blocker), 200)} is a file, not a directory"
+    cache = os.environ.get("GPTCLI_CACHE_DIR")
+    via = " (GPTCLI_CACHE_DIR)" if cache and blocker is not None and Path(cache) == blocker else ""
+    return f"cannot write {printable(name, 200)}: {what}{via}; give a path under a directory"
+
+
 def _is_no_args_help(e: BaseException) -> bool:
     """Click's "no arguments: show the help" signal (Click 8.2+; older Clicks print the help
     and exit 0 themselves)."""
@@ -100,6 +116,9 @@ class _Boundary(TyperGroup):
                     f"a name in {printable(str(e.filename), 80)} is too long for the file system; "
                     "give a shorter one"
                 )
+                code = 2
+            elif e.errno == errno.ENOTDIR and e.filename and not _debug:  # bad input: a file on the way
+                render.error(_not_a_directory(str(e.filename)))
                 code = 2
             elif e.errno != errno.EPIPE:
                 if _debug:
