@@ -164,7 +164,9 @@ def pick_inference_dtype(device: torch.device, requested: str, n_params: int) ->
         return torch.float16, "fp16 weights: this GPU has no bf16"
     if device.type == "cpu" and cpu_bf16_feature() and n_params >= BF16_DECODE_MIN_PARAMS:
         return torch.bfloat16, f"bf16 weights: a large model on a CPU with native bf16 ({cpu_bf16_feature()})"
-    return torch.float32, "fp32 weights"
+    if device.type == "cpu" and cpu_bf16_feature():
+        return torch.float32, f"fp32 weights: a model under {BF16_DECODE_MIN_PARAMS // 10**6}M parameters"
+    return torch.float32, "fp32 weights" + (": this CPU has no native bf16" if device.type == "cpu" else "")
 
 
 # --- memory: refuse what cannot fit before allocating it --------------------------------------

@@ -28,9 +28,15 @@ def test_inference_keeps_small_models_in_fp32(monkeypatch):
     monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: "avx512_bf16")
     big, small = runtime.BF16_DECODE_MIN_PARAMS, runtime.BF16_DECODE_MIN_PARAMS - 1
     assert runtime.pick_inference_dtype(CPU, "auto", big)[0] == torch.bfloat16
-    assert runtime.pick_inference_dtype(CPU, "auto", small)[0] == torch.float32
+    assert runtime.pick_inference_dtype(CPU, "auto", small) == (
+        torch.float32,
+        "fp32 weights: a model under 50M parameters",
+    )  # the reason is said (docs/sampling.md)
     monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: None)
-    assert runtime.pick_inference_dtype(CPU, "auto", big)[0] == torch.float32
+    assert runtime.pick_inference_dtype(CPU, "auto", big) == (
+        torch.float32,
+        "fp32 weights: this CPU has no native bf16",
+    )
     assert runtime.pick_inference_dtype(CPU, "bf16", small) == (torch.bfloat16, "bf16: as requested")
 
 
