@@ -427,3 +427,28 @@ def test_each_verb_resumes_its_own_runs_only(pretrained, order_data, tmp_path):
         run("finetune", "--resume", "--out", pretrained, "--max-iters", "4"),
         "is a pretraining run; resume it with gptcli pretrain --resume --out",
     )
+
+
+def test_runs_resume_from_another_working_directory(pretrained, order_data, tmp_path, monkeypatch):
+    """A run records the paths it was given absolute: resumed from elsewhere, it finds its
+    data (it said "the run's data (data/t) is gone")."""
+    from tests.helpers import TINY, make_corpus
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    make_corpus(work / "c.txt")
+    assert run("tokenize", "c.txt", "--out", "data/t").exit_code == 0
+    assert run("pretrain", "data/t", "--out", "runs/p", *TINY).exit_code == 0
+    (work / "d.jsonl").write_bytes(order_data.read_bytes())
+    finetune(pretrained, Path("d.jsonl"), Path("runs/ft"), "--max-iters", "2")
+    monkeypatch.chdir(tmp_path)
+    resumed = run("pretrain", "--resume", "--out", "work/runs/p", "--max-iters", "40")
+    assert resumed.exit_code == 0, resumed.output
+    meta = json.loads((work / "runs/p/last/checkpoint.json").read_text())
+    assert meta["data_dir"] == str((work / "data/t").resolve())
+    resumed = run("finetune", "--resume", "--out", "work/runs/ft", "--max-iters", "4")
+    assert resumed.exit_code == 0, resumed.output
+    meta = json.loads((work / "runs/ft/last/checkpoint.json").read_text())
+    assert meta["step"] == 4 and meta["data"] == [str((work / "d.jsonl").resolve())]
+    assert meta["base"] == str(pretrained.resolve())

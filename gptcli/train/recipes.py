@@ -102,7 +102,11 @@ def pretrain_trainer(
     tok, task = _lm_task(data_dir, config)
     seed_everything(config.train.seed)
     model = GPT(config.model)
-    data = {"data_dir": str(data_dir), "sources": list(report.files), "data_sha256": report.source_sha256}
+    data = {
+        "data_dir": recorded(data_dir),
+        "sources": list(report.files),
+        "data_sha256": report.source_sha256,
+    }
     return Trainer(model, tok, task, config, run_dir, meta={"task": "lm", **data})
 
 
@@ -146,7 +150,7 @@ def resume_pretraining(
         report, what = read_meta(data_dir), f"the tokens in {data_dir}"
     check_tokenized_with(data_dir, loaded.tokenizer, run_dir)
     _, task = _lm_task(data_dir, config)
-    data = {"data_dir": str(data_dir), "sources": sources}
+    data = {"data_dir": recorded(data_dir), "sources": sources}
     data |= same_data(meta, report.source_sha256, new_data, what, notes)
     meta = {"task": "lm", **data}
     return Trainer(loaded.model, loaded.tokenizer, task, config, run_dir, meta, _resume_point(loaded))
@@ -214,7 +218,7 @@ def finetune_trainer(
     loaded.model.crop_block_size(config.model.block_size)
     state = {k: v for k, v in loaded.model.state_dict().items() if not k.startswith("classifier.")}
     model.load_state_dict(state, strict=False)  # a new classification head, if the task has one
-    meta = {**asdict(settings), **extra}
+    meta = {**settings_meta(settings), **extra}
     adapters = lora.LoRASettings.of(meta)
     if adapters is not None:  # the run saves its adapters and refers to this base, by path and hash
         lora.add_adapters(model, adapters)
@@ -293,9 +297,26 @@ def resume_finetuning(
         extra |= {"base_checkpoint": str(where), "base_sha256": meta["base_sha256"]}
         if "added_tokens" in meta:  # and the same tokens added to it
             extra["added_tokens"] = meta["added_tokens"]
-    meta = {**asdict(settings), **extra}
+    meta = {**settings_meta(settings), **extra}
     run_dir = loaded.path.parent
     return Trainer(loaded.model, loaded.tokenizer, task, config, run_dir, meta, _resume_point(loaded))
+
+
+def recorded(path: str | Path) -> str:
+    """How a run records a path it was given: absolute, so that resuming it from another
+    working directory finds it (a hub name, which is no path here, as it came)."""
+    p = Path(path)
+    return str(p.resolve()) if p.exists() else str(path)
+
+
+def settings_meta(settings: FinetuneSettings) -> dict[str, Any]:
+    """A finetuning run's settings as its checkpoint records them (its paths absolute)."""
+    meta = asdict(settings)
+    meta["data"] = [recorded(p) for p in settings.data]
+    meta["base"] = recorded(settings.base)
+    if settings.val_data is not None:
+        meta["val_data"] = recorded(settings.val_data)
+    return meta
 
 
 def _check_same_settings(settings: FinetuneSettings, given: dict[str, Any]) -> None:
@@ -354,7 +375,7 @@ def _finetune_task(
         )
         train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
         task = LMTask(train, val, block, config.model.vocab_size, tok.byte_lengths())
-        return task, {"data_dir": str(data_dir), "data_sha256": report.source_sha256}
+        return task, {"data_dir": recorded(data_dir), "data_sha256": report.source_sha256}
     seed = config.train.seed
     task, config.model.n_classes, extra = supervised_task(asdict(settings), tok, block, seed, labels, split)
     extra["data_sha256"] = content_sha256([settings.data[0], settings.val_data])
