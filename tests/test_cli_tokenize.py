@@ -344,3 +344,23 @@ def test_pieces_that_look_like_markup_are_shown_as_they_are(capsys):
     render.token_table("bpe:9", 9, "a [/] [bold]b", [1, 2, 3], [b"a", b" [/]", b" [bold]b"])
     out = capsys.readouterr().out
     assert "·[/]" in out and "·[bold]b" in out
+
+
+def test_a_directory_corpus_skips_what_gptcli_wrote_in_it(tmp_path, monkeypatch):
+    """`gptcli pretrain .` in a project reads its text, not its runs (checkpoints, loss.png)
+    nor its tokenized directories; a tokenized directory among text is refused."""
+    from tests.helpers import TINY
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPTCLI_CACHE_DIR", str(tmp_path / ".cache"))
+    make_corpus(tmp_path / "c.txt")
+    assert run("pretrain", ".", "--out", "runs/a", *TINY, "--max-iters", "1").exit_code == 0
+    assert run("tokenize", ".", "--out", "data/t", "--json").exit_code == 0
+    assert read_meta(Path("data/t")).files == ["c.txt"]
+    again = run("tokenize", ".", "--out", "t2", "--json")  # runs/a and data/t are there now: both skipped
+    assert again.exit_code == 0, again.output
+    assert (Path("t2/train.bin").read_bytes(), read_meta(Path("t2")).files) == (
+        Path("data/t/train.bin").read_bytes(),
+        ["c.txt"],
+    )
+    assert_usage_error(run("pretrain", "data/t", "c.txt", "--out", "runs/b"), "data/t holds tokens", "alone")

@@ -100,9 +100,16 @@ def is_tokenized_dir(path: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
+def _is_run_dir(path: Path) -> bool:
+    """A training run's directory, or one of its checkpoints (as gptcli writes them)."""
+    marks = ("checkpoint.json", "metrics.jsonl", "last/checkpoint.json", "best/checkpoint.json")
+    return any((path / mark).is_file() for mark in marks)
+
+
 def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = None) -> list[Path]:
     """Text files named by paths; a directory contributes its files recursively, sorted,
-    skipping hidden entries and directories made by `gptcli tokenize`."""
+    skipping hidden entries and what gptcli writes: directories made by `gptcli tokenize`,
+    and training runs (`gptcli pretrain .` reads the text, not its own checkpoints)."""
     files: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -110,6 +117,11 @@ def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = Non
         if p.is_file():
             files.append(p)
             continue
+        if is_tokenized_dir(p):
+            raise UsageError(
+                f"{printable(str(p), 300)} holds tokens (made by gptcli tokenize), not text: train on it "
+                "alone, or give text only"
+            )
         found = []
         for root, dirs, names in os.walk(p):
             r = Path(root)
@@ -118,6 +130,7 @@ def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = Non
                 for d in dirs
                 if not d.startswith(".")
                 and not is_tokenized_dir(r / d)
+                and not _is_run_dir(r / d)
                 and (exclude is None or (r / d).resolve() != exclude.resolve())
             )
             found += [r / n for n in sorted(names) if not n.startswith(".")]
