@@ -107,6 +107,9 @@ def test_text_perplexity_as_the_guide_computes_it(hf, hf_dir, enc, tmp_path, str
     assert got["bpb"] == pytest.approx(nll / math.log(2) / nbytes, rel=1e-5)
     if stride == 64:
         assert n == len(ids) - math.ceil(len(ids) / 64)  # each window's first token is context only
+        listed = run("eval", "--ckpt", hf_dir, tmp_path / "t.txt", "--json", "--per-example")
+        assert listed.exit_code == 0 and "examples" not in json.loads(listed.stdout)
+        assert "--per-example: " in listed.output and "has no examples to list" in listed.output
 
 
 def test_lambada_accuracy_and_both_perplexities(hf, hf_dir, enc, tmp_path):

@@ -41,6 +41,8 @@ def eval_(s: EvalSettings) -> None:
             item = {"ckpt": name, "file": str(f), "scored_by": how, **result.metrics}
             if s.per_example and result.examples is not None:
                 item["examples"] = result.examples
+            elif s.per_example:
+                render.warning(f"--per-example: {f} is scored as one text, which has no examples to list")
             results.append(item)
     if s.json_out:
         render.print_json(results[0] if len(results) == 1 else results)
