@@ -130,6 +130,10 @@ def test_mlflow_holds_metrics_and_config_and_a_resume_adds_each_step_once(tmp_pa
     assert [(r["step"], r["loss"]) for r in train] == [(r["step"], r["loss"]) for r in first]  # bit for bit
     logged = mlflow_history(Path("r"), "train/loss")
     assert [s for s, _ in logged] == list(range(1, 21))
+    import logging  # the store's set-up (tables created, migrated) says nothing among gptcli's lines
+
+    assert logging.getLogger("mlflow.store.db.utils").getEffectiveLevel() >= logging.WARNING
+    assert logging.getLogger("alembic.runtime.migration").getEffectiveLevel() >= logging.WARNING
     assert [v for _, v in logged] == pytest.approx([r["loss"] for r in train], rel=1e-6)
     assert [s for s, _ in mlflow_history(Path("r"), "eval/val_loss")] == [0, 5, 10, 15, 20]
     client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'r' / 'mlflow.db').resolve()}")

@@ -10,6 +10,7 @@ checkpoint are replayed bit for bit, so those already in the store are skipped.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -21,6 +22,10 @@ from mlflow.tracking import MlflowClient
 from gptcli.errors import UsageError
 from gptcli.reports import EvalReport, Reporter, RunInfo, StepReport
 from gptcli.trackers import eval_scalars, step_scalars
+
+# creating the store's tables logs INFO lines (MLflow's and alembic's) among gptcli's own
+for _name in ("mlflow", "alembic"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 STORE = "mlflow.db"
 TAG = "gptcli.run_dir"
