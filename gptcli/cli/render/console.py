@@ -137,17 +137,13 @@ def fits(width: int) -> bool:
     return not out.is_terminal or width <= out.width
 
 
-@contextmanager
-def wide(width: int) -> Iterator[None]:
-    """Views drawn inside may take width columns when the output is not a terminal: a file
-    or a pipe has no width to fit (where Rich would assume 80 and cut a map's rows)."""
-    saved = out._width  # (None: the terminal's, or 80)
-    if not out.is_terminal and width > out.width:
-        out.width = width
-    try:
-        yield
-    finally:
-        out._width = saved
+def wide(width: int) -> Console:
+    """The console to draw a view of `width` columns on: the terminal's, or for output that
+    is not a terminal (a file or a pipe has no width to fit, where Rich would assume 80 and
+    cut a map's rows) one as wide as the view."""
+    if out.is_terminal or width <= out.width:
+        return out
+    return _Console(file=out.file, width=width, highlight=False, quiet=out.quiet, color_system=None)
 
 
 def text(value: str, style: str = "", limit: int | None = None) -> Text:

@@ -56,8 +56,7 @@ def attention_heatmap(tokens: Sequence[str], weights: Any, title: str) -> None:
     for q in range(start, T):
         row = [_cell(float(weights[q][k]), k > q, numbers) for k in range(start, T)]
         table.add_row(Text(labels[q]), *row)
-    with wide(label_width + (4 if numbers else 2) * T):
-        out.print(table)
+    wide(label_width + (4 if numbers else 2) * T).print(table)
     _say_left_out(start)
 
 
@@ -94,8 +93,7 @@ def attention_grid(tokens: Sequence[str], maps: Sequence[tuple[str, Any]]) -> No
         # as wide as its title too ("╭─ L0 H1 ─╮"), which a panel of 1 to 3 positions would cut
         width = max(2 * (T - start), len(title) + 4) + 2
         panels.append(Panel(lines, title=title, width=width, padding=(0, 0), border_style="grey42"))
-    with wide(2 * T + 2):
-        out.print(Columns(panels, padding=(0, 1)))
+    wide(2 * T + 2).print(Columns(panels, padding=(0, 1)))  # (as many a row as fit)
     _say_left_out(start)
     out.print(Text("rows: queries, columns: keys, · masked (future)   ", style="dim") + legend())
 

@@ -52,8 +52,7 @@ def lens_grid(
             label = piece[:PIECE].ljust(PIECE) + _prob(prob).rjust(4)
             cells.append(Text(label, style=f"{ink} on {color(prob)}"))
         table.add_row(layer_name(layer), *cells)
-    with wide(8 + (CELL + 1) * len(shown)):
-        out.print(table)
+    wide(8 + (CELL + 1) * len(shown)).print(table)
     hidden = len(positions) - len(shown)
     if hidden:
         out.print(Text(f"(positions {positions[0]}..{positions[hidden - 1]} left out to fit: "
