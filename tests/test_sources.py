@@ -163,3 +163,20 @@ def test_gzip_reads_alike_with_and_without_the_gzip_extra(tmp_path, monkeypatch,
     for name in ("cut.txt.gz", "fake.txt.gz"):
         with pytest.raises(UsageError, match=f"{name}: not a complete gzip file"):
             "".join(iter_file_text(tmp_path / name))
+
+
+def test_a_zstd_file_that_expands_a_thousandfold_is_read_in_bounded_memory():
+    """zstandard's decompressobj gives all a piece of input holds at once (a 4-byte block
+    may hold 128 KiB): fed a slice at a time, the reader never holds more than 16 MiB."""
+    import io
+
+    from gptcli.data.sources import _Zstd
+
+    c = zstd.ZstdCompressor().compressobj()
+    blob = b"".join(c.compress(b"the same line\n" * (1 << 16)) for _ in range(300)) + c.flush()
+    assert len(blob) < 200_000  # 275 MB of text
+    reader = _Zstd(zstd.ZstdDecompressor(), io.BytesIO(blob))
+    buffer, total, most = bytearray(1 << 20), 0, 0
+    while n := reader.readinto(buffer):
+        total, most = total + n, max(most, len(reader.pending))
+    assert total == 300 * 14 * (1 << 16) and most <= 16 << 20

@@ -23,6 +23,7 @@ from gptcli.messages import printable
 
 READ_BYTES = 1 << 20  # bytes read per step while streaming a file
 PARQUET_ROWS = 1024  # rows read per batch from a Parquet file
+ZSTD_SLICE = 512  # compressed bytes decompressed at a time: at most 16 MiB out (see _Zstd)
 COMPRESSED = (".gz", ".zst")
 
 OnBytes = Callable[[int], None]
@@ -69,12 +70,15 @@ def _decompressed(path: Path, raw: IO[bytes]) -> IO[bytes]:
 class _Zstd(io.RawIOBase):
     """The text of a zstd file of one frame or more. One that ends inside a frame raises
     EOFError, as gzip does: zstandard's stream_reader ends there without a word, and the
-    corpus would be cut short in silence."""
+    corpus would be cut short in silence. Its decompressobj gives all a piece of input
+    holds at once, and a zstd block of 4 bytes may hold 128 KiB: fed ZSTD_SLICE bytes at a
+    time, it never holds more than 16 MiB (a 270 KB file of one repeated line may hold GBs)."""
 
     def __init__(self, decompressor: Any, raw: IO[bytes]) -> None:
         self.decompressor, self.raw = decompressor, raw
         self.frame = decompressor.decompressobj()
         self.inside = False  # whether the current frame has begun
+        self.input, self.used = b"", 0  # compressed bytes read, and how many were fed
         self.pending, self.at = memoryview(b""), 0
 
     def readable(self) -> bool:
@@ -82,25 +86,28 @@ class _Zstd(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         while self.at == len(self.pending):
-            chunk = self.raw.read(READ_BYTES)
-            if not chunk:
-                if self.inside:
-                    raise EOFError("it ends inside a frame")
-                return 0
-            self.pending, self.at = memoryview(self._decompress(chunk)), 0
+            if self.used == len(self.input):
+                self.input, self.used = self.raw.read(READ_BYTES), 0
+                if not self.input:
+                    if self.inside:
+                        raise EOFError("it ends inside a frame")
+                    return 0
+            piece = self.input[self.used : self.used + ZSTD_SLICE]
+            self.used += len(piece)
+            self.pending, self.at = memoryview(self._decompress(piece)), 0
         n = min(len(buffer), len(self.pending) - self.at)
         buffer[:n] = self.pending[self.at : self.at + n]
         self.at += n
         return n
 
-    def _decompress(self, chunk: bytes) -> bytes:
+    def _decompress(self, piece: bytes) -> bytes:
         out = []
-        while chunk:
+        while piece:
             self.inside = True
-            out.append(self.frame.decompress(chunk))
+            out.append(self.frame.decompress(piece))
             if not self.frame.eof:
                 break
-            chunk = self.frame.unused_data  # the next frame's start, if any
+            piece = self.frame.unused_data  # the next frame's start, if any
             self.frame, self.inside = self.decompressor.decompressobj(), False
         return b"".join(out)
 
