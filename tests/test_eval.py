@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -198,7 +200,7 @@ def test_limit_scores_the_first_examples(hf_dir, tmp_path):
     assert three["acc"] == eval_json("--ckpt", hf_dir, tmp_path / "c3.jsonl")["acc"]
 
 
-def test_a_finetuned_classifier_is_scored_with_its_head(trained, tmp_path):
+def test_a_finetuned_classifier_is_scored_with_its_head(trained, tmp_path, monkeypatch):
     lines = make_corpus(tmp_path / "s.txt", n_sentences=60, seed=4).read_text().splitlines()
     rows = [{"text": line, "label": line.split()[1]} for line in lines]  # the animal
     data = tmp_path / "cls.jsonl"
@@ -208,6 +210,17 @@ def test_a_finetuned_classifier_is_scored_with_its_head(trained, tmp_path):
     assert result.exit_code == 0, result.output
     got = eval_json("--ckpt", tmp_path / "cls", data, "--per-example")
     assert got["task"] == "classify" and got["scored_by"] == "head" and got["n"] == 60
+    (tmp_path / "runs").mkdir()  # without --ckpt: the newest classifier, as classify takes it
+    shutil.copytree(trained, tmp_path / "runs" / "lm")
+    later = (tmp_path / "cls" / "last" / "checkpoint.json").stat().st_mtime + 10
+    for name in ("best", "last"):  # the language model is the newest run
+        os.utime(tmp_path / "runs" / "lm" / name / "checkpoint.json", (later, later))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "cls").symlink_to(tmp_path / "cls")
+    newest = run("eval", "cls.jsonl", "--json", "--device", "cpu", "--dtype", "fp32")
+    assert newest.exit_code == 0, newest.output
+    assert "using the newest classifier of labelled texts: runs/cls" in newest.output
+    assert json.loads(newest.stdout)["acc"] == got["acc"]
     classified = json.loads(run("classify", "--ckpt", tmp_path / "cls", "--file", data, "--json").stdout)
     assert got["acc"] == pytest.approx(classified["accuracy"])
     pred = [p["label"] for p in classified["predictions"]]

@@ -99,6 +99,11 @@ NEWEST = {
         "make one with `gptcli finetune --ckpt RUN DATA --task classify`",
     ),
     "chat": (("chat",), "chat model", "make one with `gptcli finetune --ckpt RUN DATA --task chat`"),
+    "labels": (  # eval of labelled records: a classifier's head scores them
+        ("classify",),
+        "classifier of labelled texts",
+        "make one with `gptcli finetune --ckpt RUN DATA --task classify`",
+    ),
 }
 
 
@@ -110,19 +115,20 @@ def load_model(
     base: Path | None = None,
     quantize: str | None = None,
     chat: bool = False,
+    newest: str | None = None,
 ) -> Loaded:
     """Load --ckpt, or the newest run under ./runs that fits the verb (one that writes
-    text; with classifier a classify/choice run; with chat a chat run) and say which, onto the device in the
-    dtype for inference, its weights quantized if asked (--quantize); say where it runs and
-    why. A LoRA run comes merged into its base (base: where that is
-    now, if it moved)."""
+    text; with classifier a classify/choice run; with chat a chat run; newest: another kind
+    of NEWEST) and say which, onto the device in the dtype for inference, its weights
+    quantized if asked (--quantize); say where it runs and why. A LoRA run comes merged
+    into its base (base: where that is now, if it moved)."""
     from gptcli.infer.quantize import quantize as quantize_weights
     from gptcli.runtime import pick_device, pick_inference_dtype
     from gptcli.store import loading
     from gptcli.store.checkpoint import newest_run
 
     if ckpt is None:
-        kind = "classifier" if classifier else "chat" if chat else "text"
+        kind = newest or ("classifier" if classifier else "chat" if chat else "text")
         tasks, what, hint = NEWEST[kind]
         run = newest_run(tasks=tasks)
         if run is None:

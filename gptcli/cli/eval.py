@@ -21,10 +21,10 @@ def eval_(s: EvalSettings) -> None:
     for f in s.files:
         check_input(f, "the file to score")
     # without --ckpt: the newest classifier for labelled records, else the newest model that writes text
-    classifier = not s.ckpt and s.task is None and any(labelled(f) for f in s.files)
+    newest = "labels" if not s.ckpt and s.task is None and any(labelled(f) for f in s.files) else None
     rows, results, said = [], [], {}
     for spec in s.ckpt or [None]:
-        loaded = load_model(spec, s.device, s.dtype, base=s.base, quantize=s.quantize, classifier=classifier)
+        loaded = load_model(spec, s.device, s.dtype, base=s.base, quantize=s.quantize, newest=newest)
         name = str(spec) if spec is not None else str(loaded.path)
         for f in s.files:
             task_, how = plan(loaded.meta, f, s.task)

@@ -133,4 +133,6 @@ def evaluate(
     return run(model, tokenizer, path, limit=limit, progress=progress)
 
 
-__all__ = ["HEADS", "ZERO_SHOT", "FileEval", "Result", "evaluate", "guess_task", "plan", "plan_files"]
+__all__ = [
+    "HEADS", "ZERO_SHOT", "FileEval", "Result", "evaluate", "guess_task", "labelled", "plan", "plan_files",
+]  # fmt: skip
