@@ -9,19 +9,21 @@ import io
 import pytest
 
 from gptcli.cli import render
-from gptcli.cli.render import console
+from gptcli.cli.render import console, decoding, heatmaps, lens
 
 
 @pytest.fixture
 def screen(monkeypatch):
-    """draw(width or None for a file, view, *args) -> the text it printed, without colours."""
+    """draw(width or None for a file, view, *args) -> the text it printed, without colours:
+    the views draw on a console of that width, made through Rich's public API."""
 
     def draw(width: int | None, view, *args) -> str:
         buf = io.StringIO()
-        monkeypatch.setattr(console.out, "file", buf)
-        monkeypatch.setattr(console.out, "_force_terminal", width is not None)
-        monkeypatch.setattr(console.out, "_width", width)
-        monkeypatch.setattr(console.out, "_color_system", None)
+        screen = console._Console(
+            file=buf, width=width or 80, force_terminal=width is not None, color_system=None, highlight=False
+        )
+        for module in (console, heatmaps, decoding, lens):  # each holds the console it draws on
+            monkeypatch.setattr(module, "out", screen)
         view(*args)
         return buf.getvalue()
 
