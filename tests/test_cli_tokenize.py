@@ -355,12 +355,21 @@ def test_a_directory_corpus_skips_what_gptcli_wrote_in_it(tmp_path, monkeypatch)
     monkeypatch.setenv("GPTCLI_CACHE_DIR", str(tmp_path / ".cache"))
     make_corpus(tmp_path / "c.txt")
     assert run("pretrain", ".", "--out", "runs/a", *TINY, "--max-iters", "1").exit_code == 0
+    assert run("export", "runs/a", "exported").exit_code == 0
     assert run("tokenize", ".", "--out", "data/t", "--json").exit_code == 0
     assert read_meta(Path("data/t")).files == ["c.txt"]
-    again = run("tokenize", ".", "--out", "t2", "--json")  # runs/a and data/t are there now: both skipped
+    again = run("tokenize", ".", "--out", "t2", "--json")  # runs/a, exported/ and data/t: all skipped
     assert again.exit_code == 0, again.output
     assert (Path("t2/train.bin").read_bytes(), read_meta(Path("t2")).files) == (
         Path("data/t/train.bin").read_bytes(),
         ["c.txt"],
     )
     assert_usage_error(run("pretrain", "data/t", "c.txt", "--out", "runs/b"), "data/t holds tokens", "alone")
+    # a folder of the user's that merely holds such file names is text like any other
+    Path("notes").mkdir()
+    Path("notes/metrics.jsonl").write_text('{"text": "the fox ran"}\n')
+    with_notes = run("tokenize", ".", "--out", "t3", "--json")
+    assert with_notes.exit_code == 0 and read_meta(Path("t3")).files == ["c.txt", "notes/metrics.jsonl"]
+    from gptcli.store.checkpoint import FORMAT
+
+    assert FORMAT == "gptcli-checkpoint"  # what data/corpus.py recognises a checkpoint by

@@ -100,16 +100,28 @@ def is_tokenized_dir(path: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
-def _is_run_dir(path: Path) -> bool:
-    """A training run's directory, or one of its checkpoints (as gptcli writes them)."""
-    marks = ("checkpoint.json", "metrics.jsonl", "last/checkpoint.json", "best/checkpoint.json")
-    return any((path / mark).is_file() for mark in marks)
+def _written_by_gptcli(path: Path) -> bool:
+    """A directory of weights gptcli wrote, which a corpus walk skips: a checkpoint (its
+    checkpoint.json names gptcli's format), a run (its config and metrics, or a checkpoint
+    in last/ or best/), or an export to Hugging Face's format (config.json beside weights)."""
+
+    def checkpoint(d: Path) -> bool:
+        meta = try_read_json(d / "checkpoint.json") if (d / "checkpoint.json").is_file() else None
+        return isinstance(meta, dict) and meta.get("format") == "gptcli-checkpoint"  # store.checkpoint.FORMAT
+
+    if checkpoint(path) or checkpoint(path / "last") or checkpoint(path / "best"):
+        return True
+    if (path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file():
+        return True
+    weights = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors")
+    return (path / "config.json").is_file() and any((path / w).is_file() for w in weights)
 
 
 def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = None) -> list[Path]:
     """Text files named by paths; a directory contributes its files recursively, sorted,
     skipping hidden entries and what gptcli writes: directories made by `gptcli tokenize`,
-    and training runs (`gptcli pretrain .` reads the text, not its own checkpoints)."""
+    training runs and exported models (`gptcli pretrain .` reads the text, not its own
+    checkpoints)."""
     files: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -119,8 +131,8 @@ def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = Non
             continue
         if is_tokenized_dir(p):
             raise UsageError(
-                f"{printable(str(p), 300)} holds tokens (made by gptcli tokenize), not text: train on it "
-                "alone, or give text only"
+                f"{printable(str(p), 300)} holds tokens (made by gptcli tokenize), not text: pretrain "
+                "on it alone, or give text"
             )
         found = []
         for root, dirs, names in os.walk(p):
@@ -130,7 +142,7 @@ def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = Non
                 for d in dirs
                 if not d.startswith(".")
                 and not is_tokenized_dir(r / d)
-                and not _is_run_dir(r / d)
+                and not _written_by_gptcli(r / d)
                 and (exclude is None or (r / d).resolve() != exclude.resolve())
             )
             found += [r / n for n in sorted(names) if not n.startswith(".")]
