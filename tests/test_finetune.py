@@ -4,7 +4,9 @@ choice, instruction tuning with masked prompts, domain text, and bad data."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -412,7 +414,7 @@ def test_every_finetune_task_has_a_builder():
     assert ("lm", *tasks.FINETUNE) == FINETUNE_TASKS
 
 
-def test_each_verb_resumes_its_own_runs_only(pretrained, order_data, tmp_path):
+def test_each_verb_resumes_its_own_runs_only(pretrained, order_data, tmp_path, monkeypatch):
     """pretrain --resume on a finetuning run would save it as a pretraining run, dropping
     its base, data and task: refused before anything is loaded, as the other way round."""
     finetune(pretrained, order_data, tmp_path / "ft", "--max-iters", "2")
@@ -427,6 +429,14 @@ def test_each_verb_resumes_its_own_runs_only(pretrained, order_data, tmp_path):
         run("finetune", "--resume", "--out", pretrained, "--max-iters", "4"),
         "is a pretraining run; resume it with gptcli pretrain --resume --out",
     )
+    # without --out: the newest run of the verb's own kind, though a finetuning run is newer
+    shutil.copytree(pretrained, tmp_path / "runs" / "pre")
+    shutil.copytree(tmp_path / "ft", tmp_path / "runs" / "ft")
+    later = (tmp_path / "runs" / "pre" / "last" / "checkpoint.json").stat().st_mtime + 10
+    os.utime(tmp_path / "runs" / "ft" / "last" / "checkpoint.json", (later, later))
+    monkeypatch.chdir(tmp_path)
+    resumed = run("pretrain", "--resume", "--max-iters", "151")
+    assert resumed.exit_code == 0 and "resuming the newest run: runs/pre" in resumed.output, resumed.output
 
 
 def test_runs_resume_from_another_working_directory(pretrained, order_data, tmp_path, monkeypatch):

@@ -230,9 +230,12 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     )
 
 
-def newest_run(runs_dir: Path = RUNS_DIR, tasks: tuple[str, ...] | None = None) -> Path | None:
+def newest_run(
+    runs_dir: Path = RUNS_DIR, tasks: tuple[str, ...] | None = None, finetuned: bool | None = None
+) -> Path | None:
     """The run under runs_dir whose latest checkpoint was written most recently; with
-    tasks, the newest run trained for one of them (a run's task is in its checkpoint.json)."""
+    tasks, the newest run trained for one of them (a run's task is in its checkpoint.json);
+    with finetuned, the newest finetuning run (one that names its base) or pretraining run."""
     found: list[tuple[float, Path]] = []
     if not runs_dir.is_dir():
         return None
@@ -242,8 +245,19 @@ def newest_run(runs_dir: Path = RUNS_DIR, tasks: tuple[str, ...] | None = None) 
         if times:
             found.append((max(times), run))
     for _, run in sorted(found, key=lambda x: x[0], reverse=True):
-        if tasks is None or run_task(run) in tasks:
+        if tasks is not None and run_task(run) not in tasks:
+            continue
+        if finetuned is None or is_finetuned(run) == finetuned:
             return run
+    return None
+
+
+def is_finetuned(run: Path) -> bool | None:
+    """Whether a run was finetuned (its checkpoint.json names its base), None if unreadable."""
+    for name in (LAST, BEST):
+        meta = try_read_json(run / name / META_FILE)
+        if isinstance(meta, dict):
+            return "base" in meta
     return None
 
 

@@ -477,10 +477,11 @@ def load_for_resume(
     may change. A LoRA run's adapters come on top of its base (base: where it is now, if it
     moved), kept apart from the weights to train on. finetuning: which verb resumes it (a
     finetuning run names its base; the other verb's run is refused before it is loaded)."""
-    if out is None:
-        found_run = newest_run()
+    if out is None:  # the newest run this verb resumes
+        found_run = newest_run(finetuned=finetuning)
         if found_run is None:
-            raise UsageError("--resume: no run under ./runs to continue; pass --out RUN_DIR")
+            kind = "finetuning" if finetuning else "pretraining"
+            raise UsageError(f"--resume: no {kind} run under ./runs to continue; pass --out RUN_DIR")
         notes.info(f"resuming the newest run: {found_run}")
         run = found_run
     else:
