@@ -153,6 +153,11 @@ def test_the_classifier_reloads_and_predicts_the_same(pretrained, order_data, tm
         run("classify", "--ckpt", tmp_path / "cls", "the dog", "--text-b", "the cat"),
         "the command line: this classifier was trained on single texts, not pairs",
     )
+    (tmp_path / "typo.jsonl").write_text('{"txt": "the dog fed the cat"}\n')  # neither kind: the field named
+    assert_usage_error(
+        run("classify", "--ckpt", tmp_path / "cls", "--file", tmp_path / "typo.jsonl"),
+        "typo.jsonl:1: needs 'text', or 'text_a' and 'text_b'",
+    )
 
 
 def test_multiple_choice_trains(pretrained, tmp_path):

@@ -137,21 +137,24 @@ def build(src: Source) -> tuple[SupervisedTask, int, dict]:
     task = SupervisedTask("classify", splits, s["aux_lm_weight"], src.block_size)
     extra: dict = {"labels": labels, "split": src.split}
     shapes = {is_pair(r) for r in src.records}
-    if len(shapes) == 1:  # what classify will take: single texts, or pairs (not recorded when mixed)
+    if len(shapes) == 1 and None not in shapes:  # what classify takes: texts or pairs (mixed: not said)
         extra["pairs"] = shapes.pop()
     return task, len(labels), extra
 
 
-def is_pair(record: Record) -> bool:
+def is_pair(record: Record) -> bool | None:
     """Whether a classification record is a pair of texts ("text_a", "text_b") rather than
-    one ("text"), as classify_sequences reads it."""
-    return "text" not in record.fields
+    one ("text"), as classify_sequences reads it; None for neither (which it refuses)."""
+    if "text" in record.fields:
+        return False
+    return True if "text_a" in record.fields or "text_b" in record.fields else None
 
 
 def check_shape(record: Record, pairs: bool | None) -> None:
     """Refuse a record of the other kind than a classifier was trained on (pairs: what its
     checkpoint says; None for classifiers trained on both kinds, or made before it said)."""
-    if pairs is None or is_pair(record) == pairs:
+    shape = is_pair(record)
+    if pairs is None or shape is None or shape == pairs:
         return
     if pairs:
         raise UsageError(
