@@ -14,6 +14,7 @@ goes to a gptcli.reports.Notes.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -305,9 +306,9 @@ def resume_finetuning(
 
 def recorded(path: str | Path) -> str:
     """How a run records a path it was given: absolute, so that resuming it from another
-    working directory finds it (a hub name, which is no path here, as it came)."""
-    p = Path(path)
-    return str(p.resolve()) if p.exists() else str(path)
+    working directory finds it (a hub name, which is no path here, as it came). Links are
+    kept as links: the path the user gave, not where it pointed then."""
+    return os.path.abspath(path) if Path(path).exists() else str(path)
 
 
 def settings_meta(settings: FinetuneSettings) -> dict[str, Any]:
