@@ -33,7 +33,7 @@ from gptcli.data.tokenizer import (
     parse_spec,
 )
 from gptcli.errors import UsageError
-from gptcli.messages import printable
+from gptcli.messages import command_line, printable
 from gptcli.paths import cache_dir
 
 META_FILE = "meta.json"
@@ -635,8 +635,8 @@ def load_split(path: str | os.PathLike, split: str) -> np.ndarray:
     if size != expected * dtype.itemsize:
         raise UsageError(
             f"{file} holds {size // dtype.itemsize:,} ids where {path / META_FILE} says {expected:,}: "
-            f"it was cut short or changed since; tokenize the corpus again (gptcli tokenize CORPUS --out "
-            f"{path} --force)"
+            f"it was cut short or changed since; tokenize the corpus again "
+            f"({command_line('tokenize', 'CORPUS', '--out', path, '--force')})"
         )
     if size == 0:
         return np.zeros(0, dtype=dtype)
