@@ -347,7 +347,11 @@ def test_a_path_through_a_file_is_one_line(tmp_path, monkeypatch):
     )
     monkeypatch.setenv("GPTCLI_CACHE_DIR", str(notes))
     assert_usage_error(
-        run("pretrain", corpus, "--out", tmp_path / "r", *TINY), "not a directory (GPTCLI_CACHE_DIR)"
+        run("pretrain", corpus, "--out", tmp_path / "r", *TINY), "not a directory (under GPTCLI_CACHE_DIR)"
+    )
+    monkeypatch.setenv("GPTCLI_CACHE_DIR", str(notes / "cache"))  # the file is above the cache
+    assert_usage_error(
+        run("pretrain", corpus, "--out", tmp_path / "r", *TINY), f"{notes} is a file", "(under GPTCLI_CACHE"
     )
     assert notes.read_text() == "mine\n" and not (tmp_path / "r").exists()
 

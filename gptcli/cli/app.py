@@ -46,8 +46,7 @@ ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Cl
 
 def _not_a_directory(name: str) -> str:
     """The line for a path that goes through a file as if it were a directory (--out
-    notes.txt/run, GPTCLI_CACHE_DIR=notes.txt)."""
-    import os
+    notes.txt/run, GPTCLI_CACHE_DIR=notes.txt/cache)."""
     from pathlib import Path
 
     path = Path(name)
@@ -56,7 +55,8 @@ def _not_a_directory(name: str) -> str:
     if blocker is not None:
         what = f"{printable(str(blocker), 200)} is a file, not a directory"
     cache = os.environ.get("GPTCLI_CACHE_DIR")
-    via = " (GPTCLI_CACHE_DIR)" if cache and blocker is not None and Path(cache) == blocker else ""
+    in_cache = cache and Path(os.path.abspath(name)).is_relative_to(os.path.abspath(cache))
+    via = " (under GPTCLI_CACHE_DIR)" if in_cache else ""
     return f"cannot write {printable(name, 200)}: {what}{via}; give a path under a directory"
 
 
