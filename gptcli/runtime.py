@@ -151,22 +151,34 @@ def pick_precision(device: torch.device, requested: str = "auto") -> Precision:
 BF16_DECODE_MIN_PARAMS = 50_000_000
 
 
-def pick_inference_dtype(device: torch.device, requested: str, n_params: int) -> tuple[torch.dtype, str]:
+def pick_inference_dtype(
+    device: torch.device, requested: str, n_params: int, quantize: str | None = None
+) -> tuple[torch.dtype, str]:
     """The dtype to hold weights in for sampling and inspection, and why (and how fp32
-    matmuls run, see fp32_matmuls)."""
+    matmuls run, see fp32_matmuls). quantize: the weights the products keep instead
+    (--quantize int8), the dtype then being the activations'."""
     _check_dtype(device, requested)
-    tf32 = fp32_matmuls(device, requested)
+    tf32 = fp32_matmuls(device, requested)  # (it sets how they run, whatever the dtype)
+    name, reason = _inference_dtype(device, requested, n_params)
+    reason += tf32 if requested == "fp32" else ""
+    if quantize is not None:
+        return _DTYPES[name], f"{quantize} weights (quantized at load), {name} activations: {reason}"
+    return _DTYPES[name], f"{name}{'' if requested != 'auto' else ' weights'}: {reason}"
+
+
+def _inference_dtype(device: torch.device, requested: str, n_params: int) -> tuple[str, str]:
+    """(dtype name, why) for pick_inference_dtype."""
     if requested != "auto":
-        return _DTYPES[requested], f"{requested}: as requested" + (tf32 if requested == "fp32" else "")
+        return requested, "as requested"
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
-            return torch.bfloat16, "bf16 weights: this GPU supports bf16"
-        return torch.float16, "fp16 weights: this GPU has no bf16"
+            return "bf16", "this GPU supports bf16"
+        return "fp16", "this GPU has no bf16"
     if device.type == "cpu" and cpu_bf16_feature() and n_params >= BF16_DECODE_MIN_PARAMS:
-        return torch.bfloat16, f"bf16 weights: a large model on a CPU with native bf16 ({cpu_bf16_feature()})"
+        return "bf16", f"a large model on a CPU with native bf16 ({cpu_bf16_feature()})"
     if device.type == "cpu" and cpu_bf16_feature():
-        return torch.float32, f"fp32 weights: a model under {BF16_DECODE_MIN_PARAMS // 10**6}M parameters"
-    return torch.float32, "fp32 weights" + (": this CPU has no native bf16" if device.type == "cpu" else "")
+        return "fp32", f"a model under {BF16_DECODE_MIN_PARAMS // 10**6}M parameters"
+    return "fp32", "this CPU has no native bf16" if device.type == "cpu" else "the default"
 
 
 # --- memory: refuse what cannot fit before allocating it --------------------------------------

@@ -38,6 +38,10 @@ def test_inference_keeps_small_models_in_fp32(monkeypatch):
         "fp32 weights: this CPU has no native bf16",
     )
     assert runtime.pick_inference_dtype(CPU, "bf16", small) == (torch.bfloat16, "bf16: as requested")
+    assert runtime.pick_inference_dtype(CPU, "auto", small, "int8") == (
+        torch.float32,
+        "int8 weights (quantized at load), fp32 activations: this CPU has no native bf16",
+    )  # (it read "fp32 weights, int8 weights")
 
 
 @pytest.mark.parametrize("pick", [runtime.pick_precision, lambda d, r: runtime.pick_inference_dtype(d, r, 1)])

@@ -141,15 +141,10 @@ def load_model(
         ckpt = str(run)
     dev, why_device = pick_device(device)
     loaded = loading.load(ckpt, dev, base=base)
-    dt, why_dtype = pick_inference_dtype(dev, dtype, loaded.model.num_params())
+    dt, why_dtype = pick_inference_dtype(dev, dtype, loaded.model.num_params(), quantize)
     loaded.model.to(dt)
     if quantize is not None:
         quantize_weights(loaded.model, quantize)
-        name = str(dt).removeprefix("torch.")
-        held = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name)
-        reason = why_dtype.partition(": ")[2]  # why the model's dtype is what it is
-        why_dtype = f"{quantize} weights (quantized at load), {held} activations"
-        why_dtype += f": {reason}" if reason else ""
     render.note(f"{why_device}; {why_dtype}")
     return loaded
 
