@@ -92,3 +92,10 @@ def test_the_lens_grid_shows_every_position_in_a_file(screen):
     assert "left out to fit" in at_80 and max(map(len, at_80.splitlines())) <= 80
     whole = screen(None, render.lens_grid, pieces, list(range(11)), top)
     assert "left out" not in whole and "·t0" in whole and "·t10" in whole
+
+
+def test_wide_characters_count_as_two_columns(screen):
+    rows = [(1, "负面的评论", 0.9, True), (2, "正面的", 0.1, False)]
+    text = screen(40, render.probs_table, "这部电影", rows, None, "label")
+    marked = [line for line in text.splitlines() if "◀" in line]
+    assert len(marked) == 1 and "负面的评论" in marked[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
@@ -24,6 +25,11 @@ def sample_text(prompt: str, continuation: str, index: int | None = None) -> Non
     if index is not None:
         out.rule(f"sample {index}", style="dim")
     out.print(Text.assemble((printable(prompt), "dim"), (printable(continuation), "bold")), soft_wrap=True)
+
+
+def _cells(cell: str | Text) -> int:
+    """Columns a cell takes on screen (a CJK character or an emoji takes two)."""
+    return cell.cell_len if isinstance(cell, Text) else cell_len(cell)
 
 
 def _bar(prob: float, width: int = 24) -> str:
@@ -64,7 +70,8 @@ def probs_table(
     ]
     # the bars as long as the terminal leaves them, so that the chosen row's ◀ stays on its row
     # (each column but the outer ones is padded by a space each side, with a rule between)
-    widths = [max(len(table.columns[i].header), *(len(r[i]) for r in body)) for i in range(len(body[0]))]
+    headers = [str(c.header) for c in table.columns]
+    widths = [max(cell_len(headers[i]), *(_cells(r[i]) for r in body)) for i in range(len(body[0]))]
     bar = min(24, max(1, out.width - sum(widths) - 3 * len(widths) - 2))
     for cells, (_, _, prob, chosen, *_) in zip(body, rows, strict=True):
         table.add_row(*cells, _bar(prob, bar) + (" ◀" if chosen else ""))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
@@ -43,7 +44,7 @@ def attention_heatmap(tokens: Sequence[str], weights: Any, title: str) -> None:
     tokens = [printable(t) for t in tokens]
     T = len(tokens)
     labels = [f"{tokens[q][:12]} {q:>2} " for q in range(T)]
-    label_width = max(len("query ↓  key →"), *map(len, labels))
+    label_width = max(cell_len("query ↓  key →"), *map(cell_len, labels))
     numbers = T <= 16 and fits(label_width + 4 * T)
     start = _first_shown(T, label_width, 4 if numbers else 2)
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False, show_lines=False,
@@ -91,7 +92,7 @@ def attention_grid(tokens: Sequence[str], maps: Sequence[tuple[str, Any]]) -> No
             if q < T - 1:
                 lines.append("\n")
         # as wide as its title too ("╭─ L0 H1 ─╮"), which a panel of 1 to 3 positions would cut
-        width = max(2 * (T - start), len(title) + 4) + 2
+        width = max(2 * (T - start), cell_len(title) + 4) + 2
         panels.append(Panel(lines, title=title, width=width, padding=(0, 0), border_style="grey42"))
     wide(2 * T + 2).print(Columns(panels, padding=(0, 1)))  # (as many a row as fit)
     _say_left_out(start)
