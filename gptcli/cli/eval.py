@@ -22,12 +22,15 @@ def eval_(s: EvalSettings) -> None:
         check_input(f, "the file to score")
     # without --ckpt: the newest classifier for labelled records, else the newest model that writes text
     newest = "labels" if not s.ckpt and s.task is None and any(labelled(f) for f in s.files) else None
-    rows, results, said = [], [], {}
+    rows, results, said, listless = [], [], {}, set()
     for spec in s.ckpt or [None]:
         loaded = load_model(spec, s.device, s.dtype, base=s.base, quantize=s.quantize, newest=newest)
         name = str(spec) if spec is not None else str(loaded.path)
         for f in s.files:
             task_, how = plan(loaded.meta, f, s.task)
+            if s.per_example and task_ == "text" and f not in listless:  # once a file, before scoring it
+                render.warning(f"--per-example: {f} is scored as one text, which has no examples to list")
+                listless.add(f)
             with render.count_progress(f"{f.name}: {task_}") as update:
                 result = evaluate(
                     loaded.model, loaded.tokenizer, loaded.meta, f, task_, how, s.stride, s.limit, update
@@ -41,8 +44,6 @@ def eval_(s: EvalSettings) -> None:
             item = {"ckpt": name, "file": str(f), "scored_by": how, **result.metrics}
             if s.per_example and result.examples is not None:
                 item["examples"] = result.examples
-            elif s.per_example:
-                render.warning(f"--per-example: {f} is scored as one text, which has no examples to list")
             results.append(item)
     if s.json_out:
         render.print_json(results[0] if len(results) == 1 else results)
