@@ -49,7 +49,7 @@ def test_resume_refuses_other_text_unless_asked(lm_run):
     same = run("pretrain", lm_run / "copy.txt", "--resume", "--out", lm_run / "R", "--max-iters", "12")
     assert same.exit_code == 0, same.output
     done = run("pretrain", lm_run / "other.txt", "--resume", "--out", lm_run / "R", "--new-data")
-    assert_usage_error(done, "has reached its --max-iters 12, so it would not train on", "above 12")
+    assert_usage_error(done, "has reached its --max-iters 12, so it would not train on new data", "above 12")
     on_purpose = run(
         "pretrain", lm_run / "other.txt", "--resume", "--out", lm_run / "R", "--max-iters", "15", "--new-data"
     )

@@ -131,6 +131,7 @@ def resume_pretraining(
             f"{loaded.path}/checkpoint.json does not say where the run's data is; it cannot be resumed"
         )
     data_dir, sources = Path(meta["data_dir"]), meta.get("sources", [])
+    steps_left_for_new_data(meta, config.train.max_iters, new_data)
     if corpus:  # text encoded by the run's own tokenizer (a bpe:N one is not trained anew on it)
         paths = [Path(c) for c in corpus]
         tokenizer, fraction = loaded.tokenizer, config.data.val_fraction
@@ -152,7 +153,7 @@ def resume_pretraining(
     check_tokenized_with(data_dir, loaded.tokenizer, run_dir)
     _, task = _lm_task(data_dir, config)
     data = {"data_dir": recorded(data_dir), "sources": sources}
-    data |= same_data(meta, report.source_sha256, new_data, what, notes, config.train.max_iters)
+    data |= same_data(meta, report.source_sha256, new_data, what, notes)
     meta = {"task": "lm", **data}
     return Trainer(loaded.model, loaded.tokenizer, task, config, run_dir, meta, _resume_point(loaded))
 
@@ -281,6 +282,7 @@ def resume_finetuning(
         raise UsageError(f"{loaded.path}/checkpoint.json lacks {', '.join(missing)}; it cannot be resumed")
     settings = FinetuneSettings(**{k: meta[k] for k in names if k in meta})  # older runs: defaults
     _check_same_settings(settings, given)
+    steps_left_for_new_data(meta, config.train.max_iters, new_data)
     if given.get("data"):  # the same data, perhaps by another path (checked by content below)
         settings.data = [str(p) for p in given["data"]]
     if given.get("val_data") is not None:
@@ -292,8 +294,7 @@ def resume_finetuning(
         ),
         config.train.dist_timeout,
     )
-    what = " ".join(settings.data)
-    extra |= same_data(meta, extra["data_sha256"], new_data, what, notes, config.train.max_iters)
+    extra |= same_data(meta, extra["data_sha256"], new_data, " ".join(settings.data), notes)
     if settings.lora_rank:  # the same base (checked by hash on loading), perhaps in a new place
         where = Path(moved_base).resolve() if moved_base is not None else meta["base_checkpoint"]
         extra |= {"base_checkpoint": str(where), "base_sha256": meta["base_sha256"]}
@@ -589,12 +590,20 @@ def _resume_point(loaded: Loaded) -> str:
     return STABLE if loaded.path.name in (STABLE, f"{STABLE}.old") else LAST
 
 
-def same_data(
-    meta: dict[str, Any], sha256: str, new_data: bool, what: str, notes: Notes, max_iters: int
-) -> dict[str, Any]:
+def steps_left_for_new_data(meta: dict[str, Any], max_iters: int, new_data: bool) -> None:
+    """--new-data on a run already at its max_iters would train nothing on the new data (and
+    record nothing): refused before the data is read."""
+    step = meta.get("step")
+    if new_data and isinstance(step, int) and step >= max_iters:
+        raise UsageError(
+            f"the run has reached its --max-iters {max_iters}, so it would not train on new data; give "
+            f"--max-iters above {step}"
+        )
+
+
+def same_data(meta: dict[str, Any], sha256: str, new_data: bool, what: str, notes: Notes) -> dict[str, Any]:
     """Check that a resumed run gets the data it was trained on (by content hash), or, with
-    new_data, record the change (which needs steps left to train on it: max_iters, the
-    resumed run's); returns the metadata to save with the run."""
+    new_data, record the change; returns the metadata to save with the run."""
     saved = meta.get("data_sha256")
     if saved is None or saved == sha256:  # runs made before the hash was kept: take it as given
         return {"data_sha256": sha256}
@@ -603,12 +612,6 @@ def same_data(
             f"{what} is not the data this run was trained on (content sha256 {sha256[:12]}, the run's "
             f"{saved[:12]}); give the run's data, or add --new-data to continue on this on purpose"
         )
-    step = meta.get("step")
-    if isinstance(step, int) and step >= max_iters:
-        raise UsageError(
-            f"the run has reached its --max-iters {max_iters}, so it would not train on {what}; give "
-            f"--max-iters above {step}"
-        )
-    notes.warning(f"continuing on new data ({what}); the run records the change at step {step}")
+    notes.warning(f"continuing on new data ({what}); the run records the change at step {meta.get('step')}")
     change = {"step": meta.get("step"), "data_sha256": sha256, "previous": saved}
     return {"data_sha256": sha256, "data_changes": [*meta.get("data_changes", []), change]}
