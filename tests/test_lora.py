@@ -183,8 +183,9 @@ def test_a_changed_or_missing_base_is_refused_and_a_moved_one_found(data, tmp_pa
     shutil.rmtree(tmp_path / "base")
     assert_usage_error(run("sample", "--ckpt", tmp_path / "lm"), "is not there", "--base PATH")
     # PEFT's adapters need no base: written from the run alone, the very tensors it trained
-    alone = run("export", tmp_path / "lm", tmp_path / "adapters", "--adapters-only")
+    alone = run("export", tmp_path / "lm", tmp_path / "adapters", "--adapters-only", "--base", data / "base")
     assert alone.exit_code == 0, alone.output
+    assert "--base is not used: --adapters-only writes the run's adapters alone" in alone.output
     written = load_file(tmp_path / "adapters" / "adapter_model.safetensors")
     trained = {
         f"base_model.model.{n}.weight": p

@@ -41,6 +41,8 @@ def export(s: ExportSettings) -> None:
     if out.exists() and any(out.iterdir()) and not s.force:
         raise UsageError(f"{out} exists and is not empty; choose another directory or pass --force")
     if s.adapters_only:
+        if base is not None:
+            render.warning("--base is not used: --adapters-only writes the run's adapters alone")
         _export_adapters(ckpt, out, s.json_out)
         return
     loaded = loading.load(ckpt, base=base)  # a LoRA run: merged into its base
