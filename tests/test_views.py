@@ -99,3 +99,20 @@ def test_wide_characters_count_as_two_columns(screen):
     text = screen(40, render.probs_table, "这部电影", rows, None, "label")
     marked = [line for line in text.splitlines() if "◀" in line]
     assert len(marked) == 1 and "负面的评论" in marked[0]
+
+
+def test_cjk_text_is_never_cut(screen):
+    rows = [
+        {
+            "text": "狗在公园里跑。猫が魚を食べた。",
+            "logprob": -1.0,
+            "score": -0.5,
+            "ids": [1] * 6,
+            "finished": True,
+        }
+    ]
+    shown = screen(80, render.beam_table, "猫が魚を食べた。" * 3, rows)
+    assert "狗在公园里跑" in shown.replace("\n", "").replace("│", "").replace(" ", "")
+    top = [[[("猫", 0.98)], [("が", 0.5)]]]
+    grid = screen(80, render.lens_grid, ["猫", "が"], [0, 1], top)
+    assert "猫      .98" in grid and "が      .50" in grid  # two cells each, padded to the column

@@ -100,7 +100,7 @@ def beam_table(prompt: str, rows: Sequence[dict[str, Any]]) -> None:
         return
     table = Table(show_edge=False, pad_edge=False, title="beam search", title_justify="left")
     table.add_column("#", justify="right", style="dim", no_wrap=True)
-    table.add_column("text", ratio=1)
+    table.add_column("text", ratio=1, overflow="fold")  # (text without spaces, CJK's, folds: none is lost)
     table.add_column("log p", justify="right", no_wrap=True)
     table.add_column("score", justify="right", style="bold", no_wrap=True)
     table.add_column("len", justify="right", no_wrap=True)

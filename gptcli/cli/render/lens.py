@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich import box
+from rich.cells import set_cell_size
 from rich.table import Table
 from rich.text import Text
 
@@ -42,14 +43,15 @@ def lens_grid(
     )
     table.add_column("layer", style="bold", justify="right", no_wrap=True)
     for j in shown:
-        header = Text(pieces[j][:CELL], style="cyan") + Text(f"\n{positions[j]}", style="dim")
+        head = set_cell_size(pieces[j], CELL).rstrip()  # (cells on screen: a CJK character takes two)
+        header = Text(head, style="cyan") + Text(f"\n{positions[j]}", style="dim")
         table.add_column(header, width=CELL, no_wrap=True, overflow="ellipsis", vertical="bottom")
     for layer, row in enumerate(top):
         cells = []
         for j in shown:
             piece, prob = row[j][0]
             ink = "black" if prob > 0.55 else "white"
-            label = piece[:PIECE].ljust(PIECE) + _prob(prob).rjust(4)
+            label = set_cell_size(piece, PIECE) + _prob(prob).rjust(4)
             cells.append(Text(label, style=f"{ink} on {color(prob)}"))
         table.add_row(layer_name(layer), *cells)
     wide(8 + (CELL + 1) * len(shown)).print(table)
