@@ -356,9 +356,13 @@ def test_a_directory_corpus_skips_what_gptcli_wrote_in_it(tmp_path, monkeypatch)
     make_corpus(tmp_path / "c.txt")
     assert run("pretrain", ".", "--out", "runs/a", *TINY, "--max-iters", "1").exit_code == 0
     assert run("export", "runs/a", "exported").exit_code == 0
+    Path("a.gguf").write_bytes(b"GGUF\3\0\0\0" + b"\0" * 64)  # (a char model has no GGUF export)
+    Path("adapters").mkdir()  # what export --adapters-only writes
+    Path("adapters/adapter_config.json").write_text("{}")
+    Path("adapters/adapter_model.safetensors").write_bytes(b"\0" * 16)
     assert run("tokenize", ".", "--out", "data/t", "--json").exit_code == 0
     assert read_meta(Path("data/t")).files == ["c.txt"]
-    again = run("tokenize", ".", "--out", "t2", "--json")  # runs/a, exported/ and data/t: all skipped
+    again = run("tokenize", ".", "--out", "t2", "--json")  # runs/a, the exports and data/t: all skipped
     assert again.exit_code == 0, again.output
     assert (Path("t2/train.bin").read_bytes(), read_meta(Path("t2")).files) == (
         Path("data/t/train.bin").read_bytes(),

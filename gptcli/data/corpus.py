@@ -100,10 +100,14 @@ def is_tokenized_dir(path: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
+GGUF = ".gguf"  # a model file (gptcli export, llama.cpp), never text: skipped in a directory
+
+
 def _written_by_gptcli(path: Path) -> bool:
     """A directory of weights gptcli wrote, which a corpus walk skips: a checkpoint (its
     checkpoint.json names gptcli's format), a run (its config and metrics, or a checkpoint
-    in last/ or best/), or an export to Hugging Face's format (config.json beside weights)."""
+    in last/ or best/), or an export to Hugging Face's format (config.json beside weights)
+    or PEFT's (--adapters-only)."""
 
     def checkpoint(d: Path) -> bool:
         meta = try_read_json(d / "checkpoint.json") if (d / "checkpoint.json").is_file() else None
@@ -113,15 +117,17 @@ def _written_by_gptcli(path: Path) -> bool:
         return True
     if (path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file():
         return True
-    weights = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors")
-    return (path / "config.json").is_file() and any((path / w).is_file() for w in weights)
+    weights = ("model.safetensors", "pytorch_model.bin")
+    if (path / "config.json").is_file() and any((path / w).is_file() for w in weights):
+        return True
+    return (path / "adapter_config.json").is_file() and (path / "adapter_model.safetensors").is_file()
 
 
 def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = None) -> list[Path]:
     """Text files named by paths; a directory contributes its files recursively, sorted,
     skipping hidden entries and what gptcli writes: directories made by `gptcli tokenize`,
-    training runs and exported models (`gptcli pretrain .` reads the text, not its own
-    checkpoints)."""
+    training runs and exported models, .gguf files among them (`gptcli pretrain .` reads
+    the text, not its own checkpoints)."""
     files: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -145,7 +151,7 @@ def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = Non
                 and not _written_by_gptcli(r / d)
                 and (exclude is None or (r / d).resolve() != exclude.resolve())
             )
-            found += [r / n for n in sorted(names) if not n.startswith(".")]
+            found += [r / n for n in sorted(names) if not n.startswith(".") and not n.lower().endswith(GGUF)]
         for f in found:  # a device never ends, a pipe may never start: files only
             if (kind := what_is(f)) != "a file":
                 raise UsageError(
