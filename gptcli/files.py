@@ -136,7 +136,16 @@ def check_writable(path: Path, replace: bool, flag: str = "--force") -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         raise UsageError(f"{path} is a directory; give a file name")
     if not path.parent.is_dir():
+        check_under_directories(path)
         raise UsageError(f"the directory {path.parent} does not exist; create it first")
+
+
+def check_under_directories(path: Path) -> None:
+    """Refuse a path that goes through a file as if it were a directory (notes.txt/a.html),
+    naming the file: the OS would say "File exists" or "Not a directory"."""
+    blocker = next((p for p in Path(path).parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise UsageError(f"{blocker} is a file, not a directory; give a path under a directory")
 
 
 def fsync_dir(path: Path) -> None:

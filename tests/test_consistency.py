@@ -354,6 +354,15 @@ def test_a_path_through_a_file_is_one_line(tmp_path, monkeypatch):
         run("pretrain", corpus, "--out", tmp_path / "r", *TINY), f"{notes} is a file", "(under GPTCLI_CACHE"
     )
     assert notes.read_text() == "mine\n" and not (tmp_path / "r").exists()
+    monkeypatch.delenv("GPTCLI_CACHE_DIR")
+    assert run("pretrain", corpus, "--out", tmp_path / "r", *TINY, "--max-iters", "1").exit_code == 0
+    for args in (  # a file's path (--save, GGUF) or a directory's (a Hugging Face export)
+        ["inspect-attn", "The fox", "--ckpt", tmp_path / "r", "--save", notes / "a.html"],
+        ["export", tmp_path / "r", notes / "m.gguf"],
+        ["export", tmp_path / "r", notes / "hf"],
+    ):
+        assert_usage_error(run(*args), f"{notes} is a file, not a directory; give a path under a directory")
+    assert notes.read_text() == "mine\n"
 
 
 def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(trained, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gptcli import files
 from gptcli.cli import render
 from gptcli.config.verbs import ExportSettings
 from gptcli.errors import UsageError
@@ -36,6 +37,7 @@ def export(s: ExportSettings) -> None:
         raise UsageError(f"{out} is a gptcli run or checkpoint; export into a directory of its own")
     if out.is_symlink():  # (written through, it would put the files wherever the link points)
         raise UsageError(f"{out} is a symbolic link; export into a directory of its own")
+    files.check_under_directories(out)  # (notes.txt/x)
     if out.exists() and not out.is_dir():  # (--force replaces an export's files, never a file by a directory)
         raise UsageError(f"{out} is a file; a Hugging Face export writes a directory: give a directory name")
     if out.exists() and any(out.iterdir()) and not s.force:
@@ -64,7 +66,6 @@ def _warn_head(loaded: Any) -> None:
 
 def _export_gguf(s: ExportSettings) -> None:
     """--to gguf: one file, written atomically; an existing one only with --force."""
-    from gptcli import files
     from gptcli.store import loading
     from gptcli.store.gguf import export_gguf
 
