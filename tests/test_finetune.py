@@ -467,3 +467,23 @@ def test_runs_resume_from_another_working_directory(pretrained, order_data, tmp_
     meta = json.loads((work / "runs/ft/last/checkpoint.json").read_text())
     assert meta["step"] == 4 and meta["data"] == [os.path.abspath(work / "d.jsonl")]
     assert meta["base"] == os.path.abspath(pretrained)
+
+
+def test_without_ckpt_the_newest_classifier_of_the_input_s_kind_is_taken(
+    pretrained, order_data, tmp_path, monkeypatch
+):
+    rng = random.Random(5)
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [
+        {"text_a": sentence(rng)[1], "text_b": f"the {rng.choice(NOUNS)}", "label": rng.choice("ab")}
+        for _ in range(60)
+    ]
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    finetune(pretrained, pairs, tmp_path / "runs" / "pair", "--task", "classify", "--max-iters", "1")
+    finetune(pretrained, order_data, tmp_path / "runs" / "single", "--task", "classify", "--max-iters", "1")
+    monkeypatch.chdir(tmp_path)  # runs/single is the newer: it takes single texts only
+    assert "using the newest classifier: runs/single" in run("classify", "the dog fed the cat").output
+    paired = run("classify", "the dog fed the cat", "--text-b", "the dog", "--json")
+    assert paired.exit_code == 0 and "using the newest classifier: runs/pair" in paired.output
+    scored = run("eval", "pairs.jsonl", "--json")
+    assert scored.exit_code == 0 and "runs/pair" in scored.output

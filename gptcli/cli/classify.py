@@ -23,17 +23,22 @@ def classify(s: ClassifySettings) -> None:
     gptcli classify --ckpt runs/needs --file test.jsonl --json
     """
     from gptcli.tasks import accuracy, predict_records
+    from gptcli.tasks.classify import is_pair
 
+    file_records = None
     if s.file is not None:
         check_input(s.file, "--file")  # before the model is loaded
-    loaded = load_model(s.ckpt, s.device, s.dtype, classifier=True, base=s.base)
+        file_records = read_records(s.file)
+    # without --ckpt: the newest classifier of this kind of input (pairs of texts, or single ones)
+    pairs = is_pair(file_records[0]) if file_records else None if s.choice else s.text_b is not None
+    loaded = load_model(s.ckpt, s.device, s.dtype, classifier=True, base=s.base, pairs=pairs)
     kind = loaded.meta.get("task")
     if kind not in ("classify", "choice"):
         raise UsageError(
             f"{loaded.path} is not a classifier (its task is {kind or 'lm'}); "
             "make one with gptcli finetune --task classify (or choice)"
         )
-    records = _records(s, kind, loaded.path)
+    records = file_records if file_records is not None else _records(s, kind, loaded.path)
     device = next(loaded.model.parameters()).device
     predictions = predict_records(loaded.model, loaded.tokenizer, loaded.meta, records, device)
     key = "label" if kind == "classify" else "choice"
@@ -54,9 +59,7 @@ def classify(s: ClassifySettings) -> None:
 
 
 def _records(s: ClassifySettings, kind: str, path: Path) -> list[Record]:
-    """What to classify: the records of --file, or the text (and --text-b or --choice)."""
-    if s.file is not None:
-        return read_records(s.file)
+    """What to classify from the command line: the text (and --text-b or --choice)."""
     text = text_arg(" ".join(s.text or []))
     if kind == "choice":
         if len(s.choice) < 2 or s.text_b is not None:

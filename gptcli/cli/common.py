@@ -116,12 +116,14 @@ def load_model(
     quantize: str | None = None,
     chat: bool = False,
     newest: str | None = None,
+    pairs: bool | None = None,
 ) -> Loaded:
     """Load --ckpt, or the newest run under ./runs that fits the verb (one that writes
     text; with classifier a classify/choice run; with chat a chat run; newest: another kind
-    of NEWEST) and say which, onto the device in the dtype for inference, its weights
-    quantized if asked (--quantize); say where it runs and why. A LoRA run comes merged
-    into its base (base: where that is now, if it moved)."""
+    of NEWEST; pairs: a classifier of pairs of texts, or of single texts) and say which,
+    onto the device in the dtype for inference, its weights quantized if asked
+    (--quantize); say where it runs and why. A LoRA run comes merged into its base (base:
+    where that is now, if it moved)."""
     from gptcli.infer.quantize import quantize as quantize_weights
     from gptcli.runtime import pick_device, pick_inference_dtype
     from gptcli.store import loading
@@ -130,7 +132,7 @@ def load_model(
     if ckpt is None:
         kind = newest or ("classifier" if classifier else "chat" if chat else "text")
         tasks, what, hint = NEWEST[kind]
-        run = newest_run(tasks=tasks)
+        run = newest_run(tasks=tasks, pairs=pairs)
         if run is None:
             other = newest_run()
             found = f" ({other} is not one)" if other else ""

@@ -16,15 +16,20 @@ def eval_(s: EvalSettings) -> None:
     gptcli eval --ckpt runs/demo --ckpt gpt2 lambada_test.jsonl --task lambada
     gptcli eval --ckpt gpt2 hellaswag_val.jsonl --limit 500 --json
     """
+    from gptcli.data.records import read_records
     from gptcli.evals import evaluate, labelled, plan
+    from gptcli.tasks.classify import is_pair
 
     for f in s.files:
         check_input(f, "the file to score")
     # without --ckpt: the newest classifier for labelled records, else the newest model that writes text
-    newest = "labels" if not s.ckpt and s.task is None and any(labelled(f) for f in s.files) else None
+    first = next((f for f in s.files if labelled(f)), None) if not s.ckpt and s.task is None else None
+    newest, pairs = ("labels", is_pair(read_records(first)[0])) if first is not None else (None, None)
     rows, results, said, listless = [], [], {}, set()
     for spec in s.ckpt or [None]:
-        loaded = load_model(spec, s.device, s.dtype, base=s.base, quantize=s.quantize, newest=newest)
+        loaded = load_model(
+            spec, s.device, s.dtype, base=s.base, quantize=s.quantize, newest=newest, pairs=pairs
+        )
         name = str(spec) if spec is not None else str(loaded.path)
         for f in s.files:
             task_, how = plan(loaded.meta, f, s.task)

@@ -231,11 +231,16 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def newest_run(
-    runs_dir: Path = RUNS_DIR, tasks: tuple[str, ...] | None = None, finetuned: bool | None = None
+    runs_dir: Path = RUNS_DIR,
+    tasks: tuple[str, ...] | None = None,
+    finetuned: bool | None = None,
+    pairs: bool | None = None,
 ) -> Path | None:
     """The run under runs_dir whose latest checkpoint was written most recently; with
     tasks, the newest run trained for one of them (a run's task is in its checkpoint.json);
-    with finetuned, the newest finetuning run (one that names its base) or pretraining run."""
+    with finetuned, the newest finetuning run (one that names its base) or pretraining run;
+    with pairs, the newest whose checkpoint does not say it takes the other kind of input
+    (a classifier of pairs of texts, or of single texts)."""
     found: list[tuple[float, Path]] = []
     if not runs_dir.is_dir():
         return None
@@ -247,18 +252,26 @@ def newest_run(
     for _, run in sorted(found, key=lambda x: x[0], reverse=True):
         if tasks is not None and run_task(run) not in tasks:
             continue
-        if finetuned is None or is_finetuned(run) == finetuned:
+        if finetuned is not None and is_finetuned(run) != finetuned:
+            continue
+        if pairs is None or _meta_of(run).get("pairs", pairs) == pairs:
             return run
     return None
 
 
-def is_finetuned(run: Path) -> bool | None:
-    """Whether a run was finetuned (its checkpoint.json names its base), None if unreadable."""
+def _meta_of(run: Path) -> dict:
+    """A run's newest readable checkpoint.json, or {}."""
     for name in (LAST, BEST):
         meta = try_read_json(run / name / META_FILE)
         if isinstance(meta, dict):
-            return "base" in meta
-    return None
+            return meta
+    return {}
+
+
+def is_finetuned(run: Path) -> bool | None:
+    """Whether a run was finetuned (its checkpoint.json names its base), None if unreadable."""
+    meta = _meta_of(run)
+    return "base" in meta if meta else None
 
 
 def run_task(run: Path) -> str | None:
