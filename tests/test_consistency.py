@@ -443,7 +443,7 @@ def test_a_tokenized_dir_from_elsewhere_is_checked(trained, tmp_path):
     for name, change, message in (
         ("files", lambda d: _edit(d / "meta.json", files=[1, 2]), "'files' must be a list of paths"),
         ("odd size", lambda d: (d / "train.bin").write_bytes((d / "train.bin").read_bytes()[:-1]),
-         "not a whole number of uint16 ids"),
+         "not a whole number of uint16 ids; tokenize the corpus again (gptcli tokenize CORPUS --out"),
         ("beyond vocab", lambda d: (d / "val.bin").write_bytes(b"\xff" * (d / "val.bin").stat().st_size),
          "the val tokens hold id 65535, beyond the vocabulary of"),
     ):  # fmt: skip

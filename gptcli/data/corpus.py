@@ -624,25 +624,31 @@ def cached_corpus(
     return out, _encode(files, out, scan, charset, tokenizer, request, val_fraction, progress, t0, reader)
 
 
+def _again(path: Path) -> str:
+    """The command that writes a damaged tokenized directory anew (--force: its meta.json
+    would otherwise have it taken for the same tokenization, or refused as another)."""
+    return command_line("tokenize", "CORPUS", "--out", path, "--force")
+
+
 def load_split(path: str | os.PathLike, split: str) -> np.ndarray:
     """Memory-map the token ids of one split of a tokenized directory."""
     path = Path(path)
     report = read_meta(path)
     file = path / f"{split}.bin"
     if not file.is_file():
-        raise UsageError(f"{file} is missing; re-run gptcli tokenize")
+        raise UsageError(f"{file} is missing; tokenize the corpus again ({_again(path)})")
     dtype = np.dtype(report.dtype)
     size = file.stat().st_size
     if size % dtype.itemsize:
         raise UsageError(
-            f"{file} is {size} bytes, not a whole number of {dtype.name} ids; re-run gptcli tokenize"
+            f"{file} is {size} bytes, not a whole number of {dtype.name} ids; tokenize the corpus again "
+            f"({_again(path)})"
         )
     expected = getattr(report, f"{split}_tokens")
     if size != expected * dtype.itemsize:
         raise UsageError(
             f"{file} holds {size // dtype.itemsize:,} ids where {path / META_FILE} says {expected:,}: "
-            f"it was cut short or changed since; tokenize the corpus again "
-            f"({command_line('tokenize', 'CORPUS', '--out', path, '--force')})"
+            f"it was cut short or changed since; tokenize the corpus again ({_again(path)})"
         )
     if size == 0:
         return np.zeros(0, dtype=dtype)
