@@ -192,7 +192,8 @@ def test_chat_from_a_messages_file_and_what_it_refuses(chat_run, tmp_path):
     assert run("chat", "--ckpt", chat_run, "--messages", parts, "--temp", "0").stdout == outs[0]
     parts.write_text(json.dumps([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]))
     assert_usage_error(
-        run("chat", "--ckpt", chat_run, "--messages", parts), "message 1's content is not a string"
+        run("chat", "--ckpt", chat_run, "--messages", parts),
+        "message 1's content holds parts other than text (image_url); this model reads text",
     )
     ends_with_assistant = tmp_path / "a.json"
     ends_with_assistant.write_text(json.dumps([*convo, {"role": "assistant", "content": "x"}]))

@@ -56,6 +56,13 @@ def check_messages(value: object, where: str, *, training: bool = False) -> list
             content = "".join(p["text"] for p in content)
         if role not in ROLES:
             raise UsageError(f"{where}: message {n} has role {role!r}; use system, user or assistant")
+        if isinstance(content, list):  # parts, not all of them text
+            other = [p for p in content if not _is_text_part(p)]
+            kinds = sorted({str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in other})
+            raise UsageError(
+                f"{where}: message {n}'s content holds parts other than text ({', '.join(kinds)}); this "
+                'model reads text: give a string, or {"type": "text", "text": ...} parts'
+            )
         if not isinstance(content, str):
             what = "missing" if content is None else f"not a string ({type(content).__name__})"
             raise UsageError(f"{where}: message {n}'s content is {what}")
