@@ -48,8 +48,10 @@ def test_resume_refuses_other_text_unless_asked(lm_run):
     shutil.copy(lm_run / "corpus.txt", lm_run / "copy.txt")
     same = run("pretrain", lm_run / "copy.txt", "--resume", "--out", lm_run / "R", "--max-iters", "12")
     assert same.exit_code == 0, same.output
+    nothing = run("pretrain", "--resume", "--out", lm_run / "R", "--max-iters", "15", "--new-data")
+    assert_usage_error(nothing, "--new-data continues on the data given with it")
     done = run("pretrain", lm_run / "other.txt", "--resume", "--out", lm_run / "R", "--new-data")
-    assert_usage_error(done, "has reached its --max-iters 12, so it would not train on new data", "above 12")
+    assert_usage_error(done, "has reached its max_iters 12, so it would not train on new data", "above 12")
     on_purpose = run(
         "pretrain", lm_run / "other.txt", "--resume", "--out", lm_run / "R", "--max-iters", "15", "--new-data"
     )

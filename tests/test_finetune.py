@@ -431,6 +431,10 @@ def test_each_verb_resumes_its_own_runs_only(pretrained, order_data, tmp_path, m
     )
     assert meta_file.read_bytes() == before
     assert_usage_error(
+        run("finetune", "--resume", "--out", tmp_path / "ft", "--new-data", "--max-iters", "4"),
+        "--new-data continues on the data given with it",
+    )
+    assert_usage_error(
         run("finetune", "--resume", "--out", pretrained, "--max-iters", "4"),
         "is a pretraining run; resume it with gptcli pretrain --resume --out",
     )

@@ -66,6 +66,10 @@ def finetune(s: FinetuneVerbSettings, flags: dict[str, dict[str, Any]]) -> None:
         given["val_data"] = str(given["val_data"])
     notes = render.Notes()
     if s.resume:
+        if s.new_data and not s.data:
+            raise UsageError(
+                "--new-data continues on the data given with it: gptcli finetune DATA --resume --new-data"
+            )
         given |= {"data": s.data, "base": s.ckpt, "base_checkpoint": s.base}
         trainer = resume_finetuning(
             s.out, given=given, config_path=s.config, flags=flags, new_data=s.new_data, notes=notes

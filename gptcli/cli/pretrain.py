@@ -38,6 +38,10 @@ def pretrain(s: PretrainSettings, flags: dict[str, dict[str, Any]]) -> None:
 
     notes = render.Notes()
     if s.resume:
+        if s.new_data and not s.corpus:
+            raise UsageError(
+                "--new-data continues on the data given with it: gptcli pretrain CORPUS --resume --new-data"
+            )
         trainer = resume_pretraining(
             s.out, corpus=s.corpus, config_path=s.config, flags=flags, new_data=s.new_data, notes=notes
         )

@@ -596,7 +596,7 @@ def steps_left_for_new_data(meta: dict[str, Any], max_iters: int, new_data: bool
     step = meta.get("step")
     if new_data and isinstance(step, int) and step >= max_iters:
         raise UsageError(
-            f"the run has reached its --max-iters {max_iters}, so it would not train on new data; give "
+            f"the run has reached its max_iters {max_iters}, so it would not train on new data; give "
             f"--max-iters above {step}"
         )
 
