@@ -803,6 +803,9 @@ def test_a_kernels_dir_that_cannot_be_written_is_said_once_and_nothing_is_built(
     assert lib.start() is False and lib.lib is None
     assert "cannot be kept in" in lib.failed and "GPTCLI_KERNELS_DIR" in lib.failed
     assert in_the_way.read_text() == "mine"
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(in_the_way / "kernels"))  # the file is above it
+    lib = kernels._Library()
+    assert lib.start() is False and f"({in_the_way} is a file, not a directory)" in lib.failed
 
 
 def test_a_relative_kernels_dir_is_where_the_library_is_loaded_from(tmp_path, monkeypatch):

@@ -266,8 +266,9 @@ class _Library:
                 if not os.access(path.parent, os.W_OK | os.X_OK):
                     raise PermissionError("not writable")
             except OSError as e:
-                in_the_way = path.parent.exists() and not path.parent.is_dir()
-                why = "not a directory" if in_the_way else e.strerror or e
+                found = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+                in_the_way = found is not None and not found.is_dir()  # (GPTCLI_CACHE_DIR=notes.txt)
+                why = f"{found} is a file, not a directory" if in_the_way else e.strerror or e
                 self.failed = (
                     f"the CPU decoding kernel cannot be kept in {path.parent} ({why}): "
                     "set GPTCLI_KERNELS_DIR to a writable directory"
