@@ -377,3 +377,20 @@ def test_a_directory_corpus_skips_what_gptcli_wrote_in_it(tmp_path, monkeypatch)
     from gptcli.store.checkpoint import FORMAT
 
     assert FORMAT == "gptcli-checkpoint"  # what data/corpus.py recognises a checkpoint by
+
+
+def test_a_linked_folder_in_a_corpus_is_read_once(tmp_path):
+    """A folder of data linked into a corpus directory is data (`find -L`); a link back up
+    the tree is walked once, not forever."""
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    make_corpus(real / "more.txt")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    make_corpus(corpus / "c.txt", seed=1)
+    (corpus / "linked").symlink_to(real)
+    (corpus / "loop").symlink_to(corpus)
+    (real / "back").symlink_to(real)
+    result = run("tokenize", corpus, "--out", tmp_path / "t", "--json")
+    assert result.exit_code == 0, result.output
+    assert sorted(Path(f).name for f in read_meta(tmp_path / "t").files) == ["c.txt", "more.txt"]

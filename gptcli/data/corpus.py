@@ -125,9 +125,9 @@ def _written_by_gptcli(path: Path) -> bool:
 
 def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = None) -> list[Path]:
     """Text files named by paths; a directory contributes its files recursively, sorted,
-    skipping hidden entries and what gptcli writes: directories made by `gptcli tokenize`,
-    training runs and exported models, .gguf files among them (`gptcli pretrain .` reads
-    the text, not its own checkpoints)."""
+    following linked folders (each once), skipping hidden entries and what gptcli writes:
+    directories made by `gptcli tokenize`, training runs and exported models, .gguf files
+    among them (`gptcli pretrain .` reads the text, not its own checkpoints)."""
     files: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -140,17 +140,17 @@ def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = Non
                 f"{printable(str(p), 300)} holds tokens (made by gptcli tokenize), not text: pretrain "
                 "on it alone, or give text"
             )
-        found = []
-        for root, dirs, names in os.walk(p):
-            r = Path(root)
-            dirs[:] = sorted(
-                d
-                for d in dirs
-                if not d.startswith(".")
-                and not is_tokenized_dir(r / d)
-                and not _written_by_gptcli(r / d)
-                and (exclude is None or (r / d).resolve() != exclude.resolve())
-            )
+        found, seen = [], {p.resolve()}
+        for root, dirs, names in os.walk(p, followlinks=True):  # (a linked folder of data is data)
+            r, kept = Path(root), []
+            for d in sorted(dirs):
+                real = (r / d).resolve()
+                skipped = d.startswith(".") or is_tokenized_dir(r / d) or _written_by_gptcli(r / d)
+                if skipped or real in seen or (exclude is not None and real == exclude.resolve()):
+                    continue
+                seen.add(real)  # (a link back up the tree is walked once)
+                kept.append(d)
+            dirs[:] = kept
             found += [r / n for n in sorted(names) if not n.startswith(".") and not n.lower().endswith(GGUF)]
         for f in found:  # a device never ends, a pipe may never start: files only
             if (kind := what_is(f)) != "a file":
