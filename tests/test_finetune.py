@@ -334,6 +334,10 @@ def test_bad_data_names_the_file_and_line(pretrained, tmp_path):
         "train.jsonl", '{"text": "a", "label": "cat"}\n{"text": "b", "label": "dog"}\n',
         "--task", "classify", "--val-data", str(tmp_path / "val.jsonl"),
     )  # fmt: skip
+    assert "both.jsonl:2: has 'text' and 'text_a'/'text_b'; give one text or a pair" in bad(
+        "both.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "text_b": "c", "label": "y"}\n' * 3,
+        "--task", "classify",
+    )  # fmt: skip
     assert "pairs.jsonl:1: 'text_b' is missing" in bad(
         "pairs.jsonl",
         '{"text_a": "a", "label": "x"}\n{"text": "b", "label": "y"}\n' * 3,

@@ -88,6 +88,8 @@ def classify_sequences(
 ) -> list[list[int]]:
     """The model input of one classification record: "text", or the pair "text_a", "text_b"
     joined by the delimiter (and, with both_orders, the pair the other way round too)."""
+    if "text" in record.fields and ("text_a" in record.fields or "text_b" in record.fields):
+        raise UsageError(f"{record.source}: has 'text' and 'text_a'/'text_b'; give one text or a pair")
     if "text" in record.fields:
         return [encode_parts(tokenizer, [record_text(record, "text")], delimiter, block_size, record.source)]
     if "text_a" in record.fields or "text_b" in record.fields:
@@ -144,10 +146,9 @@ def build(src: Source) -> tuple[SupervisedTask, int, dict]:
 
 def is_pair(record: Record) -> bool | None:
     """Whether a classification record is a pair of texts ("text_a", "text_b") rather than
-    one ("text"), as classify_sequences reads it; None for neither (which it refuses)."""
-    if "text" in record.fields:
-        return False
-    return True if "text_a" in record.fields or "text_b" in record.fields else None
+    one ("text"), as classify_sequences reads it; None for both or neither (which it refuses)."""
+    text, pair = "text" in record.fields, "text_a" in record.fields or "text_b" in record.fields
+    return None if text == pair else pair  # (both, or neither: classify_sequences says which)
 
 
 def check_shape(record: Record, pairs: bool | None) -> None:
