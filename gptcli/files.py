@@ -140,11 +140,18 @@ def check_writable(path: Path, replace: bool, flag: str = "--force") -> None:
         raise UsageError(f"the directory {path.parent} does not exist; create it first")
 
 
+def in_the_way(path: str | os.PathLike) -> Path | None:
+    """The file a path goes through as if it were a directory (notes.txt in notes.txt/a.html),
+    or None: its nearest existing ancestor, when that is not a directory."""
+    found = next((p for p in Path(path).parents if p.exists()), None)
+    return found if found is not None and not found.is_dir() else None
+
+
 def check_under_directories(path: Path) -> None:
     """Refuse a path that goes through a file as if it were a directory (notes.txt/a.html),
     naming the file: the OS would say "File exists" or "Not a directory"."""
-    blocker = next((p for p in Path(path).parents if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
+    blocker = in_the_way(path)
+    if blocker is not None:
         raise UsageError(f"{blocker} is a file, not a directory; give a path under a directory")
 
 

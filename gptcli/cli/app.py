@@ -49,8 +49,9 @@ def _not_a_directory(name: str) -> str:
     notes.txt/run, GPTCLI_CACHE_DIR=notes.txt/cache)."""
     from pathlib import Path
 
-    path = Path(name)
-    blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), None)
+    from gptcli.files import in_the_way
+
+    blocker = in_the_way(name)
     what = "a part of it is not a directory"
     if blocker is not None:
         what = f"{printable(str(blocker), 200)} is a file, not a directory"

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gptcli import files
 from gptcli.cpuinfo import cpu_flags
 from gptcli.infer import kernel_build
 from gptcli.infer.quantize import Int8Linear as _Quantized
@@ -266,9 +267,8 @@ class _Library:
                 if not os.access(path.parent, os.W_OK | os.X_OK):
                     raise PermissionError("not writable")
             except OSError as e:
-                found = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-                in_the_way = found is not None and not found.is_dir()  # (GPTCLI_CACHE_DIR=notes.txt)
-                why = f"{found} is a file, not a directory" if in_the_way else e.strerror or e
+                blocker = files.in_the_way(path)  # (GPTCLI_CACHE_DIR=notes.txt)
+                why = f"{blocker} is a file, not a directory" if blocker is not None else e.strerror or e
                 self.failed = (
                     f"the CPU decoding kernel cannot be kept in {path.parent} ({why}): "
                     "set GPTCLI_KERNELS_DIR to a writable directory"

@@ -276,13 +276,9 @@ def is_finetuned(run: Path) -> bool | None:
 
 def run_task(run: Path) -> str | None:
     """What a run was trained for (lm, sft, chat, classify, choice), or None if unreadable."""
-    for name in (LAST, BEST):
-        meta = try_read_json(run / name / META_FILE)
-        if meta is None:
-            continue
-        task = meta.get("task", "lm") if isinstance(meta, dict) else None
-        return task if isinstance(task, str) else None
-    return None
+    meta = _meta_of(run)
+    task = meta.get("task", "lm") if meta else None
+    return task if isinstance(task, str) else None
 
 
 # the types of what gptcli reads from checkpoint.json (other keys are kept, not read)
