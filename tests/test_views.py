@@ -67,9 +67,15 @@ def test_the_chosen_token_s_mark_stays_on_its_row_in_a_narrow_terminal(screen):
     for width in (30, 40, 100):
         text = screen(width, render.probs_table, "The fox", rows, None, "token", "T=0.7, top-k 2")
         marked = [line for line in text.splitlines() if "◀" in line]
-        assert len(marked) == 1 and "0.1686" in marked[0] and "0.2438" in marked[0]
-        assert "·dug" in marked[0] or width < 32  # (30 columns cannot hold every column whole)
+        assert len(marked) == 1 and "0.1686" in marked[0] and "0.2438" in marked[0] and "·dug" in marked[0]
         assert max(map(len, text.splitlines())) <= width
+    # too narrow for the table and a bar: a line per row, every token whole
+    text = screen(30, render.probs_table, "The fox", rows, None, "token", "T=0.7, top-k 2")
+    assert "1. ·hunted p=0.3722 q=0.7562" in text and "3. ·was p=0.1600 q=0.0000" in text
+    assert "2. ·dug ◀ p=0.1686 q=0.2438" in text
+    narrow = screen(20, render.probs_table, "The fox", rows, None, "token", "T=0.7, top-k 2")
+    assert "·hunted" in narrow and "q=0.7562" in narrow and "·dug ◀" in narrow  # wrapped between figures
+    assert max(map(len, narrow.splitlines())) <= 20
 
 
 def test_beam_figures_stay_whole_in_a_narrow_terminal(screen):

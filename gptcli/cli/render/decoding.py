@@ -47,12 +47,16 @@ def probs_table(
     """The most likely next tokens (or labels) after context: (rank, name, probability,
     chosen) rows, with bars; the chosen one is marked. With `sampling` (how sampling
     reshaped the distribution, e.g. "T=0.7, top-k 3"), rows carry a fifth value, q, the
-    probability the token was drawn with, shown beside the model's p."""
+    probability the token was drawn with, shown beside the model's p. A terminal too narrow
+    for the table and a bar gets a line per row, its token whole."""
+    heading = title or Text.assemble(
+        ("…" if len(context) > 48 else "", "dim"), (printable(context[-48:]), "dim"), " →"
+    )
+    caption = f"p: model, q: drawn from ({sampling})" if sampling else None
     table = Table(
-        title=title
-        or Text.assemble(("…" if len(context) > 48 else "", "dim"), (printable(context[-48:]), "dim"), " →"),
+        title=heading,
         title_justify="left",
-        caption=f"p: model, q: drawn from ({sampling})" if sampling else None,
+        caption=caption,
         caption_justify="left",
         show_edge=False,
         pad_edge=False,
@@ -72,7 +76,18 @@ def probs_table(
     # (each column but the outer ones is padded by a space each side, with a rule between)
     headers = [str(c.header) for c in table.columns]
     widths = [max(cell_len(headers[i]), *(_cells(r[i]) for r in body)) for i in range(len(body[0]))]
-    bar = min(24, max(1, out.width - sum(widths) - 3 * len(widths) - 2))
+    room = out.width - sum(widths) - 3 * len(widths) - 2
+    if room < 4:
+        out.print(heading if isinstance(heading, Text) else Text(heading, style="italic"))
+        for cells, (_, _, _, chosen, *_) in zip(body, rows, strict=True):
+            rank, piece, p, *q = cells  # (figures with no space inside: a wrap never parts them)
+            figures = f"p={p}" + (f" q={q[0]}" if q else "") if sampling else p
+            mark = (" ◀" if chosen else "", "green")
+            out.print(Text.assemble((f"{rank}. ", "dim"), piece, mark, f" {figures}"))
+        if caption:
+            out.print(Text(caption, style="dim italic"))
+        return
+    bar = min(24, room)
     for cells, (_, _, prob, chosen, *_) in zip(body, rows, strict=True):
         table.add_row(*cells, _bar(prob, bar) + (" ◀" if chosen else ""))
     out.print(table)
