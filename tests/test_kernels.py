@@ -26,9 +26,11 @@ from tests.helpers import run
 pytestmark = pytest.mark.skipif(kernels._compiler() is None, reason="no C compiler on this machine")
 
 
-def small_model(dtype: torch.dtype, n_embd: int = 64, n_head: int = 2, int8: bool = False) -> GPT:
+def small_model(
+    dtype: torch.dtype, n_embd: int = 64, n_head: int = 2, int8: bool = False, bias: bool = True
+) -> GPT:
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=97, block_size=48, n_layer=2, n_head=n_head, n_embd=n_embd)
+    config = ModelConfig(vocab_size=97, block_size=48, n_layer=2, n_head=n_head, n_embd=n_embd, bias=bias)
     model = GPT(config).eval().to(dtype)
     with torch.no_grad():  # LayerNorms and biases away from 1 and 0, as in a trained model
         for name, p in model.named_parameters():
@@ -99,6 +101,14 @@ def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
     check_the_c_step(rows, kind, shape)
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
+def test_a_model_trained_without_biases_gives_the_models_logits(rows, kind):
+    """--no-bias: LayerNorms and products with no bias (the step read a LayerNorm's absent bias
+    through a null pointer)."""
+    check_the_c_step(rows, kind, (64, 2), bias=False)
+
+
 @pytest.fixture
 def two_threads():
     """Two threads for the C step, whatever the machine has: which rows attend_rows takes
@@ -118,10 +128,12 @@ def test_rows_of_a_bf16_cache_attended_whole_give_the_models_logits(rows, two_th
     check_the_c_step(rows, "bf16", (320, 5), sharp=True)
 
 
-def check_the_c_step(rows: int, kind: str, shape: tuple[int, int], sharp: bool = False) -> None:
+def check_the_c_step(
+    rows: int, kind: str, shape: tuple[int, int], sharp: bool = False, bias: bool = True
+) -> None:
     library()
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
-    model = small_model(dtype, *shape, int8=kind == "int8")
+    model = small_model(dtype, *shape, int8=kind == "int8", bias=bias)
     if sharp:  # queries and keys 6x as large: attention far from uniform, as in a trained model
         with torch.no_grad():
             for block in model.transformer.h:

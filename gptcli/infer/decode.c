@@ -849,7 +849,7 @@ static void layer_norm(const float *x, const float *w, const float *b, float *y,
         for (int i = 0; i < c; i++) var += (xr[i] - mean) * (xr[i] - mean);
         const float inv = 1.f / sqrtf(var / c + 1e-5f);
 #pragma omp simd
-        for (int i = 0; i < c; i++) yr[i] = (xr[i] - mean) * inv * w[i] + b[i];
+        for (int i = 0; i < c; i++) yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.f); /* (bias=False: none) */
     }
 }
 
