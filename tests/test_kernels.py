@@ -620,6 +620,17 @@ def test_int8_weights_are_within_half_a_step_of_the_originals():
         torch.testing.assert_close(q(x.to(dtype)).float(), linear(x).detach(), atol=0.05, rtol=0.05)
 
 
+@pytest.mark.parametrize("width", [40, 72, 100])
+def test_int8_products_of_bf16_inputs_of_any_width(width):
+    """Widths that are not multiples of 16 (torch's int8 kernel gave inf, NaN or a crash)."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(width, 97)
+    q = Int8Linear(linear.weight, linear.bias)
+    x = torch.randn(5, width)
+    want = torch.nn.functional.linear(x, q.weight.float() * q.scale[:, None], linear.bias).detach()
+    torch.testing.assert_close(q(x.bfloat16()).float(), want, atol=0.05, rtol=0.05)
+
+
 def test_quantize_replaces_the_products_and_unties_the_unembedding():
     model = small_model(torch.float32, int8=True)
     assert all(isinstance(m, Int8Linear) for m in (model.lm_head, model.transformer.h[0].mlp.c_fc))

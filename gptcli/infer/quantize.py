@@ -7,7 +7,8 @@ embedding stays as it was: a lookup reads one row, and the unembedding, tied to 
 GPT-2, gets its own int8 copy. Decoding reads the int8 weights in gptcli/infer/decode.c
 (on CPUs with AVX512-VNNI, multiplied there with the activations as int16 with a scale per
 row: finer than bf16); everything else (prefill, eval's batches) multiplies through torch's
-int8 weight-only kernel for bf16 inputs, or a dequantized weight otherwise.
+int8 weight-only kernel for bf16 inputs (of widths it takes), or a dequantized weight
+otherwise.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (*x.shape[:-1], self.out_features)
-        if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+        # torch's kernel reads its inputs 16 at a time, unchecked: a width not a multiple of 16
+        # gave inf or NaN, or crashed (torch 2.13)
+        if x.dtype == torch.bfloat16 and x.device.type == "cpu" and self.in_features % 16 == 0:
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight,
                                                     self.scale.to(torch.bfloat16))  # fmt: skip
             y = y.view(shape)
