@@ -208,6 +208,19 @@ def test_the_c_prefill_gives_the_models_logits_and_cache(kind, shape, monkeypatc
     assert got_cache.pos == want_cache.pos == 44
 
 
+def test_rows_the_cache_does_not_have_are_refused_as_the_models_code_refuses_them():
+    """A step of 4 rows on a cache of one row: the model's own error, nothing written past the
+    cache (the C step stored the keys of rows the cache does not have)."""
+    library()
+    model = small_model(torch.float32)
+    assert kernels.use_fast_decode(model)
+    cache = KVCache(model.config, 1, 10)
+    with torch.no_grad():
+        model.next_logits(torch.tensor([[1, 2, 3]]), kv_cache=cache)
+        with pytest.raises(RuntimeError, match="must match"):
+            model.next_logits(torch.tensor([[5], [6], [7], [8]]), kv_cache=cache)
+
+
 def test_ids_outside_the_vocabulary_are_refused_before_anything_is_stored():
     """The C step and prefill read the embeddings at each id: one outside them is an
     IndexError, as the model's own embedding raises, with the cache as it was."""

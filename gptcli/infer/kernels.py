@@ -558,6 +558,7 @@ def _next_logits(self: GPT, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         lib is not None
         and (T == 1 or prompt)
         and cache is not None
+        and cache.batch_size == B  # (else the model's own code says what is wrong)
         and not cache.static
         and set(kwargs) == {"kv_cache"}
         and not torch.is_grad_enabled()
