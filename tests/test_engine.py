@@ -176,9 +176,7 @@ def test_end_tokens_cancel_queue_limit_and_failures():
         assert c.wait()[1] == "cancelled"
         # more than the queue takes: refused whole
         with pytest.raises(QueueFull):
-            engine.submit(
-                [seq([1], 1)[0] for _ in range(3)]
-            )  # 3 > max_batch + max_queue  # 3 > max_batch + max_queue
+            engine.submit([seq([1], 1)[0] for _ in range(3)])  # 3 > max_batch + max_queue
         # a failing step fails its sequences; the engine serves the next one
         real = model.next_logits
         model.next_logits = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("injected"))
@@ -190,6 +188,28 @@ def test_end_tokens_cancel_queue_limit_and_failures():
         s, c = seq([1, 2], 5)
         engine.submit([s])
         assert c.wait()[0] == alone(model, [1, 2], 5)
+    finally:
+        engine.close()
+
+
+def test_a_waiting_sequence_whose_client_left_frees_its_place_at_once():
+    """A queued sequence cancelled while the batch is full: counted no more, and ended, before
+    the batch has room for it (new clients were refused in the meantime)."""
+    model = small_model()
+    engine = Engine(model, max_batch=1, max_queue=1)
+    try:
+        a, ca = seq([1, 2], 100_000)
+        engine.submit([a])
+        ca.events.get(timeout=60)  # decoding
+        b, cb = seq([3], 5)
+        engine.submit([b])
+        assert engine.load() == (1, 1)
+        b.cancel()
+        assert engine.load() == (1, 0) and cb.wait()[1] == "cancelled"
+        c, cc = seq([4], 5)
+        engine.submit([c])  # its place
+        a.cancel()
+        assert cc.wait()[0] == alone(model, [4], 5)
     finally:
         engine.close()
 

@@ -150,6 +150,7 @@ class Engine:
         with self.lock:
             if self.stopping or not self.thread.is_alive():
                 raise QueueFull("the server is stopping")
+            self._drop_cancelled()
             busy = len(self.active) + len(self.joining) + len(self.waiting)
             if busy + len(seqs) > self.max_batch + self.max_queue:
                 limits = f"--max-batch {self.max_batch}, --max-queue {self.max_queue}"
@@ -189,7 +190,16 @@ class Engine:
     def load(self) -> tuple[int, int]:
         """(active, waiting) sequences."""
         with self.lock:
+            self._drop_cancelled()
             return len(self.active) + len(self.joining), len(self.waiting)
+
+    def _drop_cancelled(self) -> None:
+        """End the waiting sequences whose clients left (under the lock): they hold no place in
+        the queue until the batch has room for them."""
+        if any(seq.cancelled for seq in self.waiting):
+            for seq in [s for s in self.waiting if s.cancelled]:
+                seq.report(Event("done", finish="cancelled"))
+            self.waiting = deque(s for s in self.waiting if not s.cancelled)
 
     def close(self) -> None:
         """Finish: every sequence still waiting or active ends with finish "cancelled"."""
