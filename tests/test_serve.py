@@ -4,6 +4,7 @@ classes), raw HTTP for the SSE bytes and the limits, signals for stopping."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -318,6 +319,52 @@ def test_a_full_server_says_429_and_a_client_that_leaves_frees_its_slot(trained)
         assert s.post("/v1/completions", {"prompt": "The", "max_tokens": 1}, key=None).status_code == 200
     finally:
         assert s.stop(signal.SIGINT) == 130
+
+
+def test_a_stream_whose_client_left_before_it_started_is_cancelled(trained):
+    """In process, through the app as an ASGI server drives it: the client is gone when the
+    response's head is sent, so the stream never starts (its own cancelling never runs); its
+    sequence is cancelled all the same, not decoded to max_tokens."""
+    import asyncio
+
+    from gptcli.infer.engine import Engine
+    from gptcli.infer.server import Served, create_app
+
+    loaded = load(trained)
+    engine = Engine(loaded.model.eval(), max_batch=2)
+    app = create_app(Served(engine, loaded.tokenizer, "run", 16, 1_000_000, 2))
+    body = json.dumps({"prompt": "The", "max_tokens": 1_000_000, "stream": True}).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+        "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+        "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            raise OSError("the client is gone")
+
+    async def drive() -> list[tuple[int, int]]:
+        with contextlib.suppress(Exception):  # (Starlette's ClientDisconnect)
+            await app(scope, receive, send)
+        seen = [engine.load()]
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            seen.append(engine.load())
+            if seen[-1] == (0, 0):
+                break
+        return seen
+
+    try:
+        seen = asyncio.run(drive())
+        assert seen[-1] == (0, 0), seen
+    finally:
+        engine.close()
 
 
 def test_sigterm_stops_it_cleanly_and_frees_the_port(trained):

@@ -582,13 +582,14 @@ def create_app(served: Served) -> Any:
             "created": int(time.time()),
             "model": served.name,
         }
+        # a client that leaves cancels its sequences: watched until the stream starts (a client
+        # gone before it starts never starts it), then by the stream itself
+        watcher = asyncio.create_task(_cancel_when_gone(request, run))
         if req.stream:
             if req.chat:
                 head["object"] = "chat.completion.chunk"
-            return StreamingResponse(
-                _stream(run, head), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-            )
-        watcher = asyncio.create_task(_cancel_when_gone(request, run))
+            events, headers = _stream(run, head, watcher), {"Cache-Control": "no-cache"}
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         try:
             async for _ in run.events():
                 pass
@@ -612,7 +613,8 @@ def create_app(served: Served) -> Any:
 
 
 async def _cancel_when_gone(request: Any, run: Run) -> None:
-    """A client that disconnects before its (unstreamed) completion is ready cancels it."""
+    """A client that disconnects before its completion is ready, or its stream started,
+    cancels it."""
     while not await request.is_disconnected():
         await asyncio.sleep(0.25)
     run.cancel()
@@ -622,9 +624,10 @@ def _sse(obj: Any) -> bytes:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
 
-async def _stream(run: Run, head: dict[str, Any]) -> AsyncIterator[bytes]:
+async def _stream(run: Run, head: dict[str, Any], watcher: asyncio.Task) -> AsyncIterator[bytes]:
     """Server-sent events: a chunk per event that brings text, scores or an end; usage
     last when asked for; then [DONE]. A client that goes away cancels its sequences."""
+    watcher.cancel()
     try:
         async for choice, text, scores, ended in run.events():
             finish = choice.finish if ended else None
