@@ -6,9 +6,9 @@ scale), scale = max |w| of the row / 127. Activations stay in the model's dtype.
 embedding stays as it was: a lookup reads one row, and the unembedding, tied to it in
 GPT-2, gets its own int8 copy. Decoding reads the int8 weights in gptcli/infer/decode.c
 (on CPUs with AVX512-VNNI, multiplied there with the activations as int16 with a scale per
-row: finer than bf16); everything else (prefill, eval's batches) multiplies through torch's
-int8 weight-only kernel for bf16 inputs (of widths it takes), or a dequantized weight
-otherwise.
+row: within 1/11,000 of the row's largest at GPT-2's widths); everything else (prefill,
+eval's batches) multiplies through torch's int8 weight-only kernel for bf16 inputs (of
+widths it takes), or a dequantized weight otherwise.
 """
 
 from __future__ import annotations
