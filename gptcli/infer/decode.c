@@ -181,8 +181,9 @@ void gptcli_pack(const void *w, int dtype, int n, int k, void *out, int threads)
  * the CPU multiplies integers in pairs (AVX512-VNNI, AVX2): xq (rows, k) = round(x / sx[r]),
  * sx[r] = max |x[r]| / Q. Q keeps any sum of k products within int32 (|weight| <= 127), and
  * is 5,500 or more for k <= 3,072: each activation within 1/11,000 of its row's largest
- * (finer than bf16's rounding for those over a twentieth of it, coarser below). A row holding a NaN or an infinity gets the scale NaN (and zeros), so
- * that its products are NaN, as the model's own are, not finite. */
+ * (finer than bf16's rounding for those over a twentieth of it, coarser below). A row
+ * holding a NaN or an infinity gets the scale NaN (and zeros), so that its products are
+ * NaN, as the model's own are, not finite. */
 static __attribute__((unused)) void quantize_rows(const float *x, int rows, int k, int16_t *xq, float *sx) {
     const float Q = floorf(2147483647.f / (127.f * (float)k)) - 1.f, top = Q < 32767.f ? Q : 32767.f;
     for (int r = 0; r < rows; r++) {
