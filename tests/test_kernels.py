@@ -709,6 +709,17 @@ def test_a_first_run_says_it_is_building_the_kernel(trained, tmp_path, monkeypat
     assert second.stdout == first.stdout
 
 
+def test_a_kernel_that_cannot_be_used_is_said_in_scripts_too(trained, tmp_path, monkeypatch):
+    """Not at a terminal (a script, CI, a server's log): why decoding runs slower is a warning."""
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setattr(kernels, "LIBRARY", kernels._Library())
+    result = run("sample", "--ckpt", str(trained), "-n", "3", "--temp", "0")
+    assert result.exit_code == 0
+    assert "warning: the C compiler" in result.stderr
+    assert "decoding runs the model's own code" in result.stderr
+
+
 @pytest.mark.parametrize("end", ["exit", "ctrl-c"])
 def test_a_build_outlives_the_command_that_started_it(end, tmp_path):
     """A command shorter than the build (a short `sample`, or one stopped with Ctrl-C) ends
@@ -827,6 +838,49 @@ def test_a_library_cut_short_is_built_anew_not_loaded(tmp_path, monkeypatch):
     again = kernels._Library()
     assert again.start() is True and again.wait() is not None and again.failed is None
     assert garbage.read_bytes() == whole
+
+
+def test_a_library_built_that_does_not_load_is_not_built_again_at_every_command(tmp_path, monkeypatch):
+    """A library that builds but does not load (a cache on a disk mounted noexec; a CC that
+    writes no library): recorded as a refused build is, the reason said with what to do."""
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    fake = tmp_path / "cc"
+    version = '#!/bin/sh\ncase "$*" in *--version*) exit 0;; esac\n'
+    writes_garbage = 'while [ "$1" != "-o" ]; do shift; done; echo garbage > "$2"\n'
+    fake.write_text(version + writes_garbage)
+    fake.chmod(0o755)
+    monkeypatch.setattr(kernels, "_compiler", lambda: str(fake))
+    first = kernels._Library()
+    assert first.start() is True and first.wait() is None and "did not load" in first.failed
+    record = kernels.kernel_build.failure_record(kernels.library_path(str(fake)))
+    assert record.read_text().startswith(kernels.kernel_build.NOT_LOADED)
+    again = kernels._Library()
+    assert again.start() is False and again.lib is None  # not built again
+    assert "was built but did not load (" in again.failed and "GPTCLI_KERNELS_DIR" in again.failed
+    assert f"delete {record} to try again" in again.failed
+
+
+def test_a_refused_build_says_the_compilers_first_error(tmp_path, monkeypatch):
+    """gcc without the C library's headers ends with 'compilation terminated.': its first
+    error is what says why."""
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    fake = tmp_path / "cc"
+    errors = "decode.c:17:10: fatal error: math.h: No such file or directory\ncompilation terminated."
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *--version*) exit 0;; esac\necho "{errors}" >&2\nexit 1\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(kernels, "_compiler", lambda: str(fake))
+    lib = kernels._Library()
+    assert lib.start() is True and lib.wait() is None
+    assert "did not build (decode.c:17:10: fatal error: math.h: No such file or directory)" in lib.failed
+
+
+def test_a_directory_at_the_librarys_name_is_said(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    monkeypatch.setattr(kernels, "SOURCE", stub_source(tmp_path))
+    path = kernels.library_path(kernels._compiler())
+    path.mkdir(parents=True)
+    lib = kernels._Library()
+    assert lib.start() is False and lib.lib is None and f"{path} is in the way" in lib.failed
 
 
 def test_a_kernels_dir_that_cannot_be_written_is_said_once_and_nothing_is_built(tmp_path, monkeypatch):

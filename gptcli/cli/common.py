@@ -165,8 +165,8 @@ def start_decoding(loaded: Loaded) -> None:
     if not kernels.use_fast_decode(loaded.model):
         return
     keep_freed_memory()
-    if kernels.LIBRARY.failed:
-        render.note(f"{kernels.LIBRARY.failed}; decoding runs the model's own code")
+    if kernels.LIBRARY.failed:  # (also in scripts and logs: decoding is slower for it)
+        render.warning(f"{kernels.LIBRARY.failed}; decoding runs the model's own code")
     elif not kernels.building():
         render.note("decoding in one C call per token")
     else:

@@ -32,6 +32,17 @@ def failure_record(path: Path) -> Path:
     return path.with_name(path.name + ".failed")
 
 
+NOT_LOADED = "built, but did not load: "  # how a record of a library that did not load begins
+
+
+def why_not(errors: str, fallback: str) -> str:
+    """The compiler's line that says why: its first error (the next ones follow from it, and
+    its last line is often only "compilation terminated."), else its last line."""
+    lines = errors.strip().splitlines()
+    first = next((line for line in lines if "error" in line.lower()), None)
+    return first or (lines[-1] if lines else fallback)
+
+
 def refused(path: Path) -> str | None:
     """The compiler's error from an earlier build of the library at path, or None."""
     from gptcli import files
@@ -45,7 +56,7 @@ def refused(path: Path) -> str | None:
 
 def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) -> None:
     """Compile source into the library at path with the first set of flags that builds;
-    OSError with the compiler's last line of errors when none does (also written to
+    OSError with the compiler's first error when none does (also written to
     failure_record(path))."""
     from gptcli import files
 
@@ -66,8 +77,7 @@ def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) ->
                 raise OSError(f"{compiler} did not finish in {COMPILE_TIMEOUT_S:.0f} s") from None
             if done.returncode == 0:
                 return
-        lines = done.stderr.strip().splitlines()
-        why = lines[-1] if lines else f"{compiler} ended with {done.returncode}"
+        why = why_not(done.stderr, f"{compiler} ended with {done.returncode}")
         with contextlib.suppress(OSError):
             files.write_file(record, why + "\n")
         raise OSError(why)

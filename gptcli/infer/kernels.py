@@ -28,6 +28,7 @@ they are anew, and its copies (the packed weights, the LayerNorms) as they were.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import operator
@@ -51,6 +52,7 @@ from gptcli import files
 from gptcli.cpuinfo import cpu_flags
 from gptcli.infer import kernel_build
 from gptcli.infer.quantize import Int8Linear as _Quantized
+from gptcli.messages import one_line
 from gptcli.model import GPT, KVCache
 
 SOURCE = Path(__file__).with_name("decode.c")
@@ -253,13 +255,23 @@ class _Library:
                 return False
             why = kernel_build.refused(path)  # this source, compiler and flags did not build before
             if why is not None:
-                self.failed = (
-                    f"the CPU decoding kernel did not build ({why}); "
-                    f"delete {kernel_build.failure_record(path)} to try again"
-                )
+                record = kernel_build.failure_record(path)
+                if why.startswith(kernel_build.NOT_LOADED):  # (a disk mounted noexec)
+                    self.failed = (
+                        "the CPU decoding kernel was built but did not load "
+                        f"({why.removeprefix(kernel_build.NOT_LOADED)}): set GPTCLI_KERNELS_DIR to a "
+                        f"directory on another disk, or delete {record} to try again"
+                    )
+                else:
+                    self.failed = (
+                        f"the CPU decoding kernel did not build ({why}); delete {record} to try again"
+                    )
+                return False
+            if path.exists() and not path.is_file():
+                self.failed = f"the CPU decoding kernel cannot be kept: {path} is in the way (not a file)"
                 return False
             if path.is_file():
-                if whole_library(path) and self._load(path):
+                if whole_library(path) and self._load(path) is None:
                     return False
                 self.failed = None  # cut short or unloadable (copied in, or a disk that lost it): built anew
             try:  # where the build will write (a read-only disk, a file in the way: said now, once)
@@ -293,24 +305,28 @@ class _Library:
             else:
                 _, errors = process.communicate()
                 if process.returncode:
-                    lines = errors.strip().splitlines()
-                    raise OSError(
-                        lines[-1] if lines else f"the build process ended with {process.returncode}"
-                    )
-            self._load(path)
+                    ended = f"the build process ended with {process.returncode}"
+                    raise OSError(kernel_build.why_not(errors, ended))
         except Exception as e:  # the model's own code decodes instead
             self.failed = f"the CPU decoding kernel did not build ({e})"
+            return
+        why = self._load(path)
+        if why is not None:  # built, and would be built again at every start: recorded
+            with contextlib.suppress(OSError):
+                record = kernel_build.failure_record(path)
+                files.write_file(record, kernel_build.NOT_LOADED + one_line(why) + "\n")
 
-    def _load(self, path: Path) -> bool:
+    def _load(self, path: Path) -> str | None:
+        """Load the library at path; None, or why it did not load."""
         try:
             lib = ctypes.CDLL(str(path))
             for name, restype in FUNCTIONS.items():
                 getattr(lib, name).restype = restype
             self.lib = lib
-            return True
+            return None
         except (OSError, AttributeError) as e:  # (AttributeError: a library without one of FUNCTIONS)
             self.failed = f"the CPU decoding kernel did not load ({e})"
-            return False
+            return str(e)
 
     def wait(self) -> ctypes.CDLL | None:
         """The library, once any build in progress has ended (tests, benchmarks)."""
