@@ -86,6 +86,16 @@ def test_bpe_round_trip_on_arbitrary_unicode(bpe, text):
     assert bpe.decode(bpe.encode(text)) == text
 
 
+def test_a_lone_surrogate_is_refused_by_every_tokenizer(bpe):
+    """Half of a UTF-16 pair (a JSON client's broken emoji, "\\ud800"): refused as the char
+    tokenizer refuses it, where tiktoken encoded it as U+FFFD in silence."""
+    for tok in (gpt2_tokenizer(), bpe, CharTokenizer(list("ab"))):
+        for encode in (tok.encode, tok.encode_prompt):
+            with pytest.raises(UsageError, match="'\\\\ud800', which is not a character"):
+                encode("a\ud800b")
+    assert gpt2_tokenizer().encode("é😀") == gpt2_tokenizer().enc.encode_ordinary("é😀")
+
+
 def test_bpe_has_the_requested_vocabulary(bpe):
     assert bpe.name == "bpe:300"
     assert bpe.vocab_size == 300

@@ -150,6 +150,22 @@ class Tokenizer(ABC):
         return f"<{type(self).__name__} {self.name} vocab={self.vocab_size}>"
 
 
+def _not_a_character(text: str, e: UnicodeEncodeError) -> UsageError:
+    return UsageError(f"the text holds {text[e.start]!r}, which is not a character; pass UTF-8 text")
+
+
+def _characters(text: str) -> str:
+    """text, refused where it holds a lone surrogate (half of a UTF-16 pair: a JSON string's
+    "\\ud800", bytes read with surrogateescape), which tiktoken would encode as U+FFFD in
+    silence; a corpus is checked as it is read (gptcli.data.sources)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise _not_a_character(text, e) from None
+    return text
+
+
 class CharTokenizer(Tokenizer):
     """One token per character; the vocabulary is the sorted set of the corpus's characters."""
 
@@ -182,9 +198,7 @@ class CharTokenizer(Tokenizer):
         try:
             codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
         except UnicodeEncodeError as e:  # lone surrogates: bytes that were not UTF-8
-            raise UsageError(
-                f"the text holds {text[e.start]!r}, which is not a character; pass UTF-8 text"
-            ) from None
+            raise _not_a_character(text, e) from None
         inside = codes < len(self._lut)
         ids = np.full(len(codes), -1, dtype=np.int64)
         ids[inside] = self._lut[codes[inside]]
@@ -233,10 +247,10 @@ class TiktokenTokenizer(Tokenizer):
         self._payload = {**payload, "vocab_size": enc.n_vocab, "special_tokens": self.special_tokens}
 
     def encode(self, text: str) -> list[int]:
-        return self.enc.encode_ordinary(text)
+        return self.enc.encode_ordinary(_characters(text))
 
     def encode_prompt(self, text: str) -> list[int]:
-        return self.enc.encode(text, allowed_special={ENDOFTEXT}, disallowed_special=())
+        return self.enc.encode(_characters(text), allowed_special={ENDOFTEXT}, disallowed_special=())
 
     def encode_array(self, text: str) -> np.ndarray:
         # special-token strings stay plain text, as in encode; tiktoken releases the GIL here
