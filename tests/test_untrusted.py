@@ -471,6 +471,19 @@ def test_a_prompt_file_reads_only_what_the_model_can_use(trained, tmp_path):
     assert json.loads(result.stdout)["prompt"] == ("The fox dug a den. " * 2)[-16:]
 
 
+def test_a_prompt_file_s_last_line_break_is_not_the_prompt_s_and_dash_is_stdin(trained, tmp_path):
+    """What editors and `echo` end a file with is not part of the prompt (one line break);
+    --prompt-file - reads stdin."""
+    prompt = tmp_path / "p.txt"
+    for written, read in (("The fox\n", "The fox"), ("The fox\n\n", "The fox\n"), ("The fox", "The fox"),
+                          ("The fox\r\n", "The fox")):  # fmt: skip
+        prompt.write_bytes(written.encode())
+        result = run("sample", "--ckpt", trained, "--prompt-file", prompt, "-n", "2", "--json")
+        assert result.exit_code == 0 and json.loads(result.stdout)["prompt"] == read, (written, result.output)
+    result = run("sample", "--ckpt", trained, "--prompt-file", "-", "-n", "2", "--json", input="The fox\n")
+    assert result.exit_code == 0 and json.loads(result.stdout)["prompt"] == "The fox", result.output
+
+
 def test_a_prompt_file_that_never_ends_is_bounded(trained, tmp_path):
     result = gptcli(["sample", "--ckpt", str(trained), "--prompt-file", "/dev/zero", "-n", "2"], tmp_path)
     assert result.returncode == 2  # the NUL characters are not in the vocabulary: the read ended

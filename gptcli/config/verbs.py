@@ -215,7 +215,7 @@ class SampleSettings(Settings):
         None, flag="--prompt", short="-p", help="Text to continue", shown="start of a document"
     )
     prompt_file: Path | None = knob(
-        None, flag="--prompt-file", help="Read the prompt from a file", shown="none"
+        None, flag="--prompt-file", help="Read the prompt from a file (-: stdin)", shown="none"
     )
     max_new_tokens: int = knob(
         200, check=POSITIVE, flag="--max-new-tokens", short="-n", help="Tokens to generate"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -106,6 +107,8 @@ def check_prompt_file(path: os.PathLike | str) -> None:
     """--prompt-file: anything that can be read (a file, a pipe, a device: read_prompt_file
     bounds what it reads), but not nothing or a directory."""
     shown = printable(str(path), 300)
+    if str(path) == "-":  # stdin
+        return
     if not os.path.exists(path):
         raise UsageError(f"--prompt-file {shown}: no such file")
     if os.path.isdir(path):
@@ -113,31 +116,44 @@ def check_prompt_file(path: os.PathLike | str) -> None:
 
 
 def read_prompt_file(path: os.PathLike | str, limit: int) -> tuple[str, str | None]:
-    """The text of a prompt file, and a warning when not all of it was read: at most its
-    last `limit` bytes (the model sees only the end of a long prompt), and from a device or
-    pipe at most its first `limit`."""
+    """The text of a prompt file ("-": stdin), and a warning when not all of it was read: at
+    most its last `limit` bytes (the model sees only the end of a long prompt), and from a
+    device or pipe at most its first `limit`. One line break at its end, which editors and
+    `echo` add, is not part of the prompt (as llama.cpp's --file reads it)."""
     shown = printable(str(path), 300)
     offset, warning = 0, None  # where in the file the bytes read start
+
+    def first_bytes(f: Any) -> bytes:  # of a device or pipe, whose end may never come
+        nonlocal warning
+        data = f.read(limit + 1)
+        if len(data) > limit:
+            data = data[:limit]
+            warning = f"--prompt-file {shown} is not a plain file; read its first {limit:,} bytes"
+        return data
+
     try:
-        with open(path, "rb") as f:
-            if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # the file itself, also behind a link
-                size = os.fstat(f.fileno()).st_size
-                f.seek(max(0, size - limit))
-                data = f.read(limit)
-                if size > limit:
-                    data = data.lstrip(bytes(range(0x80, 0xC0)))  # start on a whole character
-                    warning = (
-                        f"--prompt-file {shown} is {size:,} bytes; read its last {len(data):,}, "
-                        "more than the model's context holds"
-                    )
-                offset = size - len(data)
-            else:
-                data = f.read(limit + 1)
-                if len(data) > limit:
-                    data = data[:limit]
-                    warning = f"--prompt-file {shown} is not a plain file; read its first {limit:,} bytes"
+        if str(path) == "-":
+            data = first_bytes(sys.stdin.buffer)
+        else:
+            with open(path, "rb") as f:
+                if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # the file itself, also behind a link
+                    size = os.fstat(f.fileno()).st_size
+                    f.seek(max(0, size - limit))
+                    data = f.read(limit)
+                    if size > limit:
+                        data = data.lstrip(bytes(range(0x80, 0xC0)))  # start on a whole character
+                        warning = (
+                            f"--prompt-file {shown} is {size:,} bytes; read its last {len(data):,}, "
+                            "more than the model's context holds"
+                        )
+                    offset = size - len(data)
+                else:
+                    data = first_bytes(f)
     except OSError as e:
         raise UsageError(f"--prompt-file {shown}: {e.strerror or e}") from None
+    whole_end = warning is None or offset > 0  # (the first bytes of a longer pipe end anywhere)
+    if whole_end:
+        data = data.removesuffix(b"\n").removesuffix(b"\r") if data.endswith(b"\n") else data
     try:
         return data.decode("utf-8"), warning
     except UnicodeDecodeError as e:
