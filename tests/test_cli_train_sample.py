@@ -123,6 +123,30 @@ def test_sample_several_with_seed_and_stop(trained):
         assert with_stop == a["samples"][i]
 
 
+def test_ctrl_c_shows_the_samples_so_far_and_exits_130(trained, monkeypatch):
+    """Ctrl-C during a sample that is not streamed (several samples, a pipe, --json): the text
+    generated so far is printed, with a warning, and the exit status is 130."""
+    from gptcli.infer import completion
+
+    real = completion.generate
+
+    def interrupted_after_5(*args, **kwargs):
+        for i, step in enumerate(real(*args, **kwargs)):
+            if i == 5:
+                raise KeyboardInterrupt
+            yield step
+
+    monkeypatch.setattr(completion, "generate", interrupted_after_5)
+    args = ["sample", "--ckpt", trained, "-p", "The", "-n", "1000", "--num-samples", "2", "--seed", "7"]
+    result = run(*args, "--json")
+    assert result.exit_code == 130 and "warning: interrupted after 5 tokens" in result.stderr
+    samples = json.loads(result.stdout)["samples"]
+    assert [len(s["ids"]) for s in samples] == [5, 5] and {s["finish"] for s in samples} == {"interrupted"}
+    plain = run(*args)
+    assert plain.exit_code == 130 and "sample 2" in plain.stdout and samples[1]["text"] in plain.stdout
+    assert "--stream shows one sample" in run(*args, "--stream").stderr  # (it would not stream 2)
+
+
 def test_sample_show_probs_marks_the_chosen_token(trained):
     result = run(
         "sample", "--ckpt", trained, "-p", "The rabbit dug a", "-n", "2", "--show-probs", "3", "--temp", "0"

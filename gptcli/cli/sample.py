@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import typer
+
 from gptcli.cli import render
 from gptcli.cli.common import (
     check_decoding_fits,
@@ -49,6 +51,9 @@ def sample(s: SampleSettings) -> None:
     warn_if_cut(p, f"the model's block_size {block}")
     live = (render.out.is_terminal if s.stream is None else s.stream) and not s.json_out
     streaming = live and s.num_samples == 1 and not s.show_probs
+    if s.stream and not streaming:
+        why = "--json" if s.json_out else "--show-probs" if s.show_probs else f"--num-samples {s.num_samples}"
+        render.warning(f"--stream shows one sample as it is generated: with {why}, each is shown when done")
     if s.compile is None:
         start_decoding(loaded)
     if streaming:
@@ -65,6 +70,7 @@ def sample(s: SampleSettings) -> None:
         show_probs=s.show_probs,
         compile=decode_compiled(s.compile, loaded),
         on_text=(lambda i, delta: render.stream_text(delta, style="bold")) if streaming else None,
+        interruptible=True,  # Ctrl-C: what was generated so far is shown, then the exit status 130
     )
     if s.json_out:
         render.print_json(_document(tok, p, results, s.show_probs))
@@ -75,6 +81,9 @@ def sample(s: SampleSettings) -> None:
             render.sample_text(p.text, r.text, index=i + 1 if s.num_samples > 1 else None)
             if s.show_probs:
                 _show_steps(tok, p.ids, r, sampling.describe())
+    if any(r.finish == "interrupted" for r in results):
+        render.warning(f"interrupted after {max(len(r.ids) for r in results)} tokens")
+        raise typer.Exit(130)
 
 
 def _document(tok: Tokenizer, p: Prompt, results: list[Sampled], show_probs: int) -> dict[str, Any]:

@@ -168,44 +168,52 @@ def complete(
     on_text: Callable[[int, str], None] | None = None,
     on_step: Callable[[int, TopK], None] | None = None,
     compile: bool = False,
+    interruptible: bool = False,
 ) -> list[Sampled]:
     """Sample num_samples continuations of prompt as one batch; on_text(i, delta) receives
     each continuation's text as it becomes final (for streaming), on_step(i, top) each
-    step's probabilities (with show_probs) before its text."""
+    step's probabilities (with show_probs) before its text. interruptible: Ctrl-C ends the
+    generation, and the continuations so far come back with finish "interrupted"."""
     generator = row_generators(seed, num_samples, next(model.parameters()).device)
     streams = [TextStream(tokenizer, stops) for _ in range(num_samples)]
     steps: list[list[TopK]] = [[] for _ in range(num_samples)]
-    for step in generate(
-        model,
-        prompt.ids,
-        max_new_tokens,
-        num_samples=num_samples,
-        sampling=sampling,
-        generator=generator,
-        vocab_size=tokenizer.vocab_size,
-        compile=compile,
-    ):
-        probs = step.probs if show_probs else None
-        q = step.sampling_probs if show_probs and sampling.reshapes else None
-        for i, token in enumerate(step.tokens.tolist()):
-            stream = streams[i]
-            if stream.done:
-                continue
-            if probs is not None:
-                steps[i].append(top_k_of(probs[i], show_probs, token, None if q is None else q[i]))
-                if on_step is not None:
-                    on_step(i, steps[i][-1])
-            delta = stream.push(token)
-            if delta and on_text is not None:
-                on_text(i, delta)
-        if all(s.done for s in streams):
-            break
+    finish = "length"
+    try:
+        for step in generate(
+            model,
+            prompt.ids,
+            max_new_tokens,
+            num_samples=num_samples,
+            sampling=sampling,
+            generator=generator,
+            vocab_size=tokenizer.vocab_size,
+            compile=compile,
+        ):
+            probs = step.probs if show_probs else None
+            q = step.sampling_probs if show_probs and sampling.reshapes else None
+            for i, token in enumerate(step.tokens.tolist()):
+                stream = streams[i]
+                if stream.done:
+                    continue
+                if probs is not None:
+                    steps[i].append(top_k_of(probs[i], show_probs, token, None if q is None else q[i]))
+                    if on_step is not None:
+                        on_step(i, steps[i][-1])
+                delta = stream.push(token)
+                if delta and on_text is not None:
+                    on_text(i, delta)
+            if all(s.done for s in streams):
+                break
+    except KeyboardInterrupt:
+        if not interruptible:
+            raise
+        finish = "interrupted"
     results = []
     for i, stream in enumerate(streams):
-        delta = stream.close("length")
+        delta = stream.close(finish)
         if delta and on_text is not None:
             on_text(i, delta)
-        results.append(Sampled(stream.text, stream.ids, stream.finish or "length", steps[i]))
+        results.append(Sampled(stream.text, stream.ids, stream.finish or finish, steps[i]))
     return results
 
 
