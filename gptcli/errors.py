@@ -58,8 +58,10 @@ def reason(e: BaseException) -> str:
     codes libraries put first (a missing key is named as such)."""
     if isinstance(e, KeyError) and e.args:
         return f"no {e.args[0]!r}"
-    text = str(e).strip()
-    words = _CLASS_PREFIX.sub("", text.splitlines()[0] if text else "")
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    words = _CLASS_PREFIX.sub("", lines[0] if lines else "")
+    if words.endswith(":") and len(lines) > 1:  # ("backend='inductor' raised:", then the error)
+        words = f"{words} {_CLASS_PREFIX.sub('', lines[1]) or lines[1]}"
     return words[:300] or "no reason given"
 
 

@@ -415,6 +415,34 @@ def test_an_unforeseen_failure_says_what_gptcli_was_doing_with_which_file(ws, mo
     )
 
 
+def test_an_error_whose_first_line_ends_in_a_colon_says_the_next(ws, monkeypatch):
+    """torch's 'backend='inductor' raised:', then the error on the next line: both said."""
+    from gptcli.errors import reason
+
+    assert reason(RuntimeError("backend='inductor' raised:\nImportError: x.so: file too short\n\nSet")) == (
+        "backend='inductor' raised: x.so: file too short"
+    )
+
+
+def test_torchs_compiler_failing_names_its_cache(trained, monkeypatch):
+    """A damaged TorchInductor cache (a run killed while compiling) fails every compiled run
+    the same way: the one line names the cache to delete and --no-compile."""
+    from gptcli.infer import completion
+
+    class BackendCompilerFailed(Exception):  # (torch._dynamo.exc's, recognised by its name)
+        def __init__(self) -> None:
+            super().__init__("backend='inductor' raised:")
+            self.inner_exception = ImportError("/tmp/ind/zy/c.main.so: file too short")
+
+    def fail(*args, **kwargs):
+        raise BackendCompilerFailed()
+
+    monkeypatch.setattr(completion, "generate", fail)
+    line = assert_usage_error(run("sample", "--ckpt", trained, "-n", "2", "--compile"), code=1)
+    assert "torch's compiler failed (/tmp/ind/zy/c.main.so: file too short)" in line
+    assert "and run again; --no-compile runs without it" in line
+
+
 def test_every_verbs_failure_paths_name_no_exception_class(ws, tmp_path, monkeypatch):
     """A sweep of bad input over every verb: whatever the message, never a class name."""
     monkeypatch.chdir(tmp_path)
