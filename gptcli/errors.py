@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,4 +73,19 @@ def unforeseen(e: BaseException, verb: str | None) -> str:
     return (
         f"{what} failed unexpectedly: {reason(e)} (this may be a bug: run again with --debug to see "
         "where, and report it)"
+    )
+
+
+def compiler_failed(e: BaseException) -> str | None:
+    """The one line for torch.compile's backend failing (torch._dynamo's BackendCompilerFailed),
+    else None: most often its cache, damaged by a process stopped while it wrote a compiled
+    library there ('file too short'), which then fails every later run."""
+    if type(e).__name__ != "BackendCompilerFailed":
+        return None
+    inner = getattr(e, "inner_exception", None) or e
+    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    cache = utils.cache_dir() if utils is not None else "torch's TORCHINDUCTOR_CACHE_DIR"
+    return (
+        f"torch's compiler failed ({reason(inner)}); if its cache was damaged (a run stopped while "
+        f"compiling), delete {cache} and run again; --no-compile runs without it"
     )

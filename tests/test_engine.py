@@ -262,6 +262,24 @@ def test_warm_up_decodes_within_the_limits_it_is_given():
         engine.close()
 
 
+def test_a_warm_up_that_fails_says_why_in_a_line(monkeypatch):
+    """serve --compile with torch's compiler failing (its cache damaged): the reason, with
+    what to do, as the error gptcli prints (no class name)."""
+    from gptcli.errors import GptcliError
+
+    class BackendCompilerFailed(Exception):
+        inner_exception = ImportError("c.main.so: file too short")
+
+    model = small_model()
+    engine = Engine(model, max_batch=1)
+    monkeypatch.setattr(engine, "next_logits", lambda *a, **k: (_ for _ in ()).throw(BackendCompilerFailed()))
+    try:
+        with pytest.raises(GptcliError, match=r"before serving: torch's compiler failed \(c.main.so: file"):
+            engine.warm_up(timeout=60)
+    finally:
+        engine.close()
+
+
 def test_load_counts_each_sequence_once():
     model = small_model()
     engine = Engine(model, max_batch=1, max_queue=0)

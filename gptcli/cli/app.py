@@ -33,7 +33,7 @@ from gptcli.cli.sample import sample
 from gptcli.cli.serve import serve
 from gptcli.cli.tokenize import tokenize
 from gptcli.config import verbs
-from gptcli.errors import GptcliError, unforeseen
+from gptcli.errors import GptcliError, compiler_failed, unforeseen
 from gptcli.messages import printable
 
 _debug = os.environ.get("GPTCLI_DEBUG", "") not in ("", "0")
@@ -133,8 +133,8 @@ class _Boundary(TyperGroup):
             if oom:
                 render.error(oom)
                 code = 2
-            elif type(e).__name__ == "BackendCompilerFailed":  # (torch._dynamo.exc)
-                render.error(_compiler_failed(e))
+            elif compiler_failed(e):
+                render.error(compiler_failed(e))
                 code = 1
             else:
                 render.error(unforeseen(e, _verb(args)))
@@ -164,20 +164,6 @@ def _verb(args: Any) -> str | None:
     """The verb of a command line (pretrain, sample, ...), if it has one."""
     argv = list(args) if args is not None else sys.argv[1:]
     return next((a for a in argv if a in _MEMORY_KNOBS or a in ("tokenize", "export")), None)
-
-
-def _compiler_failed(e: BaseException) -> str:
-    """torch.compile's backend failed: most often its cache, damaged by a process stopped while
-    it wrote a compiled library there ('file too short'), which fails every later run."""
-    from gptcli.errors import reason
-
-    inner = getattr(e, "inner_exception", None) or e
-    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
-    cache = utils.cache_dir() if utils is not None else "torch's TORCHINDUCTOR_CACHE_DIR"
-    return (
-        f"torch's compiler failed ({reason(inner)}); if its cache was damaged (a run stopped while "
-        f"compiling), delete {cache} and run again; --no-compile runs without it"
-    )
 
 
 def _out_of_memory(e: BaseException, args: Any) -> str | None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from gptcli.errors import GptcliError, compiler_failed, reason
 from gptcli.infer.generate import Sampling, cache_dtype, row_generators
 from gptcli.model import GPT, KVCache
 
@@ -185,7 +186,7 @@ class Engine:
                 if not ended.acquire(timeout=timeout) or not self.thread.is_alive():
                     raise RuntimeError("the decoding loop did not finish its warm-up")
         if failed:
-            raise RuntimeError(f"the decoding step failed before serving: {failed[0]}")
+            raise GptcliError(f"the decoding step failed before serving: {failed[0]}")
 
     def load(self) -> tuple[int, int]:
         """(active, waiting) sequences."""
@@ -223,8 +224,9 @@ class Engine:
                 try:
                     self._iterate(self.joining)
                 except Exception as e:  # one failed step fails its sequences, not the server
+                    message = compiler_failed(e) or f"decoding failed: {reason(e)}"
                     for seq in self.active + self.joining:
-                        seq.report(Event("error", message=f"decoding failed: {e}"))
+                        seq.report(Event("error", message=message))
                     self.active, self.cache, self.stepped = [], None, (None, [])
                 with self.lock:
                     self.joining = []
