@@ -516,10 +516,13 @@ def test_chat_completions_answer_as_gptcli_chat_does(chat_run):
             len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in content
         )
         for kwargs, words in [
-            ({"messages": []}, "'messages' must be a non-empty list"),
-            ({"messages": [{"role": "bot", "content": "x"}]}, "has role 'bot'"),
+            ({"messages": []}, "this request: 'messages' must be a non-empty list"),
+            ({"messages": [{"role": "bot", "content": "x"}]}, "'bot'; use system (or developer), user"),
             ({"messages": [{"role": "user", "content": "Ä"}]}, "not in this char tokenizer's vocabulary"),
-            ({"messages": [{"role": "user", "content": "the " * 200}]}, "too long for this model's context"),
+            (  # (a reply's room: at most an eighth of the block)
+                {"messages": [{"role": "user", "content": "the " * 200}]},
+                "too long for this model's context (96 tokens, 12 of them kept free for the reply)",
+            ),
             ({"messages": convo, "top_logprobs": 2}, "needs 'logprobs': true"),
             (
                 {"messages": convo, "response_format": {"type": "json_object"}},

@@ -55,7 +55,8 @@ def check_messages(value: object, where: str, *, training: bool = False) -> list
         if isinstance(content, list) and all(_is_text_part(p) for p in content):
             content = "".join(p["text"] for p in content)
         if role not in ROLES:
-            raise UsageError(f"{where}: message {n} has role {role!r}; use system, user or assistant")
+            use = "use system (or developer), user or assistant"
+            raise UsageError(f"{where}: message {n} has role {role!r}; {use}")
         if isinstance(content, list):  # parts, not all of them text
             other = [p for p in content if not _is_text_part(p)]
             kinds = sorted({str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in other})

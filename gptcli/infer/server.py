@@ -25,7 +25,7 @@ from gptcli.data.chat import TooLong, check_messages
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.infer.completion import TextStream, encode_prompt
-from gptcli.infer.conversation import chat_prompt
+from gptcli.infer.conversation import chat_prompt, reply_room
 from gptcli.infer.engine import Engine, Event, QueueFull, Scored, Sequence
 from gptcli.infer.generate import Sampling, row_generators
 
@@ -259,7 +259,7 @@ def check_chat(body: Any, served: Served) -> Completion:
             "messages",
         )
     try:  # (OpenAI's text parts and 'developer' role taken too)
-        messages = check_messages(body.get("messages"), "'messages'")
+        messages = check_messages(body.get("messages"), "this request")
     except UsageError as e:
         raise ApiError(400, str(e), "messages") from None
     if body.get("echo") or body.get("prompt") is not None:
@@ -273,10 +273,11 @@ def check_chat(body: Any, served: Served) -> Completion:
         code = "context_length_exceeded" if isinstance(e, TooLong) else None
         raise ApiError(400, str(e), "messages", code) from None
     if fitted.cut:
+        room = reply_room(served.block_size, max_tokens)
         raise ApiError(
             400,
             f"the last message is {fitted.cut} tokens too long for this model's context "
-            f"({served.block_size} tokens, with room for max_tokens {max_tokens})",
+            f"({served.block_size} tokens, {room} of them kept free for the reply)",
             "messages",
             "context_length_exceeded",
         )
