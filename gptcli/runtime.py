@@ -26,6 +26,12 @@ T = TypeVar("T")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def weights_dtype(model: torch.nn.Module) -> str:
+    """What a model's floating-point weights are held in, by the name --dtype gives it."""
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+    return next((name for name, d in _DTYPES.items() if d == dtype), str(dtype).removeprefix("torch."))
+
+
 def pick_device(requested: str = "auto") -> tuple[torch.device, str]:
     """The torch device for `requested` (auto|cpu|cuda|cuda:N|mps) and why it was picked."""
     kind = requested.split(":")[0]

@@ -680,8 +680,9 @@ def test_the_verbs_take_quantize_int8(trained, corpus, monkeypatch):
     assert plain.exit_code == 0 and int8.exit_code == 0, int8.output
     import json
 
-    ppl = [json.loads(r.stdout)["ppl"] for r in (plain, int8)]
-    assert abs(ppl[1] / ppl[0] - 1) < 0.01, ppl
+    rows = [json.loads(r.stdout) for r in (plain, int8)]
+    assert abs(rows[1]["ppl"] / rows[0]["ppl"] - 1) < 0.01, rows
+    assert [(r["dtype"], r["quantize"]) for r in rows] == [("fp32", None), ("fp32", "int8")]  # told apart
     assert quantized == ["int8"]  # the second eval only
     for verb in (
         ["sample", "-n", "20", "--temp", "0"],

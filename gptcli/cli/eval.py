@@ -18,6 +18,7 @@ def eval_(s: EvalSettings) -> None:
     """
     from gptcli.data.records import read_records
     from gptcli.evals import evaluate, labelled, plan
+    from gptcli.runtime import weights_dtype
     from gptcli.tasks.classify import is_pair
 
     for f in s.files:
@@ -31,6 +32,7 @@ def eval_(s: EvalSettings) -> None:
             spec, s.device, s.dtype, base=s.base, quantize=s.quantize, newest=newest, pairs=pairs
         )
         name = str(spec) if spec is not None else str(loaded.path)
+        weights = {"dtype": weights_dtype(loaded.model), "quantize": s.quantize}  # (told apart in --json)
         for f in s.files:
             task_, how = plan(loaded.meta, f, s.task)
             if s.per_example and task_ == "text" and f not in listless:  # once a file, before scoring it
@@ -46,7 +48,7 @@ def eval_(s: EvalSettings) -> None:
             for w in result.warnings:
                 render.warning(w)
             rows.append((name, str(f), how, result.metrics))
-            item = {"ckpt": name, "file": str(f), "scored_by": how, **result.metrics}
+            item = {"ckpt": name, "file": str(f), "scored_by": how, **weights, **result.metrics}
             if s.per_example and result.examples is not None:
                 item["examples"] = result.examples
             results.append(item)
