@@ -861,6 +861,22 @@ def test_a_library_built_that_does_not_load_is_not_built_again_at_every_command(
     assert f"delete {record} to try again" in again.failed
 
 
+@pytest.mark.parametrize("writes", ["garbage", "nothing"])
+def test_the_build_itself_records_a_library_that_cannot_be_used(writes, tmp_path):
+    """The build process (which outlives a short command) records the verdict, not the
+    command that waits for it: a library that does not load, or none written (CC=true)."""
+    fake = tmp_path / "cc"
+    garbage = 'while [ "$1" != "-o" ]; do shift; done; echo garbage > "$2"\n'
+    fake.write_text("#!/bin/sh\n" + (garbage if writes == "garbage" else "exit 0\n"))
+    fake.chmod(0o755)
+    path = tmp_path / "k" / "lib.so"
+    with pytest.raises(OSError):
+        kernels.kernel_build.build(str(fake), kernels.SOURCE, path, [["-shared"]])
+    why = kernels.kernel_build.refused(path)
+    assert why is not None and ("did not load" in why if writes == "garbage" else "wrote no library" in why)
+    assert not path.exists() or writes == "garbage"
+
+
 def test_a_refused_build_says_the_compilers_first_error(tmp_path, monkeypatch):
     """gcc without the C library's headers ends with 'compilation terminated.': its first
     error is what says why."""

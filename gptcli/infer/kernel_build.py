@@ -16,6 +16,7 @@ second (not torch's second).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import shlex
 import subprocess
@@ -63,6 +64,12 @@ def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     record = failure_record(path)
     files.clean_stale(path.parent, [path.name, record.name])  # what a killed build left
+
+    def refuse(why: str) -> OSError:  # recorded: the same build fails the same way next time
+        with contextlib.suppress(OSError):
+            files.write_file(record, why + "\n")
+        return OSError(why)
+
     with files.writing_path(path) as tmp:
         for flags in attempts:
             try:
@@ -76,11 +83,15 @@ def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) ->
             except subprocess.TimeoutExpired:  # (not recorded as failed: the next command tries again)
                 raise OSError(f"{compiler} did not finish in {COMPILE_TIMEOUT_S:.0f} s") from None
             if done.returncode == 0:
-                return
-        why = why_not(done.stderr, f"{compiler} ended with {done.returncode}")
-        with contextlib.suppress(OSError):
-            files.write_file(record, why + "\n")
-        raise OSError(why)
+                break
+        else:
+            raise refuse(why_not(done.stderr, f"{compiler} ended with {done.returncode}"))
+        if not files.is_regular_file(tmp):
+            raise refuse(f"{compiler} ended with 0 but wrote no library")
+    try:  # here, so that a command that ends first still leaves the verdict (a disk mounted noexec)
+        ctypes.CDLL(str(path))
+    except OSError as e:
+        raise refuse(NOT_LOADED + " ".join(str(e).split())) from None
 
 
 def request(compiler: str, source: Path, path: Path, attempts: list[list[str]]) -> str:

@@ -28,7 +28,6 @@ they are anew, and its copies (the packed weights, the LayerNorms) as they were.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import operator
@@ -52,7 +51,6 @@ from gptcli import files
 from gptcli.cpuinfo import cpu_flags
 from gptcli.infer import kernel_build
 from gptcli.infer.quantize import Int8Linear as _Quantized
-from gptcli.messages import one_line
 from gptcli.model import GPT, KVCache
 
 SOURCE = Path(__file__).with_name("decode.c")
@@ -307,14 +305,15 @@ class _Library:
                 if process.returncode:
                     ended = f"the build process ended with {process.returncode}"
                     raise OSError(kernel_build.why_not(errors, ended))
-        except Exception as e:  # the model's own code decodes instead
-            self.failed = f"the CPU decoding kernel did not build ({e})"
+        except Exception as e:  # the model's own code decodes instead (the build recorded why)
+            why = str(e)
+            if why.startswith(kernel_build.NOT_LOADED):
+                why = why.removeprefix(kernel_build.NOT_LOADED)
+                self.failed = f"the CPU decoding kernel was built but did not load ({why})"
+            else:
+                self.failed = f"the CPU decoding kernel did not build ({why})"
             return
-        why = self._load(path)
-        if why is not None:  # built, and would be built again at every start: recorded
-            with contextlib.suppress(OSError):
-                record = kernel_build.failure_record(path)
-                files.write_file(record, kernel_build.NOT_LOADED + one_line(why) + "\n")
+        self._load(path)
 
     def _load(self, path: Path) -> str | None:
         """Load the library at path; None, or why it did not load."""
