@@ -270,6 +270,9 @@ def test_bad_requests_get_openais_errors_and_the_server_keeps_serving(server):
         r = server.post("/v1/completions", body)
         assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert server.post("/v2/nothing", {}).status_code == 404
+    # a lone surrogate the error quotes back: its JSON escape, not a failure to write it
+    gone = server.post("/v1/completions", {"model": "\ud800", "prompt": "The", "max_tokens": 2})
+    assert gone.status_code == 404 and "\ud800" in gone.json()["error"]["message"]
     for i in range(100):
         assert server.post("/v1/completions", b"{" * (i % 7 + 1)).status_code == 400
     assert c.completions.create(model=server.model, prompt="The", max_tokens=2).choices[0].text

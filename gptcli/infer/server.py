@@ -472,7 +472,7 @@ class Run:
 def create_app(served: Served) -> Any:
     """The FastAPI app serving `served`."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+    from fastapi.responses import HTMLResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException
 
     app = FastAPI(title="gptcli", docs_url=None, redoc_url=None, openapi_url=None)
@@ -483,21 +483,21 @@ def create_app(served: Served) -> Any:
             CORSMiddleware, allow_origins=served.cors_origins, allow_methods=["*"], allow_headers=["*"]
         )
 
-    def error(e: ApiError) -> JSONResponse:
+    def error(e: ApiError) -> Response:
         headers = {"Retry-After": "1"} if e.status == 429 else None
-        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+        return Response(_json(e.body()), status_code=e.status, headers=headers, media_type="application/json")
 
     @app.exception_handler(ApiError)
-    async def _api_error(request: Request, e: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, e: ApiError) -> Response:
         return error(e)
 
     @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
+    async def _http_error(request: Request, e: HTTPException) -> Response:
         message = "no such path; the API is under /v1" if e.status_code == 404 else str(e.detail)
         return error(ApiError(e.status_code, message))
 
     @app.exception_handler(Exception)
-    async def _crash(request: Request, e: Exception) -> JSONResponse:
+    async def _crash(request: Request, e: Exception) -> Response:
         return error(ApiError(500, f"the server failed on this request: {e}"))
 
     def check_key(request: Request) -> None:
@@ -621,8 +621,14 @@ async def _cancel_when_gone(request: Any, run: Run) -> None:
     run.cancel()
 
 
+def _json(obj: Any) -> bytes:
+    """obj as JSON in UTF-8; a lone surrogate a request held (and an error quotes) as its
+    \\uXXXX escape, which JSON reads back (UTF-8 cannot carry it)."""
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace")
+
+
 def _sse(obj: Any) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+    return b"data: " + _json(obj) + b"\n\n"
 
 
 async def _stream(run: Run, head: dict[str, Any], watcher: asyncio.Task) -> AsyncIterator[bytes]:
