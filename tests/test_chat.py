@@ -206,6 +206,8 @@ def test_chat_from_a_messages_file_and_what_it_refuses(chat_run, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"role": "bot", "content": "hi"}]))
     assert_usage_error(run("chat", "--ckpt", chat_run, "--messages", bad), "message 1 has role 'bot'")
+    bad.write_text(json.dumps([{"content": "hi"}]))
+    assert_usage_error(run("chat", "--ckpt", chat_run, "--messages", bad), "message 1 has no role; use")
     assert_usage_error(run("chat", "--ckpt", chat_run, "-m", "x", "--messages", bad), "not both")
     plain = chat_run.parent / "pre"
     assert_usage_error(run("chat", "--ckpt", plain, "-m", "hi"), "no chat template", "--task chat")

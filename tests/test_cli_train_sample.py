@@ -139,7 +139,7 @@ def test_ctrl_c_shows_the_samples_so_far_and_exits_130(trained, monkeypatch):
     monkeypatch.setattr(completion, "generate", interrupted_after_5)
     args = ["sample", "--ckpt", trained, "-p", "The", "-n", "1000", "--num-samples", "2", "--seed", "7"]
     result = run(*args, "--json")
-    assert result.exit_code == 130 and "warning: interrupted after 5 tokens" in result.stderr
+    assert result.exit_code == 130 and "warning: interrupted after 5 tokens a sample" in result.stderr
     samples = json.loads(result.stdout)["samples"]
     assert [len(s["ids"]) for s in samples] == [5, 5] and {s["finish"] for s in samples} == {"interrupted"}
     plain = run(*args)

@@ -482,6 +482,9 @@ def test_a_prompt_file_s_last_line_break_is_not_the_prompt_s_and_dash_is_stdin(t
         assert result.exit_code == 0 and json.loads(result.stdout)["prompt"] == read, (written, result.output)
     result = run("sample", "--ckpt", trained, "--prompt-file", "-", "-n", "2", "--json", input="The fox\n")
     assert result.exit_code == 0 and json.loads(result.stdout)["prompt"] == "The fox", result.output
+    prompt.write_bytes(b"\xef\xbb\xbfThe fox\r\n")  # a byte-order mark, as Windows editors write
+    result = run("sample", "--ckpt", trained, "--prompt-file", prompt, "-n", "2", "--json")
+    assert json.loads(result.stdout)["prompt"] == "The fox", result.output
 
 
 def test_a_prompt_file_that_never_ends_is_bounded(trained, tmp_path):

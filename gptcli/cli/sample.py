@@ -82,7 +82,8 @@ def sample(s: SampleSettings) -> None:
             if s.show_probs:
                 _show_steps(tok, p.ids, r, sampling.describe())
     if any(r.finish == "interrupted" for r in results):
-        render.warning(f"interrupted after {max(len(r.ids) for r in results)} tokens")
+        each = " a sample" if len(results) > 1 else ""
+        render.warning(f"interrupted after {max(len(r.ids) for r in results):,} tokens{each}")
         raise typer.Exit(130)
 
 

@@ -56,7 +56,8 @@ def check_messages(value: object, where: str, *, training: bool = False) -> list
             content = "".join(p["text"] for p in content)
         if role not in ROLES:
             use = "use system (or developer), user or assistant"
-            raise UsageError(f"{where}: message {n} has role {role!r}; {use}")
+            has = "has no role" if role is None else f"has role {role!r}"
+            raise UsageError(f"{where}: message {n} {has}; {use}")
         if isinstance(content, list):  # parts, not all of them text
             other = [p for p in content if not _is_text_part(p)]
             kinds = sorted({str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in other})

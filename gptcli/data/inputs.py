@@ -133,6 +133,8 @@ def read_prompt_file(path: os.PathLike | str, limit: int) -> tuple[str, str | No
 
     try:
         if str(path) == "-":
+            if sys.stdin is None:
+                raise UsageError("--prompt-file -: stdin is closed; give a file, or text on stdin")
             data = first_bytes(sys.stdin.buffer)
         else:
             with open(path, "rb") as f:
@@ -151,6 +153,7 @@ def read_prompt_file(path: os.PathLike | str, limit: int) -> tuple[str, str | No
                     data = first_bytes(f)
     except OSError as e:
         raise UsageError(f"--prompt-file {shown}: {e.strerror or e}") from None
+    data = data.removeprefix(b"\xef\xbb\xbf") if offset == 0 else data  # (a BOM, as Windows editors write)
     whole_end = warning is None or offset > 0  # (the first bytes of a longer pipe end anywhere)
     if whole_end:
         data = data.removesuffix(b"\n").removesuffix(b"\r") if data.endswith(b"\n") else data

@@ -249,7 +249,8 @@ class _Library:
             try:  # CC may name a program that is not there, or be a command with flags
                 path = library_path(compiler, self.flags)
             except (OSError, ValueError) as e:
-                self.failed = f"the C compiler {compiler!r} did not run ({e})"
+                why = e.strerror if isinstance(e, OSError) and e.strerror else e
+                self.failed = f"the C compiler {compiler!r} did not run ({why})"
                 return False
             why = kernel_build.refused(path)  # this source, compiler and flags did not build before
             if why is not None:
