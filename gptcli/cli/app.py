@@ -133,8 +133,8 @@ class _Boundary(TyperGroup):
             if oom:
                 render.error(oom)
                 code = 2
-            elif compiler_failed(e):
-                render.error(compiler_failed(e))
+            elif said := compiler_failed(e):
+                render.error(said)
                 code = 1
             else:
                 render.error(unforeseen(e, _verb(args)))

@@ -254,23 +254,13 @@ class _Library:
                 return False
             why = kernel_build.refused(path)  # this source, compiler and flags did not build before
             if why is not None:
-                record = kernel_build.failure_record(path)
-                if why.startswith(kernel_build.NOT_LOADED):  # (a disk mounted noexec)
-                    self.failed = (
-                        "the CPU decoding kernel was built but did not load "
-                        f"({why.removeprefix(kernel_build.NOT_LOADED)}): set GPTCLI_KERNELS_DIR to a "
-                        f"directory on another disk, or delete {record} to try again"
-                    )
-                else:
-                    self.failed = (
-                        f"the CPU decoding kernel did not build ({why}); delete {record} to try again"
-                    )
+                self.failed = _not_built(why, kernel_build.failure_record(path))
                 return False
             if path.exists() and not path.is_file():
                 self.failed = f"the CPU decoding kernel cannot be kept: {path} is in the way (not a file)"
                 return False
             if path.is_file():
-                if whole_library(path) and self._load(path) is None:
+                if whole_library(path) and self._load(path):
                     return False
                 self.failed = None  # cut short or unloadable (copied in, or a disk that lost it): built anew
             try:  # where the build will write (a read-only disk, a file in the way: said now, once)
@@ -307,32 +297,38 @@ class _Library:
                     ended = f"the build process ended with {process.returncode}"
                     raise OSError(kernel_build.why_not(errors, ended))
         except Exception as e:  # the model's own code decodes instead (the build recorded why)
-            why = str(e)
-            if why.startswith(kernel_build.NOT_LOADED):
-                why = why.removeprefix(kernel_build.NOT_LOADED)
-                self.failed = f"the CPU decoding kernel was built but did not load ({why})"
-            else:
-                self.failed = f"the CPU decoding kernel did not build ({why})"
+            self.failed = _not_built(str(e))
             return
         self._load(path)
 
-    def _load(self, path: Path) -> str | None:
-        """Load the library at path; None, or why it did not load."""
+    def _load(self, path: Path) -> bool:
         try:
             lib = ctypes.CDLL(str(path))
             for name, restype in FUNCTIONS.items():
                 getattr(lib, name).restype = restype
             self.lib = lib
-            return None
+            return True
         except (OSError, AttributeError) as e:  # (AttributeError: a library without one of FUNCTIONS)
             self.failed = f"the CPU decoding kernel did not load ({e})"
-            return str(e)
+            return False
 
     def wait(self) -> ctypes.CDLL | None:
         """The library, once any build in progress has ended (tests, benchmarks)."""
         if self.thread is not None:
             self.thread.join()
         return self.lib
+
+
+def _not_built(why: str, record: Path | None = None) -> str:
+    """Why the kernel is not used, from a build's verdict (kernel_build.build: the compiler's
+    error, or a library that did not load), with what to do where it was recorded."""
+    if why.startswith(kernel_build.NOT_LOADED):  # (a disk mounted noexec)
+        why = why.removeprefix(kernel_build.NOT_LOADED)
+        said = f"the CPU decoding kernel was built but did not load ({why})"
+        todo = "set GPTCLI_KERNELS_DIR to a directory on another disk, or delete {} to try again"
+    else:
+        said, todo = f"the CPU decoding kernel did not build ({why})", "delete {} to try again"
+    return f"{said}; {todo.format(record)}" if record is not None else said
 
 
 # the build process's program: this gptcli first on the path, ahead of the working
