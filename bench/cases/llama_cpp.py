@@ -6,7 +6,7 @@ convert_hf_to_gguf.py from the llama-cpp-python source); both decode greedily fr
 same prompt, on the same threads, in alternating rounds: bf16 against llama.cpp f16, fp32
 against f32, --quantize int8 against q8_0. Also: the first token of a whole `gptcli sample
 -n 1` process against importing torch and loading the weights; beams (B=4) and a batch of
-16 against this machine's memory-bandwidth and bf16-compute limits; encoding a prompt (the
+16 against this machine's memory-bandwidth and compute limits; encoding a prompt (the
 prefill) beside llama.cpp's. Without llama-cpp-python (pip install
 llama-cpp-python==0.3.36, which compiles llama.cpp: minutes) the gptcli side runs alone and
 the table says so.
@@ -29,21 +29,33 @@ from gptcli.infer import kernels
 from gptcli.infer.generate import GREEDY, beam_search, cache_dtype, generate
 from gptcli.infer.quantize import weight_bytes
 from gptcli.model import GPT
-from gptcli.runtime import kv_cache_bytes
+from gptcli.runtime import cpu_bf16_feature, kv_cache_bytes, pick_inference_dtype
 
 PAIRS = (("bf16", "f16"), ("fp32", "f32"), ("int8", "q8_0"))
 
 
-def bf16_peak() -> float:
-    """FLOP/s of the best of a few large bf16 matmuls (torch's oneDNN kernels)."""
-    a = torch.randn(2048, 2048, dtype=torch.bfloat16)
-    best = 0.0
-    for _ in range(4):
-        t0 = time.perf_counter()
+def products_peak() -> tuple[float, str]:
+    """FLOP/s of the best of a few large matmuls (torch's oneDNN kernels), bf16 or fp32,
+    whichever this CPU runs faster, and which: bf16 weights may be multiplied either way
+    (widened to fp32 where the CPU has no bf16 products), so the faster is the limit of a
+    step's products. bf16 is not tried on a CPU without native bf16 (AVX2: a 2048-square
+    bf16 matmul ran at 0.3 GFLOP/s on a Zen 3, 1/400 of fp32's)."""
+    best = {}
+    kinds = (
+        (("bf16", torch.bfloat16), ("fp32", torch.float32))
+        if cpu_bf16_feature()
+        else (("fp32", torch.float32),)
+    )
+    for name, dtype in kinds:
+        a = torch.randn(2048, 2048, dtype=dtype)
+        best[name] = 0.0
         for _ in range(4):
-            a @ a
-        best = max(best, 4 * 2 * 2048**3 / (time.perf_counter() - t0))
-    return best
+            t0 = time.perf_counter()
+            for _ in range(4):
+                a @ a
+            best[name] = max(best[name], 4 * 2 * 2048**3 / (time.perf_counter() - t0))
+    kind = max(best, key=best.get)
+    return best[kind], kind
 
 
 def save_run(model: GPT, work: Path) -> Path:
@@ -157,6 +169,14 @@ def whole_process(code: list[str], repeats: int) -> float:
     return best
 
 
+def auto_dtype(run: Path) -> str:
+    """What `--dtype auto` holds the run's weights in on this CPU, and why."""
+    from gptcli.store.loading import load
+
+    model = load(run).model
+    return pick_inference_dtype(torch.device("cpu"), "auto", model.num_params())[1]
+
+
 def first_token(run: Path, gguf: Path | None, repeats: int) -> list[Result]:
     py = sys.executable
     torch_s = whole_process([py, "-c", "import torch"], repeats)
@@ -166,7 +186,7 @@ def first_token(run: Path, gguf: Path | None, repeats: int) -> list[Result]:
     )
     notes = [
         f"whole processes, best of {repeats} after a warm-up run; `import torch` alone {torch_s:.2f} s; "
-        f"bf16 weights (--dtype auto on this CPU)"
+        f"--dtype auto on this CPU: {auto_dtype(run)}"
     ]
     llama = None
     if gguf is not None:
@@ -214,12 +234,14 @@ def kv_bytes(model: GPT, rows: int, prompt: int, n: int) -> float:
     return kv_cache_bytes(model.config, rows, cache_dtype(model)) * (prompt + (n + 1) / 2)
 
 
-def batches(model: GPT, prompt: list[int], n: int, bw: float, peak: float, greedy: float) -> list[Result]:
+def batches(
+    model: GPT, prompt: list[int], n: int, bw: float, peak: tuple[float, str], greedy: float
+) -> list[Result]:
     """Beams and a batch of 16, bf16, against this machine's limits: steps/s at which what a
     step reads (the weights, and every row's KV cache) streams at the measured bandwidth, or
-    at which the products run at the bf16 peak. greedy: batch-1 steps/s in the same run,
-    beside which a step of several rows is put (what the rows cost, whatever the machine's
-    bandwidth did meanwhile)."""
+    at which the products run at the machine's peak (products_peak: FLOP/s, bf16 or fp32).
+    greedy: batch-1 steps/s in the same run, beside which a step of several rows is put (what
+    the rows cost, whatever the machine's bandwidth did meanwhile)."""
     out = []
     params = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     for name, rows in (("beam search B=4", 4), ("sampling a batch of 16", 16)):
@@ -238,7 +260,7 @@ def batches(model: GPT, prompt: list[int], n: int, bw: float, peak: float, greed
         runs = [beside_bandwidth(steps_per_s) for _ in range(5)]
         by_torch = torch_products(model, rows)
         kv = kv_bytes(model, rows, len(prompt), n)
-        by_flops = peak / (2 * params * rows)
+        by_flops = peak[0] / (2 * params * rows)
         limits = [min(b / (weight_bytes(model) + kv), by_flops) for _, b in runs]  # each run's own
         share = statistics.median(s / limit for (s, _), limit in zip(runs, limits, strict=True))
         steps = statistics.median(s for s, _ in runs)
@@ -259,8 +281,9 @@ def batches(model: GPT, prompt: list[int], n: int, bw: float, peak: float, greed
                     f"against the run's highest bandwidth: bandwidth limit {by_bw:.0f} steps/s "
                     f"({100 * steps / by_bw:.0f}%: {weight_bytes(model) / 1e6:.0f} MB of weights and "
                     f"{kv / 1e6:.0f} MB of KV cache a step on average; the weights alone "
-                    f"{bw / weight_bytes(model):.0f} steps/s), bf16 compute limit {by_flops:.0f} "
-                    f"steps/s ({100 * steps / by_flops:.0f}%; peak {peak / 1e9:.0f} GFLOP/s); "
+                    f"{bw / weight_bytes(model):.0f} steps/s), compute limit {by_flops:.0f} "
+                    f"steps/s ({100 * steps / by_flops:.0f}%; peak {peak[0] / 1e9:.0f} GFLOP/s, {peak[1]} "
+                    f"matmuls); "
                     f"{steps / greedy:.2f}x the steps/s of batch-1 greedy decoding in this run "
                     f"({greedy:.1f}); "
                     f"torch's own bf16 products for such a step alone, nothing else: {by_torch:.1f} steps/s "
@@ -300,7 +323,7 @@ def run(args) -> list[Result]:
     peer_runs: dict[str, list[float]] = {k: [] for k in llms}
     bws, peaks = [], []  # this shared machine's speed moves within a run
     for _ in range(args.repeats):
-        peaks.append(bf16_peak())
+        peaks.append(products_peak())
         for ours_kind, peer_kind in PAIRS:
             m = models[ours_kind]
             tps, b = beside_bandwidth(lambda m=m: ours_tps(m, prompt, n))
@@ -352,7 +375,7 @@ def run(args) -> list[Result]:
             )
         )
     greedy = statistics.median(ours_runs["bf16"])
-    peaks.append(bf16_peak())  # the limit: the highest, as for the bandwidth
+    peaks.append(products_peak())  # the limit: the highest, as for the bandwidth
     results += batches(models["bf16"], prompt, n, bw, max(peaks), greedy)  # as many steps as greedy
     results.append(prompts(models["bf16"], llms.get("f16"), 64 if args.quick else 256, args.repeats))
     results += first_token(run_dir, files.get("f16"), 2 if args.quick else 3)
