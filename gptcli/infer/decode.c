@@ -144,21 +144,28 @@ typedef int32_t __attribute__((may_alias, aligned(2))) pair32;
     default: BLOCK(16, 1); break;                      \
     }
 
-/* the packed copy of w (n, k), k even, bf16 or int8: (ceil(n / 16) blocks, k / 2, 16, 2),
- * zeros past n */
-#define PACK_PAIRS(T)                                                                               \
-    for (int b = 0; b < blocks; b++) {                                                              \
+/* outputs per block of the packed bf16 weights: 16 (one AVX-512 vector of sums), or 8 for
+ * AVX2's products (see packed_block there); int8's are always 16 */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define PACK_BF16 8
+#else
+#define PACK_BF16 16
+#endif
+/* the packed copy of w (n, k), k even, bf16 or int8, in blocks of W outputs: (ceil(n / W)
+ * blocks, k / 2, W, 2), zeros past n (the copy has room for ceil(n / PACK) * PACK rows) */
+#define PACK_PAIRS(T, W)                                                                            \
+    for (int b = 0; b < (n + (W) - 1) / (W); b++) {                                                 \
         const T *rows[16];                                                                          \
-        for (int q = 0; q < 16; q++) rows[q] = b * 16 + q < n ? (const T *)w + (size_t)(b * 16 + q) * k : NULL; \
-        T *o = (T *)out + (size_t)b * pairs * 32;                                                   \
-        for (int p = 0; p < pairs; p++, o += 32)                                                    \
-            for (int q = 0; q < 16; q++) {                                                          \
+        for (int q = 0; q < (W); q++) rows[q] = b * (W) + q < n ? (const T *)w + (size_t)(b * (W) + q) * k : NULL; \
+        T *o = (T *)out + (size_t)b * pairs * 2 * (W);                                              \
+        for (int p = 0; p < pairs; p++, o += 2 * (W))                                               \
+            for (int q = 0; q < (W); q++) {                                                         \
                 o[2 * q] = rows[q] ? rows[q][2 * p] : 0;                                            \
                 o[2 * q + 1] = rows[q] ? rows[q][2 * p + 1] : 0;                                    \
             }                                                                                       \
     }
 void gptcli_pack(const void *w, int dtype, int n, int k, void *out, int threads) {
-    const int pairs = k / 2, blocks = (n + PACK - 1) / PACK;
+    const int pairs = k / 2;
 #ifdef _OPENMP
     if (threads < 1) threads = 1;
 #else
@@ -166,10 +173,10 @@ void gptcli_pack(const void *w, int dtype, int n, int k, void *out, int threads)
 #endif
     if (dtype == BF16) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-        PACK_PAIRS(uint16_t)
+        PACK_PAIRS(uint16_t, PACK_BF16)
     } else {
 #pragma omp parallel for num_threads(threads) schedule(static)
-        PACK_PAIRS(int8_t)
+        PACK_PAIRS(int8_t, 16)
     }
 }
 
@@ -489,13 +496,15 @@ static inline __attribute__((always_inline)) void packed_block(const Mat *m, con
     }
 }
 
-/* this thread's outputs [lo, hi) (lo a multiple of PACK) of a product with packed bf16 weights */
-static void packed_product(const Mat *m, const uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
+/* this thread's outputs [lo, hi) (lo a multiple of PACK) of a product with packed bf16
+ * weights, the rows x (rows, k) in fp32, made bf16 in xb (this thread's room for them) */
+static void packed_bf16(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
+    to_bf16(x, xb, (size_t)rows * m->k);
     for (int j = lo; j < hi; j += PACK) {
         const uint16_t *w = (const uint16_t *)m->packed + (size_t)j * m->k;
         for (int r = 0; r < rows; r += 16) {
-            const uint16_t *x = xb + (size_t)r * m->k;
-#define BLOCK(M, NA) packed_block(m, w, x, y, r, j, mode, M, NA)
+            const uint16_t *xr = xb + (size_t)r * m->k;
+#define BLOCK(M, NA) packed_block(m, w, xr, y, r, j, mode, M, NA)
             FOR_ROWS_OF_16(rows, r, BLOCK)
 #undef BLOCK
         }
@@ -674,6 +683,101 @@ static float dot_i8(const int8_t *w, const float *x, int k) {
     return s;
 }
 
+/* With AVX2, the products with bf16 weights read them packed too, in blocks of 8 outputs
+ * (PACK_BF16): for each pair of inputs (k, k + 1), the 8 outputs' two weights side by side,
+ * 32 bytes that one load and two instructions make into two vectors of fp32 (the even
+ * input's weights shifted up, the odd one's masked: a bf16 is the top half of an fp32), each
+ * multiplied by its row's activation broadcast from memory, into 8 sums that stay in
+ * registers over all of k for up to 8 rows. A block's weights are read once for those rows
+ * (and again, from the core's caches, for each further 8), and nothing is summed across a
+ * vector at the end: where the products of rows read as stored took one dot product per
+ * row and output. */
+#define HAVE_PACKED 1
+
+/* acc[i][A0] += the even input's weights of pair P x row i's activation, acc[i][A1] += the
+ * odd one's, for i < M: in a block function whose scope holds w, x, k, M, high and acc */
+#define SPLIT_PAIR(P, A0, A1)                                                                        \
+    do {                                                                                             \
+        const __m256i v_ = _mm256_loadu_si256((const __m256i *)(w + (size_t)(P) * 16));              \
+        ask_weights(w + (size_t)(P) * 16, 32);                                                       \
+        const __m256 even_ = _mm256_castsi256_ps(_mm256_slli_epi32(v_, 16));                         \
+        const __m256 odd_ = _mm256_castsi256_ps(_mm256_and_si256(v_, high));                          \
+        for (int i_ = 0; i_ < M; i_++) {                                                             \
+            const float *xi_ = x + ((size_t)(P) * M + i_) * 2;                                       \
+            acc[i_][A0] = _mm256_fmadd_ps(even_, _mm256_broadcast_ss(xi_), acc[i_][A0]);             \
+            acc[i_][A1] = _mm256_fmadd_ps(odd_, _mm256_broadcast_ss(xi_ + 1), acc[i_][A1]);          \
+        }                                                                                            \
+    } while (0)
+
+/* y[r0 + i][j0 .. j0 + 8) for i < M (M <= 8) from the packed block of 8 outputs at w and the
+ * rows' activations x, pair by pair ((k / 2, M, 2), fp32), then stored, or added to y, with the bias; outputs past n (the
+ * packing's zeros) are not written. Each row's products go to NA sums in turn (the even and
+ * odd inputs' to different ones where NA > 1): the 8 chains of FMAs in flight that keep the
+ * core's two FMA units busy when there are few rows. */
+static inline __attribute__((always_inline)) void packed_block(const Mat *m, const uint16_t *w, const float *x,
+                                                               float *y, int r0, int j0, int mode, const int M,
+                                                               const int NA) {
+    const int k = m->k, n = m->n, pairs = k / 2, U = NA > 1 ? NA / 2 : 1; /* U pairs per round of sums */
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 acc[8][8];
+    for (int i = 0; i < M; i++)
+        for (int a = 0; a < NA; a++) acc[i][a] = _mm256_setzero_ps();
+    int p = 0;
+    for (; p + U <= pairs; p += U)
+        for (int u = 0; u < U; u++) SPLIT_PAIR(p + u, (2 * u) % NA, (2 * u + 1) % NA);
+    for (; p < pairs; p++) SPLIT_PAIR(p, 0, NA > 1 ? 1 : 0);
+    const int left = n - j0 < 8 ? n - j0 : 8;
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 bias = m->bias ? _mm256_maskload_ps(m->bias + j0, keep) : _mm256_setzero_ps();
+    for (int i = 0; i < M; i++) {
+        float *out = y + (size_t)(r0 + i) * n + j0;
+        __m256 v = acc[i][0];
+        for (int a = 1; a < NA; a++) v = _mm256_add_ps(v, acc[i][a]);
+        v = _mm256_add_ps(v, bias);
+        if (mode == ADD) v = _mm256_add_ps(v, _mm256_maskload_ps(out, keep));
+        _mm256_maskstore_ps(out, keep, v);
+    }
+}
+
+/* BLOCK(M, NA) for the rows r .. r + M of a product, M = min(rows - r, 8), with enough sums
+ * in flight (M x NA >= 7) and no more than the 16 registers hold (M x NA <= 12) */
+#define FOR_ROWS_OF_8(rows, r, BLOCK)                  \
+    switch ((rows) - (r) < 8 ? (rows) - (r) : 8) {     \
+    case 1: BLOCK(1, 8); break;                        \
+    case 2: BLOCK(2, 4); break;                        \
+    case 3: BLOCK(3, 4); break;                        \
+    case 4: BLOCK(4, 2); break;                        \
+    case 5: BLOCK(5, 2); break;                        \
+    case 6: BLOCK(6, 2); break;                        \
+    case 7: BLOCK(7, 1); break;                        \
+    default: BLOCK(8, 1); break;                       \
+    }
+
+/* this thread's outputs [lo, hi) (lo a multiple of PACK) of a product with packed bf16
+ * weights, the rows x (rows, k) in fp32, each 8 rows' activations put in xb (this thread's
+ * room for them) pair by pair: a pair's activations for all the rows in one cache line */
+static void packed_bf16(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
+    const int k = m->k;
+    float *xt = (float *)xb;
+    for (int r = 0; r < rows; r += 8) { /* each 8 rows' pairs side by side: (k / 2, M, 2) */
+        const int M = rows - r < 8 ? rows - r : 8;
+        uint64_t *g = (uint64_t *)(xt + (size_t)r * k);
+        for (int i = 0; i < M; i++) {
+            const float *xi = x + (size_t)(r + i) * k;
+            for (int p = 0; p < k / 2; p++) memcpy(g + (size_t)p * M + i, xi + 2 * p, 8);
+        }
+    }
+    for (int j = lo; j < hi; j += PACK_BF16) {
+        const uint16_t *w = (const uint16_t *)m->packed + (size_t)j * k;
+        for (int r = 0; r < rows; r += 8) {
+            const float *xr = xt + (size_t)r * k;
+#define BLOCK(M, NA) packed_block(m, w, xr, y, r, j, mode, M, NA)
+            FOR_ROWS_OF_8(rows, r, BLOCK)
+#undef BLOCK
+        }
+    }
+}
+
 #else
 static float dot_f32(const float *w, const float *x, int k) {
     float s = 0.f;
@@ -816,8 +920,7 @@ static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int row
 #ifdef HAVE_PACKED
     if (m->packed && m->dtype == BF16) {
         share(m->n, PACK, &lo, &hi);
-        to_bf16(x, xb, (size_t)rows * m->k);
-        packed_product(m, xb, y, rows, mode, lo, hi);
+        packed_bf16(m, x, xb, y, rows, mode, lo, hi);
     } else
 #endif
 #ifdef HAVE_PACKED_I8
@@ -920,10 +1023,11 @@ static float softmax_masses(float *p, int n, const uint8_t *keep) {
     return sum;
 }
 
-#ifdef HAVE_BF16_PAIRS
 #ifndef ROW_AHEAD
 #define ROW_AHEAD 4096 /* how far ahead attend_rows asks for a row's keys and values, in bytes */
 #endif
+#ifdef HAVE_BF16_PAIRS
+#define HAVE_ATTEND_ROWS 1
 /* out[h] = scale[h] * sum over s < n of w[h][s] V[s][h] for the G heads g .. g + G of a row
  * (bf16, hs 64), V[s] at V + at[s], w (nh, cache_len); the values' rows read in order, G x 4
  * vectors of sums in registers; ask: whether to ask for the whole rows ahead (the first pass) */
@@ -1002,6 +1106,84 @@ static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, co
 }
 #endif
 
+#if !defined(HAVE_ATTEND_ROWS) && defined(HAVE_SPLIT_BF16)
+#define HAVE_ATTEND_ROWS 1
+/* the sums of a[0..7], in order, as one vector */
+static inline __m256 sum8(const __m256 *a) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* attend_rows for AVX2 (bf16 caches, heads of 64): a row's keys read from start to end as one
+ * stream of (slot, head) pairs, 8 summed at once, each key's bf16 pairs split into even and
+ * odd ones (as the packed products split their weights) against the query's even and odd
+ * ones; its values head by head, the first head's pass asking for the whole slots ahead
+ * (the others find them in the core's caches). Where each (row, head) read its slots on its
+ * own, C apart, a step of 16 rows at slot 100 spent most of its time waiting on them. */
+static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, const float *qkv, const size_t *ats,
+                        int rows, int cache_len, const int *last, const uint8_t *key_mask, float scale, float *y,
+                        float *scratch) {
+    const int C = m->n_embd, nh = m->n_head;
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const size_t *at = ats + (size_t)r * cache_len;
+        const int n = last[r] + 1, pairs = n * nh;
+        float qs[4096]; /* each head's query: its 32 even values, then its 32 odd ones */
+        for (int h = 0; h < nh; h++) split_even_odd(qkv + (size_t)r * 3 * C + h * 64, 64, qs + h * 64);
+        float *p = scratch + (size_t)r * nh * cache_len; /* p[h * cache_len + s] */
+        int s = 0, h = 0, ws = 0, wh = 0, i = 0; /* (s, h): the next pair read; (ws, wh): written */
+        for (; i < pairs; i += 8) {
+            __m256 acc[8];
+            const int t_end = pairs - i < 8 ? pairs - i : 8;
+            for (int t = 0; t < 8; t++) {
+                if (t >= t_end) {
+                    acc[t] = _mm256_setzero_ps();
+                    continue;
+                }
+                const uint16_t *key = K + at[s] + h * 64;
+                const float *qe = qs + h * 64, *qo = qe + 32;
+                if (ROW_AHEAD) {
+                    __builtin_prefetch((const char *)key + ROW_AHEAD, 0, 3);
+                    __builtin_prefetch((const char *)key + ROW_AHEAD + 64, 0, 3);
+                }
+                __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+                for (int c = 0; c < 64; c += 16) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(key + c));
+                    a = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(qe + c / 2), a);
+                    b = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, high)), _mm256_loadu_ps(qo + c / 2), b);
+                }
+                acc[t] = _mm256_add_ps(a, b);
+                if (++h == nh) h = 0, s++;
+            }
+            float o[8];
+            _mm256_storeu_ps(o, _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
+            for (int t = 0; t < t_end; t++) {
+                p[(size_t)wh * cache_len + ws] = o[t];
+                if (++wh == nh) wh = 0, ws++;
+            }
+        }
+        const uint8_t *keep = key_mask ? key_mask + (size_t)r * cache_len : NULL;
+        float *out = y + (size_t)r * C;
+        for (h = 0; h < nh; h++) {
+            const float *w = p + (size_t)h * cache_len;
+            const float inv = 1.f / softmax_masses((float *)w, n, keep);
+            __m256 v[8];
+            for (int c = 0; c < 8; c++) v[c] = _mm256_setzero_ps();
+            for (s = 0; s < n; s++) {
+                const uint16_t *row = V + at[s];
+                if (h == 0 && ROW_AHEAD)
+                    for (int b = 0; b < 2 * C; b += 64) __builtin_prefetch((const char *)row + ROW_AHEAD + b, 0, 3);
+                const __m256 x = _mm256_set1_ps(w[s]);
+                for (int c = 0; c < 8; c++) v[c] = _mm256_fmadd_ps(x, widen_bf16(row + h * 64 + 8 * c), v[c]);
+            }
+            for (int c = 0; c < 8; c++) _mm256_storeu_ps(out + h * 64 + 8 * c, _mm256_mul_ps(v[c], _mm256_set1_ps(inv)));
+        }
+    }
+}
+#endif
+
 #define ATTEND_AHEAD 8 /* how many slots ahead attend's (row, head) pairs ask for theirs */
 
 /* single-query attention for every row and head over the slots 0..last[r] of this layer's
@@ -1018,7 +1200,7 @@ static void attend(const Model *m, int layer, const float *qkv, const void *kc, 
     const size_t layer_off = (size_t)layer * batch * cache_len * C;
     const size_t size = dt == BF16 ? 2 : 4;
     const float scale = 1.f / sqrtf((float)hs);
-#ifdef HAVE_BF16_PAIRS
+#ifdef HAVE_ATTEND_ROWS
 #ifdef _OPENMP
     const int threads = omp_get_num_threads();
 #else

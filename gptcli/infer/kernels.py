@@ -5,9 +5,9 @@ how fast the weights stream from memory, and by what runs between the products. 
 does a whole step (every block, the unembedding, the KV-cache writes) for every row at
 once, reading each weight once for all rows, in the dtype it is stored in (fp32, bf16,
 or int8 with a scale per output row, gptcli/infer/quantize.py): no Python, no framework
-and no kernel launches between the operations. On CPUs with AVX512-BF16 (bf16 weights) or
-AVX512-VNNI (int8), the weights are read from a copy packed in the order the products take
-them (built when the model first decodes this way: as much memory again as its weights).
+and no kernel launches between the operations. bf16 weights (on CPUs with AVX512-BF16 or
+AVX2) and int8 weights (AVX512-VNNI) are read from a copy packed in the order the products
+take them (built when the model first decodes this way: as much memory again as its weights).
 
 It is built with the machine's own C compiler for its own instruction set (`cc -O3
 -march=native -fopenmp`) the first time it is needed, by a process of its own
@@ -59,9 +59,10 @@ PACK = 16  # decode.c's packed copies have their rows rounded up to a multiple o
 _VERSION = operator.attrgetter("_version")
 _DTYPES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
 PREFILL_ROWS = 64  # a prompt's tokens per call of the C prefill (see Decoder.prefill)
-# the longest prompt the C prefill encodes from weights read as stored (fp32; bf16 without
-# AVX512-BF16): their products take one row at a time, and torch's own are faster past it
-# (GPT-2 124M, fp32, Zen 5: 128 tokens 155 ms against torch's 180, 300 tokens 427 against 347)
+# the longest prompt the C prefill encodes from weights read as stored (fp32; bf16 on a CPU
+# with neither AVX512-BF16 nor AVX2): their products take one row at a time, and torch's own
+# are faster past it (GPT-2 124M, fp32, Zen 5: 128 tokens 155 ms against torch's 180, 300
+# tokens 427 against 347)
 STORED_PREFILL = 128
 
 
@@ -408,8 +409,8 @@ def _mat(lib: ctypes.CDLL, linear: nn.Module, keep: list[torch.Tensor]) -> _Mat:
 class Decoder:
     """One model's weights, pointed to for the C step: the model's own tensors, fp32 copies
     of the small ones (LayerNorms and biases), and a copy of the bf16 weights (on CPUs with
-    AVX512-BF16) or int8 weights (AVX512-VNNI) packed for the products: as much memory again
-    as those weights."""
+    AVX512-BF16 or AVX2) or int8 weights (AVX512-VNNI) packed for the products: as much memory
+    again as those weights."""
 
     def __init__(self, model: GPT, lib: ctypes.CDLL) -> None:
         t, c = model.transformer, model.config
