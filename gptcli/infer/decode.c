@@ -683,6 +683,41 @@ static float dot_i8(const int8_t *w, const float *x, int k) {
     return s;
 }
 
+/* With AVX2, the products of several rows with fp32 weights (read as stored: a packed copy
+ * would be as large as the model) take two outputs' weight rows at once, each 16 weights
+ * loaded once for up to 4 rows (8 sums in flight), where a dot product per row and output
+ * loaded a weight for every product (16 rows, GPT-2 124M, a whole step on a Zen 3: see
+ * bench/RESULTS.md) */
+#define HAVE_F32_ROWS 1
+static inline void put(const Mat *m, float *y, int r, int j, float s, int mode);
+static inline __attribute__((always_inline)) void f32_rows_block(const Mat *m, const float *x, float *y, int r0, int j,
+                                                                 int mode, const int R) {
+    const int k = m->k;
+    const float *w0 = (const float *)m->w + (size_t)j * k, *w1 = w0 + k;
+    __m256 a[4][2];
+    for (int i = 0; i < R; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= k; c += 16) {
+        ask_weights(w0 + c, 64);
+        ask_weights(w1 + c, 64);
+        const __m256 u0 = _mm256_loadu_ps(w0 + c), u1 = _mm256_loadu_ps(w0 + c + 8);
+        const __m256 v0 = _mm256_loadu_ps(w1 + c), v1 = _mm256_loadu_ps(w1 + c + 8);
+        for (int i = 0; i < R; i++) {
+            const float *xi = x + (size_t)(r0 + i) * k + c;
+            const __m256 p = _mm256_loadu_ps(xi), q = _mm256_loadu_ps(xi + 8);
+            a[i][0] = _mm256_fmadd_ps(u1, q, _mm256_fmadd_ps(u0, p, a[i][0]));
+            a[i][1] = _mm256_fmadd_ps(v1, q, _mm256_fmadd_ps(v0, p, a[i][1]));
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        const float *xi = x + (size_t)(r0 + i) * k;
+        float s0 = hsum256(a[i][0]), s1 = hsum256(a[i][1]);
+        for (int t = c; t < k; t++) s0 += w0[t] * xi[t], s1 += w1[t] * xi[t];
+        put(m, y, r0 + i, j, s0, mode);
+        put(m, y, r0 + i, j + 1, s1, mode);
+    }
+}
+
 /* With AVX2, the products with bf16 weights read them packed too, in blocks of 8 outputs
  * (PACK_BF16): for each pair of inputs (k, k + 1), the 8 outputs' two weights side by side,
  * 32 bytes that one load and two instructions make into two vectors of fp32 (the even
@@ -895,6 +930,16 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
             }
         return;
     }
+#endif
+#ifdef HAVE_F32_ROWS
+    if (m->dtype == F32 && rows > 1)
+        for (; j + 2 <= hi; j += 2)
+            for (int r = 0; r < rows; r += 4) switch (rows - r < 4 ? rows - r : 4) {
+                case 1: f32_rows_block(m, x, y, r, j, mode, 1); break;
+                case 2: f32_rows_block(m, x, y, r, j, mode, 2); break;
+                case 3: f32_rows_block(m, x, y, r, j, mode, 3); break;
+                default: f32_rows_block(m, x, y, r, j, mode, 4); break;
+                }
 #endif
 #ifdef HAVE_ROWS16
     if (rows == 1 && k % 32 == 0) {
