@@ -231,6 +231,17 @@ static inline float *row_scales(uint16_t *xb, int rows, int k) {
     return (float *)(xb + ((size_t)rows * k + 1) / 2 * 2);
 }
 
+/* While attention reads a (row, head)'s key or values at a slot, it asks for those `ahead`
+ * bytes on (0: none): the same head ATTEND_AHEAD slots further on, whose slots are C apart
+ * (into L2; a hint only: near a row's end it may ask for room not yet written). When each
+ * head's slots were one short stream and the next head's the next asked for, a whole 16-row
+ * step of GPT-2 124M was 6% faster on a Zen 4. __builtin_prefetch, as _mm_prefetch here was
+ * dropped by GCC 12's interprocedural optimizations (its `ahead` then an unused argument). */
+static inline void ask_ahead(const void *p, ptrdiff_t ahead, int bytes) {
+    if (ahead)
+        for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + ahead + b, 0, 2);
+}
+
 /* the dot products of a weight row with an fp32 activation row, by the weight's dtype:
  * AVX-512 or AVX2 where the compiler targets them, plain loops elsewhere */
 #if defined(__AVX512F__)
@@ -298,17 +309,6 @@ static inline __m512 sum16(const __m512 *a) {
                                     _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
     return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-/* While attention reads a (row, head)'s key or values at a slot, it asks for those `ahead`
- * bytes on (0: none): the same head ATTEND_AHEAD slots further on, whose slots are C apart
- * (into L2; a hint only: near a row's end it may ask for room not yet written). When each
- * head's slots were one short stream and the next head's the next asked for, a whole 16-row
- * step of GPT-2 124M was 6% faster on a Zen 4. __builtin_prefetch, as _mm_prefetch here was
- * dropped by GCC 12's interprocedural optimizations (its `ahead` then an unused argument). */
-static inline void ask_ahead(const void *p, ptrdiff_t ahead, int bytes) {
-    if (ahead)
-        for (int b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + ahead + b, 0, 2);
 }
 
 /* p[s] = K[s] . q * scale for s < n: keys of hs values (fp32 or bf16), key s at K + at[s]
@@ -606,6 +606,78 @@ static float dot_bf16(const uint16_t *w, const float *x, int k) {
 
 static inline __m256 widen_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* the sums of a[0..7], in order, as one vector */
+static inline __m256 sum8(const __m256 *a) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* scores16 and weighted16 as the AVX-512 ones, 8 keys summed at once, 64 columns of values
+ * in registers: on a Zen 3, one row at slot 900 spent half its step on attention when each
+ * key was a dot product of its own and no slot was asked for ahead */
+#define HAVE_SCORES16 1
+static int scores16(const void *K, const size_t *at, int dtype, const float *q, int hs, int n, float scale, float *p,
+                    ptrdiff_t ahead) {
+    if (hs % 8) return 0;
+    const int size = dtype == BF16 ? 2 : 4;
+    int s = 0;
+    for (; s + 8 <= n; s += 8) {
+        __m256 acc[8];
+        for (int t = 0; t < 8; t++) {
+            __m256 a = _mm256_setzero_ps();
+            const size_t row = at[s + t];
+            ask_ahead((const char *)K + row * size, ahead, hs * size);
+            for (int i = 0; i < hs; i += 8) {
+                const __m256 kv = dtype == BF16 ? widen_bf16((const uint16_t *)K + row + i) : _mm256_loadu_ps((const float *)K + row + i);
+                a = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + i), a);
+            }
+            acc[t] = a;
+        }
+        _mm256_storeu_ps(p + s, _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
+    }
+    return s;
+}
+
+/* acc[v] += p[s] V[s][8v .. 8v + 8) for v < NV, s < n, V[s] at V + at[s] */
+static inline __attribute__((always_inline)) void weighted_columns(const void *V, const size_t *at, int dtype,
+                                                                   const float *p, int n, __m256 *acc, const int NV,
+                                                                   ptrdiff_t ahead) {
+    if (dtype == BF16)
+        for (int s = 0; s < n; s++) {
+            const __m256 w = _mm256_set1_ps(p[s]);
+            const uint16_t *row = (const uint16_t *)V + at[s];
+            ask_ahead(row, ahead, 16 * NV);
+            for (int v = 0; v < NV; v++) acc[v] = _mm256_fmadd_ps(w, widen_bf16(row + 8 * v), acc[v]);
+        }
+    else
+        for (int s = 0; s < n; s++) {
+            const __m256 w = _mm256_set1_ps(p[s]);
+            const float *row = (const float *)V + at[s];
+            ask_ahead(row, ahead, 32 * NV);
+            for (int v = 0; v < NV; v++) acc[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * v), acc[v]);
+        }
+}
+
+#define HAVE_WEIGHTED16 1
+static int weighted16(const void *V, const size_t *at, int dtype, const float *p, int n, int hs, float scale, float *out,
+                      ptrdiff_t ahead) {
+    if (hs % 8) return 0;
+    const size_t size = dtype == BF16 ? 2 : 4;
+    for (int c = 0; c < hs;) {
+        __m256 acc[8];
+        for (int v = 0; v < 8; v++) acc[v] = _mm256_setzero_ps();
+        const int nv = hs - c >= 64 ? 8 : 1;
+        const void *Vc = (const char *)V + (size_t)c * size;
+        if (nv == 8)
+            weighted_columns(Vc, at, dtype, p, n, acc, 8, ahead);
+        else
+            weighted_columns(Vc, at, dtype, p, n, acc, 1, ahead);
+        for (int v = 0; v < nv; v++, c += 8) _mm256_storeu_ps(out + c, _mm256_mul_ps(acc[v], _mm256_set1_ps(scale)));
+    }
+    return 1;
 }
 
 /* The products with bf16 weights stored as they are (AVX2): one load of 16 weights gives
@@ -1153,12 +1225,6 @@ static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, co
 
 #if !defined(HAVE_ATTEND_ROWS) && defined(HAVE_SPLIT_BF16)
 #define HAVE_ATTEND_ROWS 1
-/* the sums of a[0..7], in order, as one vector */
-static inline __m256 sum8(const __m256 *a) {
-    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
 
 /* attend_rows for AVX2 (bf16 caches, heads of 64): a row's keys read from start to end as one
  * stream of (slot, head) pairs, 8 summed at once, each key's bf16 pairs split into even and
