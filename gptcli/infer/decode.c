@@ -579,7 +579,6 @@ static float dot_f32(const float *w, const float *x, int k) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= k; i += 16) {
-        ask_weights(w + i, 64); /* (as rows16_wide) */
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
     }
