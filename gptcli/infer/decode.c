@@ -720,6 +720,13 @@ static float dot_bf16_split(const uint16_t *w, const float *xs, const float *x, 
  * sums as the AVX512-VNNI products (GPT-2 124M on a Zen 5 built for AVX2, a whole step:
  * one row 0.87x to 0.93x the time, 4 rows 0.55x). */
 #define HAVE_INT16_PAIRS 1
+static inline int32_t hsum_epi32(__m256i a) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
 static int32_t dot_i8_pairs(const int8_t *w, const int16_t *x, int k) {
     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
     int i = 0;
@@ -733,13 +740,43 @@ static int32_t dot_i8_pairs(const int8_t *w, const int16_t *x, int k) {
     for (; i + 16 <= k; i += 16)
         a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + i))),
                                                     _mm256_loadu_si256((const __m256i *)(x + i))));
-    const __m256i a = _mm256_add_epi32(a0, a1);
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    int32_t t = _mm_cvtsi128_si32(s);
+    int32_t t = hsum_epi32(_mm256_add_epi32(a0, a1));
     for (; i < k; i++) t += (int32_t)w[i] * x[i];
     return t;
+}
+
+/* dot_i8_pairs for two outputs' weight rows (j, j + 1) and up to 4 rows of int16
+ * activations at once, each 32 weights widened once for all the rows (the same integer sums;
+ * 16 rows of GPT-2 124M on a Zen 3, a whole step: see bench/RESULTS.md) */
+static inline void put(const Mat *m, float *y, int r, int j, float s, int mode);
+static inline __attribute__((always_inline)) void i8_rows_block(const Mat *m, const int16_t *xq, const float *sx,
+                                                                float *y, int r0, int j, int mode, const int R) {
+    const int k = m->k;
+    const int8_t *w0 = (const int8_t *)m->w + (size_t)j * k, *w1 = w0 + k;
+    __m256i a[4][2];
+    for (int i = 0; i < R; i++) a[i][0] = a[i][1] = _mm256_setzero_si256();
+    int c = 0;
+    for (; c + 32 <= k; c += 32) {
+        ask_weights(w0 + c, 32);
+        ask_weights(w1 + c, 32);
+        const __m256i u0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w0 + c)));
+        const __m256i u1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w0 + c + 16)));
+        const __m256i v0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w1 + c)));
+        const __m256i v1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w1 + c + 16)));
+        for (int i = 0; i < R; i++) {
+            const int16_t *xi = xq + (size_t)(r0 + i) * k + c;
+            const __m256i p = _mm256_loadu_si256((const __m256i *)xi), q = _mm256_loadu_si256((const __m256i *)(xi + 16));
+            a[i][0] = _mm256_add_epi32(a[i][0], _mm256_add_epi32(_mm256_madd_epi16(u0, p), _mm256_madd_epi16(u1, q)));
+            a[i][1] = _mm256_add_epi32(a[i][1], _mm256_add_epi32(_mm256_madd_epi16(v0, p), _mm256_madd_epi16(v1, q)));
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        const int16_t *xi = xq + (size_t)(r0 + i) * k;
+        int32_t t0 = hsum_epi32(a[i][0]), t1 = hsum_epi32(a[i][1]);
+        for (int t = c; t < k; t++) t0 += (int32_t)w0[t] * xi[t], t1 += (int32_t)w1[t] * xi[t];
+        put(m, y, r0 + i, j, (float)t0 * (m->scale[j] * sx[r0 + i]), mode);
+        put(m, y, r0 + i, j + 1, (float)t1 * (m->scale[j + 1] * sx[r0 + i]), mode);
+    }
 }
 
 static float dot_i8(const int8_t *w, const float *x, int k) {
@@ -994,6 +1031,14 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
         int16_t *xq = (int16_t *)xb;
         float *sx = row_scales(xb, rows, k);
         quantize_rows(x, rows, k, xq, sx);
+        if (rows > 1)
+            for (; j + 2 <= hi; j += 2)
+                for (int r = 0; r < rows; r += 4) switch (rows - r < 4 ? rows - r : 4) {
+                    case 1: i8_rows_block(m, xq, sx, y, r, j, mode, 1); break;
+                    case 2: i8_rows_block(m, xq, sx, y, r, j, mode, 2); break;
+                    case 3: i8_rows_block(m, xq, sx, y, r, j, mode, 3); break;
+                    default: i8_rows_block(m, xq, sx, y, r, j, mode, 4); break;
+                    }
         for (; j < hi; j++)
             for (int r = 0; r < rows; r++) {
                 const int32_t dot = dot_i8_pairs((const int8_t *)m->w + (size_t)j * k, xq + (size_t)r * k, k);
