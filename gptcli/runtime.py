@@ -158,21 +158,31 @@ BF16_DECODE_MIN_PARAMS = 50_000_000
 
 
 def pick_inference_dtype(
-    device: torch.device, requested: str, n_params: int, quantize: str | None = None
+    device: torch.device,
+    requested: str,
+    n_params: int,
+    quantize: str | None = None,
+    bf16_kernel: str | None = None,
 ) -> tuple[torch.dtype, str]:
     """The dtype to hold weights in for sampling and inspection, and why (and how fp32
     matmuls run, see fp32_matmuls). quantize: the weights the products keep instead
-    (--quantize int8), the dtype then being the activations'."""
+    (--quantize int8), the dtype then being the activations'. bf16_kernel: for a verb
+    that decodes through the CPU kernel, the instruction set it multiplies bf16 weights
+    with on a CPU without native bf16 (kernels.bf16_products), if any: a large model then
+    decodes in bf16 too (half the bytes a token; torch's own bf16 products, which eval and
+    inspection run, are slow there)."""
     _check_dtype(device, requested)
     tf32 = fp32_matmuls(device, requested)  # (it sets how they run, whatever the dtype)
-    name, reason = _inference_dtype(device, requested, n_params)
+    name, reason = _inference_dtype(device, requested, n_params, None if quantize else bf16_kernel)
     reason += tf32 if requested == "fp32" else ""
     if quantize is not None:
         return _DTYPES[name], f"{quantize} weights (quantized at load), {name} activations: {reason}"
     return _DTYPES[name], f"{name}{'' if requested != 'auto' else ' weights'}: {reason}"
 
 
-def _inference_dtype(device: torch.device, requested: str, n_params: int) -> tuple[str, str]:
+def _inference_dtype(
+    device: torch.device, requested: str, n_params: int, bf16_kernel: str | None
+) -> tuple[str, str]:
     """(dtype name, why) for pick_inference_dtype."""
     if requested != "auto":
         return requested, "as requested"
@@ -182,7 +192,9 @@ def _inference_dtype(device: torch.device, requested: str, n_params: int) -> tup
         return "fp16", "this GPU has no bf16"
     if device.type == "cpu" and cpu_bf16_feature() and n_params >= BF16_DECODE_MIN_PARAMS:
         return "bf16", f"a large model on a CPU with native bf16 ({cpu_bf16_feature()})"
-    if device.type == "cpu" and cpu_bf16_feature():
+    if device.type == "cpu" and bf16_kernel and n_params >= BF16_DECODE_MIN_PARAMS:
+        return "bf16", f"a large model, decoded by the CPU kernel's bf16 products ({bf16_kernel})"
+    if device.type == "cpu" and (cpu_bf16_feature() or bf16_kernel):
         return "fp32", f"a model under {BF16_DECODE_MIN_PARAMS // 10**6}M parameters"
     return "fp32", "this CPU has no native bf16" if device.type == "cpu" else "the default"
 

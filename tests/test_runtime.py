@@ -44,6 +44,60 @@ def test_inference_keeps_small_models_in_fp32(monkeypatch):
     )  # (it read "fp32 weights, int8 weights")
 
 
+def test_a_large_model_decodes_in_bf16_where_the_kernel_multiplies_bf16_without_native_bf16(monkeypatch):
+    """On an AVX2 CPU (no native bf16) the CPU kernel's bf16 products read half the bytes of
+    fp32 ones: the verbs that decode through it hold a large model in bf16; eval and
+    inspection (torch's own products, slow in bf16 there) and small models keep fp32."""
+    monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: None)
+    big, small = runtime.BF16_DECODE_MIN_PARAMS, runtime.BF16_DECODE_MIN_PARAMS - 1
+    assert runtime.pick_inference_dtype(CPU, "auto", big, bf16_kernel="AVX2") == (
+        torch.bfloat16,
+        "bf16 weights: a large model, decoded by the CPU kernel's bf16 products (AVX2)",
+    )
+    assert runtime.pick_inference_dtype(CPU, "auto", small, bf16_kernel="AVX2") == (
+        torch.float32,
+        "fp32 weights: a model under 50M parameters",
+    )
+    assert runtime.pick_inference_dtype(CPU, "auto", big)[0] == torch.float32
+    assert runtime.pick_inference_dtype(CPU, "fp32", big, bf16_kernel="AVX2")[0] == torch.float32
+    # int8 weights keep fp32 activations, as everywhere without native bf16
+    assert runtime.pick_inference_dtype(CPU, "auto", big, "int8", bf16_kernel="AVX2")[0] == torch.float32
+
+
+def test_the_kernels_bf16_products_are_named_only_where_they_apply(monkeypatch):
+    from gptcli.infer import kernels
+
+    monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: None)
+    monkeypatch.setattr(kernels, "cpu_has_isa", lambda isa: isa == "avx2")
+    monkeypatch.setattr(kernels, "_compiler", lambda: "cc")
+    assert kernels.bf16_products() == "AVX2"
+    monkeypatch.setattr(kernels, "_compiler", lambda: None)  # nothing to build the kernel with
+    assert kernels.bf16_products() is None
+    monkeypatch.setattr(kernels, "_compiler", lambda: "cc")
+    monkeypatch.setattr(kernels, "cpu_has_isa", lambda isa: False)  # no AVX2 (or not x86)
+    assert kernels.bf16_products() is None
+    monkeypatch.setattr(kernels, "cpu_has_isa", lambda isa: True)
+    monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: "avx512_bf16")  # torch's own are fast
+    assert kernels.bf16_products() is None
+
+
+@pytest.mark.parametrize(("verb", "want"), [("sample", "bf16"), ("beam", "bf16"), ("inspect-lens", "fp32")])
+def test_decoding_verbs_ask_for_the_kernels_bf16_and_the_others_do_not(monkeypatch, trained, verb, want):
+    from gptcli.cli import render
+    from gptcli.infer import kernels
+    from tests.helpers import run
+
+    monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: None)
+    monkeypatch.setattr(runtime, "BF16_DECODE_MIN_PARAMS", 1)  # the tiny run counts as large
+    monkeypatch.setattr(kernels, "bf16_products", lambda: "AVX2")
+    notes: list[str] = []  # (said at a terminal only)
+    monkeypatch.setattr(render, "note", notes.append)
+    prompt = ["--prompt", "the cat", "-n", "2"] if verb == "sample" else ["the cat"]
+    result = run(verb, "--ckpt", trained, *prompt, *(["-n", "2"] if verb == "beam" else []))
+    assert result.exit_code == 0, result.output
+    assert any(f"{want} weights" in n for n in notes), notes
+
+
 @pytest.mark.parametrize("pick", [runtime.pick_precision, lambda d, r: runtime.pick_inference_dtype(d, r, 1)])
 def test_explicit_choices_are_checked(pick):
     with pytest.raises(UsageError, match="fp16 is for GPUs"):

@@ -31,7 +31,7 @@ def beam(s: BeamSettings) -> None:
     from gptcli.infer.completion import beam_complete, encode_prompt, end_token_ids
 
     n_best = s.beams if s.n_best is None else s.n_best
-    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize, decoding=True)
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     new_tokens = min(40, block // 2) if s.max_new_tokens is None else s.max_new_tokens
     if new_tokens >= block:

@@ -49,7 +49,7 @@ def chat(s: ChatSettings) -> None:
     given = _read_messages(s.messages) if s.messages is not None else None
     if given is not None and s.system is not None and given[0]["role"] == "system":
         raise UsageError(f"{s.messages} has a system message; drop --system or remove it from the file")
-    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize, chat=True)
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize, chat=True, decoding=True)
     tok = loaded.tokenizer
     if not tok.has_chat:
         raise UsageError(

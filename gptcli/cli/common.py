@@ -117,13 +117,15 @@ def load_model(
     chat: bool = False,
     newest: str | None = None,
     pairs: bool | None = None,
+    decoding: bool = False,
 ) -> Loaded:
     """Load --ckpt, or the newest run under ./runs that fits the verb (one that writes
     text; with classifier a classify/choice run; with chat a chat run; newest: another kind
     of NEWEST; pairs: a classifier of pairs of texts, or of single texts) and say which,
     onto the device in the dtype for inference, its weights quantized if asked
     (--quantize); say where it runs and why. A LoRA run comes merged into its base (base:
-    where that is now, if it moved)."""
+    where that is now, if it moved). decoding: the verb generates token by token (through
+    the CPU kernel, whose bf16 products `--dtype auto` may choose)."""
     from gptcli.infer.quantize import quantize as quantize_weights
     from gptcli.runtime import pick_device, pick_inference_dtype
     from gptcli.store import loading
@@ -143,7 +145,12 @@ def load_model(
         ckpt = str(run)
     dev, why_device = pick_device(device)
     loaded = loading.load(ckpt, dev, base=base)
-    dt, why_dtype = pick_inference_dtype(dev, dtype, loaded.model.num_params(), quantize)
+    bf16_kernel = None
+    if decoding and dev.type == "cpu" and dtype == "auto":
+        from gptcli.infer import kernels
+
+        bf16_kernel = kernels.bf16_products()
+    dt, why_dtype = pick_inference_dtype(dev, dtype, loaded.model.num_params(), quantize, bf16_kernel)
     loaded.model.to(dt)
     if quantize is not None:
         quantize_weights(loaded.model, quantize)

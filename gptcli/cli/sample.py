@@ -39,7 +39,7 @@ def sample(s: SampleSettings) -> None:
         text_arg(s.prompt, "--prompt")
     if s.prompt_file is not None:
         check_prompt_file(s.prompt_file)
-    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize, decoding=True)
     check_decoding_fits(loaded.model, s.num_samples, f"--num-samples {s.num_samples}")
     tok, block = loaded.tokenizer, loaded.model.config.block_size
     text = s.prompt

@@ -34,7 +34,7 @@ def serve(s: ServeSettings) -> None:
     if api_key is None and os.environ.get("GPTCLI_API_KEY") == "":  # (meant as a key, not as none)
         raise UsageError("GPTCLI_API_KEY is set but empty; give it a key, or unset it to serve without one")
     listener = _listen(s.host, s.port)  # before loading: a taken port fails at once
-    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize)
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize, decoding=True)
     block = loaded.model.config.block_size
     check_decoding_fits(loaded.model, s.max_batch, f"--max-batch {s.max_batch}")
     if s.max_tokens_limit is not None and s.max_tokens_limit > 1 << 20:

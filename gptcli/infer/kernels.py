@@ -159,6 +159,18 @@ def cpu_has_isa(isa: str) -> bool:
     return set(needs) <= set(_cpu_features().split())
 
 
+def bf16_products() -> str | None:
+    """The instruction set with which the kernel multiplies bf16 weights on a CPU without
+    native bf16 (AVX2: widened to fp32 as they are read, from a packed copy), where a C
+    compiler is there to build it; None elsewhere (a CPU with native bf16 has torch's own
+    fast bf16 products too)."""
+    from gptcli.runtime import cpu_bf16_feature
+
+    if cpu_bf16_feature() or _compiler() is None or not cpu_has_isa("avx2"):
+        return None
+    return "AVX2"
+
+
 def _cpu_features() -> str:
     return " ".join(cpu_flags()) or platform.processor() or platform.machine()
 
