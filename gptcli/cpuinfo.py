@@ -32,3 +32,13 @@ def cpu_flags() -> list[str]:
     """The CPU's feature flags (x86's "flags", ARM's "Features"), in the file's order."""
     fields = cpu_fields()
     return (fields.get("flags") or fields.get("Features") or "").split()
+
+
+@lru_cache(maxsize=1)
+def cpu_bf16_feature() -> str | None:
+    """The CPU feature that gives native bf16 matmul (avx512_bf16, amx_bf16, arm bf16), if any."""
+    flags = set(cpu_flags())
+    for feature in ("amx_bf16", "avx512_bf16", "bf16"):
+        if feature in flags:
+            return feature
+    return None

@@ -11,13 +11,12 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
-from gptcli.cpuinfo import cpu_fields, cpu_flags
+from gptcli.cpuinfo import cpu_bf16_feature, cpu_fields
 from gptcli.errors import GptcliError, UsageError
 from gptcli.paths import cache_dir
 
@@ -68,16 +67,6 @@ def _threads() -> str:
 
 def cpu_name() -> str:
     return cpu_fields().get("model name") or platform.processor() or platform.machine()
-
-
-@lru_cache(maxsize=1)
-def cpu_bf16_feature() -> str | None:
-    """The CPU feature that gives native bf16 matmul (avx512_bf16, amx_bf16, arm bf16), if any."""
-    flags = set(cpu_flags())
-    for feature in ("amx_bf16", "avx512_bf16", "bf16"):
-        if feature in flags:
-            return feature
-    return None
 
 
 @dataclass(frozen=True)

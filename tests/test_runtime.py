@@ -67,7 +67,7 @@ def test_a_large_model_decodes_in_bf16_where_the_kernel_multiplies_bf16_without_
 def test_the_kernels_bf16_products_are_named_only_where_they_apply(monkeypatch):
     from gptcli.infer import kernels
 
-    monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: None)
+    monkeypatch.setattr(kernels, "cpu_bf16_feature", lambda: None)
     monkeypatch.setattr(kernels, "cpu_has_isa", lambda isa: isa == "avx2")
     monkeypatch.setattr(kernels, "_compiler", lambda: "cc")
     assert kernels.bf16_products() == "AVX2"
@@ -77,7 +77,7 @@ def test_the_kernels_bf16_products_are_named_only_where_they_apply(monkeypatch):
     monkeypatch.setattr(kernels, "cpu_has_isa", lambda isa: False)  # no AVX2 (or not x86)
     assert kernels.bf16_products() is None
     monkeypatch.setattr(kernels, "cpu_has_isa", lambda isa: True)
-    monkeypatch.setattr(runtime, "cpu_bf16_feature", lambda: "avx512_bf16")  # torch's own are fast
+    monkeypatch.setattr(kernels, "cpu_bf16_feature", lambda: "avx512_bf16")  # torch's own are fast
     assert kernels.bf16_products() is None
 
 

@@ -575,6 +575,8 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* (its weights are not asked for ahead: on a Zen 3, a whole fp32 step of one row took 1.08x
+ * to 1.12x the time when they were) */
 static float dot_f32(const float *w, const float *x, int k) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int i = 0;

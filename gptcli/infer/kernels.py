@@ -48,7 +48,7 @@ import torch
 import torch.nn as nn
 
 from gptcli import files
-from gptcli.cpuinfo import cpu_flags
+from gptcli.cpuinfo import cpu_bf16_feature, cpu_flags
 from gptcli.infer import kernel_build
 from gptcli.infer.quantize import Int8Linear as _Quantized
 from gptcli.model import GPT, KVCache
@@ -164,8 +164,6 @@ def bf16_products() -> str | None:
     native bf16 (AVX2: widened to fp32 as they are read, from a packed copy), where a C
     compiler is there to build it; None elsewhere (a CPU with native bf16 has torch's own
     fast bf16 products too)."""
-    from gptcli.runtime import cpu_bf16_feature
-
     if cpu_bf16_feature() or _compiler() is None or not cpu_has_isa("avx2"):
         return None
     return "AVX2"
