@@ -173,8 +173,9 @@ def auto_dtype(run: Path) -> str:
     """What `--dtype auto` holds the run's weights in on this CPU, and why."""
     from gptcli.store.loading import load
 
-    model = load(run).model
-    return pick_inference_dtype(torch.device("cpu"), "auto", model.num_params())[1]
+    model = load(run).model  # (as `sample` picks it: a verb that decodes through the kernel)
+    params = model.num_params()
+    return pick_inference_dtype(torch.device("cpu"), "auto", params, None, kernels.bf16_products())[1]
 
 
 def first_token(run: Path, gguf: Path | None, repeats: int) -> list[Result]:
