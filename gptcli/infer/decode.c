@@ -231,6 +231,13 @@ static inline float *row_scales(uint16_t *xb, int rows, int k) {
     return (float *)(xb + ((size_t)rows * k + 1) / 2 * 2);
 }
 
+/* what a product does with its result s for row r, output j */
+static inline void put(const Mat *m, float *y, int r, int j, float s, int mode) {
+    s += m->bias ? m->bias[j] : 0.f;
+    float *out = y + (size_t)r * m->n + j;
+    *out = mode == ADD ? *out + s : s;
+}
+
 /* While attention reads a (row, head)'s key or values at a slot, it asks for those `ahead`
  * bytes on (0: none): the same head ATTEND_AHEAD slots further on, whose slots are C apart
  * (into L2; a hint only: near a row's end it may ask for room not yet written). When each
@@ -747,10 +754,19 @@ static int32_t dot_i8_pairs(const int8_t *w, const int16_t *x, int k) {
     return t;
 }
 
+/* BLOCK(R) for the rows r .. r + R of a product, R = min(rows - r, 4) a constant in each call
+ * (the two-output blocks of weights read as stored: their sums stay in registers) */
+#define FOR_ROWS_OF_4(rows, r, BLOCK)               \
+    switch ((rows) - (r) < 4 ? (rows) - (r) : 4) {  \
+    case 1: BLOCK(1); break;                        \
+    case 2: BLOCK(2); break;                        \
+    case 3: BLOCK(3); break;                        \
+    default: BLOCK(4); break;                       \
+    }
+
 /* dot_i8_pairs for two outputs' weight rows (j, j + 1) and up to 4 rows of int16
  * activations at once, each 32 weights widened once for all the rows (the same integer sums;
  * 16 rows of GPT-2 124M on a Zen 3, a whole step: see bench/RESULTS.md) */
-static inline void put(const Mat *m, float *y, int r, int j, float s, int mode);
 static inline __attribute__((always_inline)) void i8_rows_block(const Mat *m, const int16_t *xq, const float *sx,
                                                                 float *y, int r0, int j, int mode, const int R) {
     const int k = m->k;
@@ -799,7 +815,6 @@ static float dot_i8(const int8_t *w, const float *x, int k) {
  * loaded a weight for every product (16 rows, GPT-2 124M, a whole step on a Zen 3: see
  * bench/RESULTS.md) */
 #define HAVE_F32_ROWS 1
-static inline void put(const Mat *m, float *y, int r, int j, float s, int mode);
 static inline __attribute__((always_inline)) void f32_rows_block(const Mat *m, const float *x, float *y, int r0, int j,
                                                                  int mode, const int R) {
     const int k = m->k;
@@ -855,8 +870,8 @@ static inline __attribute__((always_inline)) void f32_rows_block(const Mat *m, c
     } while (0)
 
 /* y[r0 + i][j0 .. j0 + 8) for i < M (M <= 8) from the packed block of 8 outputs at w and the
- * rows' activations x, pair by pair ((k / 2, M, 2), fp32), then stored, or added to y, with the bias; outputs past n (the
- * packing's zeros) are not written. Each row's products go to NA sums in turn (the even and
+ * rows' activations x, pair by pair ((k / 2, M, 2), fp32), then stored, or added to y, with
+ * the bias; outputs past n (the packing's zeros) are not written. Each row's products go to NA sums in turn (the even and
  * odd inputs' to different ones where NA > 1): the 8 chains of FMAs in flight that keep the
  * core's two FMA units busy when there are few rows. */
 static inline __attribute__((always_inline)) void packed_block(const Mat *m, const uint16_t *w, const float *x,
@@ -986,13 +1001,6 @@ static void share(int n, int align, int *lo, int *hi) {
     *hi = b1 * align < n ? b1 * align : n;
 }
 
-/* what a product does with its result s for row r, output j */
-static inline void put(const Mat *m, float *y, int r, int j, float s, int mode) {
-    s += m->bias ? m->bias[j] : 0.f;
-    float *out = y + (size_t)r * m->n + j;
-    *out = mode == ADD ? *out + s : s;
-}
-
 /* one output of a product, by the weight's dtype; prep: the row's activations as the bf16
  * products take them (in bf16 for bf16 pairs, split for AVX2) */
 static inline float dot_row(const Mat *m, int j, const float *xr, const void *prep) {
@@ -1035,12 +1043,11 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
         quantize_rows(x, rows, k, xq, sx);
         if (rows > 1)
             for (; j + 2 <= hi; j += 2)
-                for (int r = 0; r < rows; r += 4) switch (rows - r < 4 ? rows - r : 4) {
-                    case 1: i8_rows_block(m, xq, sx, y, r, j, mode, 1); break;
-                    case 2: i8_rows_block(m, xq, sx, y, r, j, mode, 2); break;
-                    case 3: i8_rows_block(m, xq, sx, y, r, j, mode, 3); break;
-                    default: i8_rows_block(m, xq, sx, y, r, j, mode, 4); break;
-                    }
+                for (int r = 0; r < rows; r += 4) {
+#define BLOCK(R) i8_rows_block(m, xq, sx, y, r, j, mode, R)
+                    FOR_ROWS_OF_4(rows, r, BLOCK)
+#undef BLOCK
+                }
         for (; j < hi; j++)
             for (int r = 0; r < rows; r++) {
                 const int32_t dot = dot_i8_pairs((const int8_t *)m->w + (size_t)j * k, xq + (size_t)r * k, k);
@@ -1052,12 +1059,11 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
 #ifdef HAVE_F32_ROWS
     if (m->dtype == F32 && rows > 1)
         for (; j + 2 <= hi; j += 2)
-            for (int r = 0; r < rows; r += 4) switch (rows - r < 4 ? rows - r : 4) {
-                case 1: f32_rows_block(m, x, y, r, j, mode, 1); break;
-                case 2: f32_rows_block(m, x, y, r, j, mode, 2); break;
-                case 3: f32_rows_block(m, x, y, r, j, mode, 3); break;
-                default: f32_rows_block(m, x, y, r, j, mode, 4); break;
-                }
+            for (int r = 0; r < rows; r += 4) {
+#define BLOCK(R) f32_rows_block(m, x, y, r, j, mode, R)
+                FOR_ROWS_OF_4(rows, r, BLOCK)
+#undef BLOCK
+            }
 #endif
 #ifdef HAVE_ROWS16
     if (rows == 1 && k % 32 == 0) {
@@ -1324,8 +1330,8 @@ static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, co
         const uint8_t *keep = key_mask ? key_mask + (size_t)r * cache_len : NULL;
         float *out = y + (size_t)r * C;
         for (h = 0; h < nh; h++) {
-            const float *w = p + (size_t)h * cache_len;
-            const float inv = 1.f / softmax_masses((float *)w, n, keep);
+            float *w = p + (size_t)h * cache_len;
+            const float inv = 1.f / softmax_masses(w, n, keep);
             __m256 v[8];
             for (int c = 0; c < 8; c++) v[c] = _mm256_setzero_ps();
             for (s = 0; s < n; s++) {
