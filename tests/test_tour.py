@@ -35,6 +35,18 @@ def test_what_counts_as_printed():
     assert tour.missing(tour.Step("p", "x", []), "", 1) == ["exit 1"]
 
 
+def test_where_figures_are_not_expected_only_broken_commands_fail():
+    """A CPU without native bf16 trains the demo in fp32: its figures differ from the pages'
+    (printed where it trains in bf16), but a command that fails or prints other words fails."""
+    step = tour.Step("p", "x", [])
+    figures = (step, ["0.4991", "32"])
+    exited = (step, ["exit 1"])
+    words = (step, ["error: --top-p must be in"])
+    assert tour.failures([figures, (step, [])], figures_expected=True) == 1
+    assert tour.failures([figures, (step, [])], figures_expected=False) == 0
+    assert tour.failures([figures, exited, words], figures_expected=False) == 2
+
+
 def test_every_page_in_the_nav_exists_and_the_tour_starts_with_make_demo():
     names = [p.name for p in tour.pages(ROOT)]
     assert names[0] == "README.md" and len(names) > 10
