@@ -36,15 +36,25 @@ def test_what_counts_as_printed():
 
 
 def test_where_figures_are_not_expected_only_broken_commands_fail():
-    """A CPU without native bf16 trains the demo in fp32: its figures differ from the pages'
-    (printed where it trains in bf16), but a command that fails or prints other words fails."""
-    step = tour.Step("p", "x", [])
-    figures = (step, ["0.4991", "32"])
-    exited = (step, ["exit 1"])
-    words = (step, ["error: --top-p must be in"])
-    assert tour.failures([figures, (step, [])], figures_expected=True) == 1
-    assert tour.failures([figures, (step, [])], figures_expected=False) == 0
+    """A CPU without native bf16 trains the demo in fp32: its figures and the model's words
+    differ from the pages' (printed where it trains in bf16), but a command that fails or
+    prints other words of the program's own fails."""
+    step = tour.Step("p", "gptcli tokenize notes.txt", [])
+    chat = tour.Step("p", 'gptcli chat --ckpt runs/animals-chat --message "What did the rabbit do?"', [])
+    refused = tour.Step("p", "gptcli sample --ckpt runs/demo --top-p 1.5", [])
+    figures = (step, ["0.4991", "32"], 0)
+    exited = (step, ["exit 1"], 1)
+    words = (step, ["error: --top-p must be in"], 0)
+    reply = (chat, ["The rabbit dug a hole."], 0)
+    assert tour.failures([figures, (step, [], 0)], figures_expected=True) == 1
+    assert tour.failures([figures, (step, [], 0)], figures_expected=False) == 0
     assert tour.failures([figures, exited, words], figures_expected=False) == 2
+    # the model's reply is its own words: expected only where the figures are
+    assert tour.failures([reply], figures_expected=True) == 1
+    assert tour.failures([reply], figures_expected=False) == 0
+    # but an error message printed by a command that reads a checkpoint is the program's
+    assert tour.failures([(refused, ["error: --top-p must be in"], 2)], figures_expected=False) == 1
+    assert tour.failures([(chat, ["exit 1"], 1)], figures_expected=False) == 1
 
 
 def test_every_page_in_the_nav_exists_and_the_tour_starts_with_make_demo():
