@@ -733,8 +733,9 @@ def test_a_build_outlives_the_command_that_started_it(end, tmp_path):
     slow.chmod(0o755)
     stub = stub_source(tmp_path)
     env = {**os.environ, "GPTCLI_KERNELS_DIR": str(tmp_path / "k"), "CC": str(slow)}
-    code = (
-        "import pathlib, time; from gptcli.infer import kernels; "
+    code = (  # (SIGINT as a terminal leaves it, whatever a launcher set: bash's `&` ignores it)
+        "import pathlib, signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from gptcli.infer import kernels; "
         f"kernels.SOURCE = pathlib.Path({str(stub)!r}); "
         "print(kernels.library_path(kernels._compiler()), flush=True); "
         "assert kernels.LIBRARY.start()"  # (the command's last word, where it exits)
