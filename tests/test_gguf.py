@@ -253,20 +253,34 @@ def test_without_the_gguf_package_one_line_names_the_extra(gpt2_dir, tmp_path, m
     assert _model_name(str(tmp_path / "m.gguf"), tmp_path / "m.gguf") == "m"  # serve's name for it
 
 
-def _rebuilt(src, dst, keys: dict | None = None, drop=(), tensors=None):
-    """A GGUF file written again from src's keys and tensors, with some keys replaced (name ->
-    (value, GGUFValueType)) or dropped: another program's file, or a crafted one."""
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+def _parsed(path) -> SimpleNamespace:
+    """A GGUF file's architecture, keys ((name, value, kind, sub-kind) each) and tensors, read
+    once by gguf's reader (reading 50257 tokens' keys takes seconds: _rebuilt reuses them)."""
+    r = gguf.GGUFReader(path)
+    keys = []
     for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in drop or name in (keys or {}):
-            continue
-        value, kind = field.contents(), field.types[0]
-        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(name, value, kind, sub_type=sub)
+        if not name.startswith("GGUF."):
+            kind = field.types[0]
+            keys.append(
+                (name, field.contents(), kind, field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+            )
+    tensors = [
+        SimpleNamespace(name=t.name, data=np.array(t.data), shape=t.shape, tensor_type=t.tensor_type)
+        for t in r.tensors
+    ]
+    return SimpleNamespace(arch=r.fields["general.architecture"].contents(), keys=keys, tensors=tensors)
+
+
+def _rebuilt(src: SimpleNamespace, dst, keys: dict | None = None, drop=(), tensors=None):
+    """A GGUF file written again from src's keys and tensors (_parsed), with some keys replaced
+    (name -> (value, GGUFValueType)) or dropped: another program's file, or a crafted one."""
+    w = gguf.GGUFWriter(dst, src.arch)
+    for name, value, kind, sub in src.keys:
+        if name != "general.architecture" and name not in drop and name not in (keys or {}):
+            w.add_key_value(name, value, kind, sub_type=sub)
     for name, (value, kind) in (keys or {}).items():
         w.add_key_value(name, value, kind)
-    for t in tensors if tensors is not None else r.tensors:
+    for t in tensors if tensors is not None else src.tensors:
         w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(n) for n in t.shape])),
                      raw_dtype=t.tensor_type)  # fmt: skip
     w.write_header_to_file()
@@ -287,6 +301,7 @@ def _poisoned(t):
 def test_crafted_headers_and_keys_are_one_line_each(gpt2_dir, tmp_path):
     good = tmp_path / "m.gguf"
     export(gpt2_dir, good)
+    parsed = _parsed(good)
     S, ARR = gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY
     array = tmp_path / "array.gguf"  # 49 bytes claiming an array of 2^62 items
     array.write_bytes(
@@ -311,22 +326,22 @@ def test_crafted_headers_and_keys_are_one_line_each(gpt2_dir, tmp_path):
         (array, "an array claims"),
         (twice, "the key a appears twice"),
         (strings, "a string of 1099511627776 bytes is longer than the file"),
-        (_rebuilt(good, tmp_path / "align.gguf", {"general.alignment": (3, gguf.GGUFValueType.UINT32)}),
+        (_rebuilt(parsed, tmp_path / "align.gguf", {"general.alignment": (3, gguf.GGUFValueType.UINT32)}),
          "an alignment of 3"),
-        (_rebuilt(good, tmp_path / "list.gguf", {"gptcli.tokenizer": ("[1]", S)}), "not a tokenizer"),
-        (_rebuilt(good, tmp_path / "deep.gguf", {"gptcli.tokenizer": (deep, S)}), "not JSON"),
-        (_rebuilt(good, tmp_path / "pre.gguf", {"tokenizer.ggml.pre": ("llama-bpe", S)}, drop=own),
+        (_rebuilt(parsed, tmp_path / "list.gguf", {"gptcli.tokenizer": ("[1]", S)}), "not a tokenizer"),
+        (_rebuilt(parsed, tmp_path / "deep.gguf", {"gptcli.tokenizer": (deep, S)}), "not JSON"),
+        (_rebuilt(parsed, tmp_path / "pre.gguf", {"tokenizer.ggml.pre": ("llama-bpe", S)}, drop=own),
          "pre-tokenizer is 'llama-bpe'"),
-        (_rebuilt(good, tmp_path / "merges.gguf", drop=(*own, "tokenizer.ggml.merges")), "not GPT-2's"),
-        (_rebuilt(good, tmp_path / "tokens.gguf", drop=(*own, "tokenizer.ggml.tokens")), "lists no tokens"),
-        (_rebuilt(good, tmp_path / "types.gguf", {"tokenizer.ggml.token_type": (["x"] * 50257, ARR)},
+        (_rebuilt(parsed, tmp_path / "merges.gguf", drop=(*own, "tokenizer.ggml.merges")), "not GPT-2's"),
+        (_rebuilt(parsed, tmp_path / "tokens.gguf", drop=(*own, "tokenizer.ggml.tokens")), "lists no tokens"),
+        (_rebuilt(parsed, tmp_path / "types.gguf", {"tokenizer.ggml.token_type": (["x"] * 50257, ARR)},
                   drop=own), "not GPT-2's"),
-        (_rebuilt(good, tmp_path / "nan.gguf", tensors=[_poisoned(t) for t in gguf.GGUFReader(good).tensors]),
+        (_rebuilt(parsed, tmp_path / "nan.gguf", tensors=[_poisoned(t) for t in parsed.tensors]),
          "output_norm.weight holds NaN or inf"),
     ]:  # fmt: skip
         assert_usage_error(run("sample", "--ckpt", path, "-n", "2"), words)
     # a name that is not UTF-8 or not a string: the file's stem
-    odd = _rebuilt(good, tmp_path / "odd.gguf", {"general.name": (b"\xff\xfe", S)})
+    odd = _rebuilt(parsed, tmp_path / "odd.gguf", {"general.name": (b"\xff\xfe", S)})
     assert load(odd).meta["name"] == "odd"
 
 
