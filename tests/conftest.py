@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tests.helpers import TINY, make_conversations, make_corpus, run
 
@@ -38,10 +41,32 @@ def corpus(tmp_path: Path) -> Path:
     return make_corpus(tmp_path / "corpus.txt")
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A directory that build(tmp) fills, built once for the whole run: the first worker (of
+    pytest-xdist's) to ask builds it while the others wait, then each gets a copy of its own,
+    as if it had built it (the same files: the builds are deterministic)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's directory, above each worker's own
+    home = shared / f"built-{name}"
+    with FileLock(f"{home}.lock"):
+        if not (home / ".done").is_file():
+            shutil.rmtree(home, ignore_errors=True)
+            home.mkdir()
+            build(home)
+            (home / ".done").touch()
+    mine = tmp_path_factory.mktemp(name)
+    shutil.copytree(home, mine, dirs_exist_ok=True)
+    return mine
+
+
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One small char-level run trained through the CLI, shared by the decoding tests."""
-    tmp = tmp_path_factory.mktemp("trained")
+    return built_once(tmp_path_factory, "trained", _train) / "run"
+
+
+def _train(tmp: Path) -> None:
     mp = pytest.MonkeyPatch()
     mp.setenv("GPTCLI_CACHE_DIR", str(tmp / "cache"))
     try:
@@ -55,14 +80,16 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert result.exit_code == 0, result.output
     finally:
         mp.undo()
-    return tmp / "run"
 
 
 @pytest.fixture(scope="session")
 def chat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small char-level chat model: pretrained on make_corpus, then finetuned with --task
     chat on make_conversations until it answers them (greedy replies end at <|im_end|>)."""
-    tmp = tmp_path_factory.mktemp("chat")
+    return built_once(tmp_path_factory, "chat", _train_chat) / "chat"
+
+
+def _train_chat(tmp: Path) -> None:
     mp = pytest.MonkeyPatch()
     mp.setenv("GPTCLI_CACHE_DIR", str(tmp / "cache"))
     fast = [
@@ -94,14 +121,16 @@ def chat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert result.exit_code == 0, result.output
     finally:
         mp.undo()
-    return tmp / "chat"
 
 
 @pytest.fixture(scope="session")
 def gpt2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small model with GPT-2's tokenizer, trained on make_corpus until its next-token
     distributions are peaked (greedy decoding has no near-ties to flip)."""
-    tmp = tmp_path_factory.mktemp("gpt2-run")
+    return built_once(tmp_path_factory, "gpt2-run", _train_gpt2) / "run"
+
+
+def _train_gpt2(tmp: Path) -> None:
     mp = pytest.MonkeyPatch()
     mp.setenv("GPTCLI_CACHE_DIR", str(tmp / "cache"))
     try:
@@ -116,7 +145,6 @@ def gpt2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert result.exit_code == 0, result.output
     finally:
         mp.undo()
-    return tmp / "run"
 
 
 @pytest.fixture(scope="session")
