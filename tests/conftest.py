@@ -12,6 +12,15 @@ from filelock import FileLock
 
 from tests.helpers import TINY, make_conversations, make_corpus, run
 
+# pytest-xdist's workers share the machine's cores: each runs torch, and the C kernel (which
+# takes torch's thread count), on its share of them (OpenMP threads that outnumber the cores
+# spin against each other); the child processes tests start inherit it. A test that needs
+# several threads asks for them (test_kernels' two_threads).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _WORKERS))
+
 
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -98,13 +98,13 @@ def steps_both_ways(model: GPT, rows: int, prompt_len: int, steps: int, padded: 
 # products' sums split over alternate pairs end on a lone pair); 45: odd, so bf16 weights are
 # read as stored
 @pytest.mark.parametrize("shape", [(64, 2), (48, 2), (50, 2), (45, 3)])
-def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape):
+def test_the_c_step_gives_the_models_logits_and_cache(rows, kind, shape, two_threads):
     check_the_c_step(rows, kind, shape)
 
 
 @pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
-def test_a_model_trained_without_biases_gives_the_models_logits(rows, kind):
+def test_a_model_trained_without_biases_gives_the_models_logits(rows, kind, two_threads):
     """--no-bias: LayerNorms and products with no bias (the step read a LayerNorm's absent bias
     through a null pointer)."""
     check_the_c_step(rows, kind, (64, 2), bias=False)
@@ -112,8 +112,8 @@ def test_a_model_trained_without_biases_gives_the_models_logits(rows, kind):
 
 @pytest.fixture
 def two_threads():
-    """Two threads for the C step, whatever the machine has: which rows attend_rows takes
-    depends on how many share them."""
+    """Two threads for the C step, whatever the machine has (or the suite's workers leave
+    each: conftest): which outputs and rows each thread takes depends on how many share them."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     yield
@@ -264,7 +264,7 @@ def test_long_prompts_from_weights_read_as_stored_keep_the_models_code(monkeypat
 
 
 @pytest.mark.parametrize("isa", kernels.ISAS)
-def test_every_instruction_set_path_gives_the_models_logits(isa, tmp_path, monkeypatch):
+def test_every_instruction_set_path_gives_the_models_logits(isa, tmp_path, monkeypatch, two_threads):
     """The library as it is built for other CPUs (AVX-512 without BF16, AVX2, none), run
     here where this CPU has the instructions: the same logits, in every dtype and row count."""
     if not kernels.cpu_has_isa(isa):
