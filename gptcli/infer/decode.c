@@ -596,6 +596,28 @@ static float dot_f32(const float *w, const float *x, int k) {
     return s;
 }
 
+/* dot_f32 of 4 weight rows at once, each summed as dot_f32 sums it (the same result): for a
+ * single row, 4 streams of weights a thread (from 4 parts of its share of the outputs) read
+ * more of the memory's bandwidth than one (see packed_bf16) */
+#define HAVE_DOTS4 1
+static void dots4_f32(const float *const *w, const float *x, int k, float *out) {
+    __m256 a[4][2];
+    for (int q = 0; q < 4; q++) a[q][0] = a[q][1] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= k; i += 16) {
+        const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        for (int q = 0; q < 4; q++) {
+            a[q][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + i), x0, a[q][0]);
+            a[q][1] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + i + 8), x1, a[q][1]);
+        }
+    }
+    for (int q = 0; q < 4; q++) {
+        float t = hsum256(_mm256_add_ps(a[q][0], a[q][1]));
+        for (int r = i; r < k; r++) t += w[q][r] * x[r];
+        out[q] = t;
+    }
+}
+
 static inline __m256 widen_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
@@ -752,6 +774,30 @@ static int32_t dot_i8_pairs(const int8_t *w, const int16_t *x, int k) {
     int32_t t = hsum_epi32(_mm256_add_epi32(a0, a1));
     for (; i < k; i++) t += (int32_t)w[i] * x[i];
     return t;
+}
+
+/* dot_i8_pairs of 4 weight rows at once (see dots4_f32) */
+static void dots4_i8(const int8_t *const *w, const int16_t *x, int k, int32_t *out) {
+    __m256i a[4][2];
+    for (int q = 0; q < 4; q++) a[q][0] = a[q][1] = _mm256_setzero_si256();
+    int i = 0;
+    for (; i + 32 <= k; i += 32) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(x + i)), x1 = _mm256_loadu_si256((const __m256i *)(x + i + 16));
+        for (int q = 0; q < 4; q++) {
+            ask_weights(w[q] + i, 32);
+            a[q][0] = _mm256_add_epi32(a[q][0], _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w[q] + i))), x0));
+            a[q][1] = _mm256_add_epi32(a[q][1], _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w[q] + i + 16))), x1));
+        }
+    }
+    for (int q = 0; q < 4; q++) {
+        int t = i;
+        for (; t + 16 <= k; t += 16)
+            a[q][0] = _mm256_add_epi32(a[q][0], _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w[q] + t))),
+                                                                _mm256_loadu_si256((const __m256i *)(x + t))));
+        int32_t sum = hsum_epi32(_mm256_add_epi32(a[q][0], a[q][1]));
+        for (; t < k; t++) sum += (int32_t)w[q][t] * x[t];
+        out[q] = sum;
+    }
 }
 
 /* BLOCK(R) for the rows r .. r + R of a product, R = min(rows - r, 4) a constant in each call
@@ -1094,6 +1140,20 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
                     FOR_ROWS_OF_4(rows, r, BLOCK)
 #undef BLOCK
                 }
+#ifdef HAVE_DOTS4
+        if (rows == 1) { /* 4 parts of [lo, hi) side by side, then what is left over */
+            const int part = (hi - lo) / 4;
+            for (int b = 0; b < part; b++) {
+                const int js[4] = {lo + b, lo + part + b, lo + 2 * part + b, lo + 3 * part + b};
+                const int8_t *ws[4];
+                int32_t dots[4];
+                for (int q = 0; q < 4; q++) ws[q] = (const int8_t *)m->w + (size_t)js[q] * k;
+                dots4_i8(ws, xq, k, dots);
+                for (int q = 0; q < 4; q++) put(m, y, 0, js[q], (float)dots[q] * (m->scale[js[q]] * sx[0]), mode);
+            }
+            j = lo + 4 * part;
+        }
+#endif
         for (; j < hi; j++)
             for (int r = 0; r < rows; r++) {
                 const int32_t dot = dot_i8_pairs((const int8_t *)m->w + (size_t)j * k, xq + (size_t)r * k, k);
@@ -1110,6 +1170,20 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
                 FOR_ROWS_OF_4(rows, r, BLOCK)
 #undef BLOCK
             }
+#endif
+#ifdef HAVE_DOTS4
+    if (rows == 1 && m->dtype == F32) { /* 4 parts of [lo, hi) side by side, then what is left over */
+        const int part = (hi - lo) / 4;
+        for (int b = 0; b < part; b++) {
+            const int js[4] = {lo + b, lo + part + b, lo + 2 * part + b, lo + 3 * part + b};
+            const float *ws[4];
+            float dots[4];
+            for (int q = 0; q < 4; q++) ws[q] = (const float *)m->w + (size_t)js[q] * k;
+            dots4_f32(ws, x, k, dots);
+            for (int q = 0; q < 4; q++) put(m, y, 0, js[q], dots[q], mode);
+        }
+        j = lo + 4 * part;
+    }
 #endif
 #ifdef HAVE_ROWS16
     if (rows == 1 && k % 32 == 0) {
