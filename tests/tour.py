@@ -154,8 +154,9 @@ if __name__ == "__main__":
     results = replay(Path(__file__).resolve().parents[1])
     differ = sum(bool(lost) for _, lost, _ in results)
     print(f"{len(results) - differ}/{len(results)} tour commands print what the pages show")
-    failed = failures(results, native_bf16())
-    if differ and not native_bf16():
+    bf16 = native_bf16()
+    failed = failures(results, bf16)
+    if differ and not bf16:
         print(
             "(no native bf16 here: the demo trains in fp32, so the pages' figures and the model's "
             "words are not expected; "
