@@ -1112,6 +1112,33 @@ static inline float dot_row(const Mat *m, int j, const float *xr, const void *pr
     return dot_f32((const float *)m->w + (size_t)j * k, xr, k);
 }
 
+#ifdef HAVE_DOTS4
+/* a single row's outputs [lo, hi) from fp32 or int8 weight rows as they are stored (int8's
+ * with the row as int16, xq, and its scale, sx), 4 at a time from the 4 quarters of
+ * [lo, hi): returns where the outputs left over (fewer than 4) begin */
+static int four_streams(const Mat *m, const float *x, const int16_t *xq, const float *sx, float *y, int mode, int lo,
+                        int hi) {
+    const int k = m->k, part = (hi - lo) / 4;
+    for (int b = 0; b < part; b++) {
+        const int js[4] = {lo + b, lo + part + b, lo + 2 * part + b, lo + 3 * part + b};
+        if (m->dtype == I8) {
+            const int8_t *ws[4];
+            int32_t dots[4];
+            for (int q = 0; q < 4; q++) ws[q] = (const int8_t *)m->w + (size_t)js[q] * k;
+            dots4_i8(ws, xq, k, dots);
+            for (int q = 0; q < 4; q++) put(m, y, 0, js[q], (float)dots[q] * (m->scale[js[q]] * sx[0]), mode);
+        } else {
+            const float *ws[4];
+            float dots[4];
+            for (int q = 0; q < 4; q++) ws[q] = (const float *)m->w + (size_t)js[q] * k;
+            dots4_f32(ws, x, k, dots);
+            for (int q = 0; q < 4; q++) put(m, y, 0, js[q], dots[q], mode);
+        }
+    }
+    return lo + 4 * part;
+}
+#endif
+
 /* this thread's outputs [lo, hi) of a product, from the weight rows as they are stored (for
  * weights with no packed copy: fp32, int8, or bf16 where the CPU lacks AVX512-BF16); xb:
  * room for x as the bf16 products take it (rows, k): in bf16 (bf16 pairs) or split into
@@ -1141,18 +1168,7 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
 #undef BLOCK
                 }
 #ifdef HAVE_DOTS4
-        if (rows == 1) { /* 4 parts of [lo, hi) side by side, then what is left over */
-            const int part = (hi - lo) / 4;
-            for (int b = 0; b < part; b++) {
-                const int js[4] = {lo + b, lo + part + b, lo + 2 * part + b, lo + 3 * part + b};
-                const int8_t *ws[4];
-                int32_t dots[4];
-                for (int q = 0; q < 4; q++) ws[q] = (const int8_t *)m->w + (size_t)js[q] * k;
-                dots4_i8(ws, xq, k, dots);
-                for (int q = 0; q < 4; q++) put(m, y, 0, js[q], (float)dots[q] * (m->scale[js[q]] * sx[0]), mode);
-            }
-            j = lo + 4 * part;
-        }
+        if (rows == 1) j = four_streams(m, x, xq, sx, y, mode, lo, hi);
 #endif
         for (; j < hi; j++)
             for (int r = 0; r < rows; r++) {
@@ -1172,18 +1188,7 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
             }
 #endif
 #ifdef HAVE_DOTS4
-    if (rows == 1 && m->dtype == F32) { /* 4 parts of [lo, hi) side by side, then what is left over */
-        const int part = (hi - lo) / 4;
-        for (int b = 0; b < part; b++) {
-            const int js[4] = {lo + b, lo + part + b, lo + 2 * part + b, lo + 3 * part + b};
-            const float *ws[4];
-            float dots[4];
-            for (int q = 0; q < 4; q++) ws[q] = (const float *)m->w + (size_t)js[q] * k;
-            dots4_f32(ws, x, k, dots);
-            for (int q = 0; q < 4; q++) put(m, y, 0, js[q], dots[q], mode);
-        }
-        j = lo + 4 * part;
-    }
+    if (rows == 1 && m->dtype == F32) j = four_streams(m, x, NULL, NULL, y, mode, lo, hi);
 #endif
 #ifdef HAVE_ROWS16
     if (rows == 1 && k % 32 == 0) {
