@@ -967,28 +967,23 @@ static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, co
 }
 
 /* BLOCKS(M, S, NA) for the rows r .. r + M of a product, M = min(rows - r, ROW_GROUP), with S
- * streams (1, 2 or 4) and M x S x NA <= 8 sums */
+ * streams (1, 2 or 4: 4 for a single row) and M x S x NA <= 8 sums. NA depends on M alone, so
+ * that an output's sum is the same whichever S reads its block (the blocks left over, read
+ * one at a time, depend on the threads' shares). */
 #define FOR_ROW_GROUPS(rows, r, S, BLOCKS)                                                           \
     do {                                                                                             \
-        const int m_ = (rows) - (r) < ROW_GROUP ? (rows) - (r) : ROW_GROUP;                          \
         if ((S) == 4) { /* a single row */                                                           \
             BLOCKS(1, 4, 2);                                                                         \
-        } else if ((S) == 2) {                                                                       \
-            switch (m_) {                                                                            \
-            case 1: BLOCKS(1, 2, 2); break;                                                          \
-            case 2: BLOCKS(2, 2, 2); break;                                                          \
-            case 3: BLOCKS(3, 2, 1); break;                                                          \
-            default: BLOCKS(4, 2, 1); break;                                                         \
-            }                                                                                        \
-        } else {                                                                                     \
-            switch (m_) {                                                                            \
-            case 1: BLOCKS(1, 1, 2); break;                                                          \
-            case 2: BLOCKS(2, 1, 2); break;                                                          \
-            case 3: BLOCKS(3, 1, 2); break;                                                          \
-            default: BLOCKS(4, 1, 2); break;                                                         \
-            }                                                                                        \
+            break;                                                                                   \
+        }                                                                                            \
+        switch ((rows) - (r) < ROW_GROUP ? (rows) - (r) : ROW_GROUP) {                               \
+        case 1: ONE_OR_TWO_STREAMS(S, BLOCKS, 1, 2); break;                                          \
+        case 2: ONE_OR_TWO_STREAMS(S, BLOCKS, 2, 2); break;                                          \
+        case 3: ONE_OR_TWO_STREAMS(S, BLOCKS, 3, 1); break;                                          \
+        default: ONE_OR_TWO_STREAMS(S, BLOCKS, 4, 1); break;                                         \
         }                                                                                            \
     } while (0)
+#define ONE_OR_TWO_STREAMS(S, BLOCKS, M, NA) ((S) == 2 ? BLOCKS(M, 2, NA) : BLOCKS(M, 1, NA))
 
 /* this thread's outputs [lo, hi) (lo a multiple of PACK) of a product with packed bf16
  * weights, the rows x (rows, k) in fp32, each ROW_GROUP rows' activations put in xb (this
