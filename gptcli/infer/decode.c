@@ -1401,9 +1401,12 @@ static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, co
 /* attend_rows for AVX2 (bf16 caches, heads of 64): a row's keys read from start to end as one
  * stream of (slot, head) pairs, 8 summed at once, each key's bf16 pairs split into even and
  * odd ones (as the packed products split their weights) against the query's even and odd
- * ones; its values head by head, the first head's pass asking for the whole slots ahead
- * (the others find them in the core's caches). Where each (row, head) read its slots on its
- * own, C apart, a step of 16 rows at slot 100 spent most of its time waiting on them. */
+ * ones; its values likewise slot by slot, every head's weighted values added to the row's
+ * output in the core's L1 cache. Where each (row, head) read its slots on its own, C apart, a
+ * step of 16 rows at slot 100 spent most of its time waiting on them; where the values were
+ * read head by head (the first head's pass asking for the whole slots ahead, the others
+ * finding them in the core's caches), whole steps took 1.03x to 1.1x the time (16 rows at
+ * slot 100 and 500, beams of 4 at slot 900, a Zen 3: bench/RESULTS.md). */
 static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, const float *qkv, const size_t *ats,
                         int rows, int cache_len, const int *last, const uint8_t *key_mask, float scale, float *y,
                         float *scratch) {
@@ -1448,21 +1451,23 @@ static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, co
             }
         }
         const uint8_t *keep = key_mask ? key_mask + (size_t)r * cache_len : NULL;
-        float *out = y + (size_t)r * C;
-        for (h = 0; h < nh; h++) {
-            float *w = p + (size_t)h * cache_len;
-            const float inv = 1.f / softmax_masses(w, n, keep);
-            __m256 v[8];
-            for (int c = 0; c < 8; c++) v[c] = _mm256_setzero_ps();
-            for (s = 0; s < n; s++) {
-                const uint16_t *row = V + at[s];
-                if (h == 0 && ROW_AHEAD)
-                    for (int b = 0; b < 2 * C; b += 64) __builtin_prefetch((const char *)row + ROW_AHEAD + b, 0, 3);
-                const __m256 x = _mm256_set1_ps(w[s]);
-                for (int c = 0; c < 8; c++) v[c] = _mm256_fmadd_ps(x, widen_bf16(row + h * 64 + 8 * c), v[c]);
+        float *out = y + (size_t)r * C, inv[64];
+        for (h = 0; h < nh; h++) inv[h] = 1.f / softmax_masses(p + (size_t)h * cache_len, n, keep);
+        for (int c = 0; c < C; c++) out[c] = 0.f;
+        for (s = 0; s < n; s++) {
+            const uint16_t *row = V + at[s];
+            if (ROW_AHEAD)
+                for (int b = 0; b < 2 * C; b += 64) __builtin_prefetch((const char *)row + ROW_AHEAD + b, 0, 3);
+            for (h = 0; h < nh; h++) {
+                const __m256 x = _mm256_set1_ps(p[(size_t)h * cache_len + s]);
+                float *o = out + h * 64;
+                for (int c = 0; c < 64; c += 8)
+                    _mm256_storeu_ps(o + c, _mm256_fmadd_ps(x, widen_bf16(row + h * 64 + c), _mm256_loadu_ps(o + c)));
             }
-            for (int c = 0; c < 8; c++) _mm256_storeu_ps(out + h * 64 + 8 * c, _mm256_mul_ps(v[c], _mm256_set1_ps(inv)));
         }
+        for (h = 0; h < nh; h++)
+            for (int c = 0; c < 64; c += 8)
+                _mm256_storeu_ps(out + h * 64 + c, _mm256_mul_ps(_mm256_loadu_ps(out + h * 64 + c), _mm256_set1_ps(inv[h])));
     }
 }
 #endif
