@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -1018,3 +1019,81 @@ print(min(faults))
         faults[way] = int(done.stdout.strip().splitlines()[-1])
     assert faults["plain"] > 10_000  # (16,384 pages)
     assert faults["decoding"] < 1_000
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding address, from /proc/self/smaps."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    return []
+
+
+@pytest.mark.skipif(kernels.MADV_HUGEPAGE is None, reason="huge pages are asked for on Linux only")
+def test_a_decoders_weights_are_put_on_huge_pages_after_its_first_steps(monkeypatch, two_threads):
+    """The packed copies live in one mapping of their own, 2 MB-aligned (the Decoder's arena).
+    After MERGE_AFTER steps, and not before, a thread of the Decoder's own asks for
+    every weight the step reads whole to be put on huge pages (VmFlags "hg", MADV_HUGEPAGE;
+    MADV_COLLAPSE where the kernel has it), at the same addresses: the steps after give the
+    logits they gave before."""
+    library()
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=16384, block_size=64, n_layer=1, n_head=2, n_embd=64)
+    model = GPT(config).eval().to(torch.bfloat16)  # (its unembedding 2 MB)
+    assert kernels.use_fast_decode(model)
+    monkeypatch.setattr(kernels, "MERGE_AFTER", 3)
+    merges, threads = [], []
+
+    def merge(tensors: list[torch.Tensor]) -> None:
+        merges.append(tensors)
+        kernels_merge(tensors)
+
+    monkeypatch.setattr(kernels, "merge_pages", merge)
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (threads.append(self), start(self)))
+    idx = torch.randint(0, 16384, (1, 8), generator=torch.Generator().manual_seed(0))
+
+    def steps(n: int) -> torch.Tensor:
+        """the logits of n steps after the prompt idx, in a new cache"""
+        cache = KVCache(config, 1, 16, dtype=torch.bfloat16)
+        with torch.no_grad():
+            model.next_logits(idx, kv_cache=cache)
+            return torch.cat([model.next_logits(torch.tensor([[i * 997]]), kv_cache=cache) for i in range(n)])
+
+    before = steps(2)
+    assert merges == [] and threads == []
+    steps(1)  # the 3rd step asks
+    for t in threads:
+        t.join()
+    decoder = model.__dict__["_decoder"]
+    mats = [m for layer in decoder.layers for m in (layer.attn, layer.proj, layer.fc, layer.out)]
+    mats.append(decoder.model.head)
+    arena = decoder.arena.memory
+    assert len(merges) == 1 and merges[0][0] is arena
+    assert [t.data_ptr() for t in merges[0][1:]] == [m.w for m in mats if not m.packed]
+    if decoder.model.head.packed:  # (packed on this CPU: the copies in the arena, now marked)
+        assert all(arena.data_ptr() <= m.packed < arena.data_ptr() + arena.numel() for m in mats if m.packed)
+        assert arena.data_ptr() % kernels.HUGE_PAGE == 0 and "hg" in _vm_flags(arena.data_ptr())
+    assert torch.equal(steps(2), before)
+    assert len(merges) == 1  # (once per Decoder)
+
+
+kernels_merge = kernels.merge_pages
+
+
+def test_fresh_tensors_have_memory_of_their_own():
+    t = kernels._fresh(3 * (1 << 20) + 5, torch.bfloat16)
+    assert t.shape == (3 * (1 << 20) + 5,) and t.dtype == torch.bfloat16
+    t.fill_(1.5)  # writable
+    assert float(t[-1]) == 1.5
+    if kernels.MADV_HUGEPAGE is not None:
+        assert t.data_ptr() % kernels.HUGE_PAGE == 0
+        kernels.merge_pages([t])
+        assert "hg" in _vm_flags(t.data_ptr())
+    small = kernels._fresh(1000, torch.float32)
+    assert small.numel() == 1000

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import mmap
 import operator
 import os
 import platform
@@ -384,21 +385,84 @@ def _f32(t: torch.Tensor | None, keep: list[torch.Tensor]) -> int | None:
     return t.data_ptr()
 
 
-def _packed(lib: ctypes.CDLL, w: torch.Tensor, keep: list[torch.Tensor]) -> int | None:
-    """bf16 or int8 weights (n, k) in the order the C step's products read them on this CPU
-    (decode.c, gptcli_pack), or None where it reads them as they are."""
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # (Linux only)
+MADV_COLLAPSE = 25  # (Linux 6.1 on; mmap has no name for it before Python 3.13)
+MERGE_AFTER = 32  # steps a Decoder takes before its weights' pages are merged (merge_pages)
+
+
+def _fresh(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor (numel,) in memory of its own on Linux: an anonymous private
+    mapping, 2 MB-aligned and freed with the tensor, so that its pages can be merged into
+    huge ones (merge_pages) without touching anything else (the process's heap)."""
+    nbytes = numel * dtype.itemsize
+    if MADV_HUGEPAGE is None or nbytes < HUGE_PAGE:
+        return torch.empty(numel, dtype=dtype)
+    memory = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = ctypes.c_char.from_buffer(memory)
+    start = -ctypes.addressof(view) % HUGE_PAGE  # (a multiple of the page size: the mapping's start is one)
+    del view
+    return torch.frombuffer(memory, dtype=dtype, count=numel, offset=start)
+
+
+def merge_pages(tensors: list[torch.Tensor]) -> None:
+    """Asks Linux to put the whole 2 MB stretches of these tensors' memory on huge pages: now
+    (MADV_COLLAPSE, Linux 6.1 on: the kernel copies them while the process runs on, at the same
+    addresses) and whenever its khugepaged gets to them (MADV_HUGEPAGE). A step streams every
+    weight: with 4 KB pages a 124M model's 250 MB are 60,000 pages for the TLB to walk and for
+    the hardware prefetchers, which stop at a page's end, to start anew in. Refused (an older
+    kernel, THP "never"): the pages stay as they were. See Decoder.step for when."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for t in tensors:
+        lo = -(-t.data_ptr() // HUGE_PAGE) * HUGE_PAGE
+        hi = (t.data_ptr() + t.numel() * t.element_size()) // HUGE_PAGE * HUGE_PAGE
+        if hi > lo and libc.madvise(lo, hi - lo, MADV_HUGEPAGE) == 0:
+            libc.madvise(lo, hi - lo, MADV_COLLAPSE)  # (ctypes lets go of the GIL meanwhile)
+
+
+def _packed_numel(lib: ctypes.CDLL, w: torch.Tensor) -> int | None:
+    """How many elements the packed copy of weights w (n, k) takes on this CPU, or None where
+    the C step reads them as they are."""
     n, k = w.shape
-    dtype = _DTYPES[w.dtype]
-    if k % 2 or not lib.gptcli_packs(dtype):
+    if w.dtype not in _DTYPES or k % 2 or not lib.gptcli_packs(_DTYPES[w.dtype]):
         return None
-    packed = torch.empty(-(-n // PACK) * PACK * k, dtype=w.dtype)
-    threads = torch.get_num_threads()
-    lib.gptcli_pack(ctypes.c_void_p(w.data_ptr()), dtype, n, k, ctypes.c_void_p(packed.data_ptr()), threads)
-    keep.append(packed)
+    return -(-n // PACK) * PACK * k
+
+
+class _Arena:
+    """Memory for every packed copy of one Decoder: one mapping of its own (_fresh), handed
+    out in order, 64-byte aligned, so that all of it but its last 2 MB can be put on huge
+    pages (merge_pages), where a mapping per copy would leave each one's last part (GPT-2
+    124M's 2.3 MB to 4.7 MB products: a quarter of their bytes) on 4 KB pages."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.memory, self.used = _fresh(nbytes, torch.uint8), 0
+
+    @staticmethod
+    def room(numel: int, dtype: torch.dtype) -> int:
+        return -(-numel * dtype.itemsize // 64) * 64
+
+    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        t = self.memory[self.used : self.used + numel * dtype.itemsize].view(dtype)
+        self.used += self.room(numel, dtype)
+        return t
+
+
+def _packed(lib: ctypes.CDLL, w: torch.Tensor, arena: _Arena) -> int | None:
+    """bf16 or int8 weights (n, k) in the order the C step's products read them on this CPU
+    (decode.c, gptcli_pack), in room taken from arena, or None where it reads them as they are."""
+    numel = _packed_numel(lib, w)
+    if numel is None:
+        return None
+    n, k = w.shape
+    packed = arena.take(numel, w.dtype)
+    src, dst = ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(packed.data_ptr())
+    lib.gptcli_pack(src, _DTYPES[w.dtype], n, k, dst, torch.get_num_threads())
     return packed.data_ptr()
 
 
-def _mat(lib: ctypes.CDLL, linear: nn.Module, keep: list[torch.Tensor]) -> _Mat:
+def _mat(lib: ctypes.CDLL, linear: nn.Module, keep: list[torch.Tensor], arena: _Arena) -> _Mat:
     """A Linear (or quantize.Int8Linear) as the C step reads it."""
     w = linear.weight.detach()
     if not w.is_contiguous() or w.dtype not in _DTYPES:
@@ -412,15 +476,15 @@ def _mat(lib: ctypes.CDLL, linear: nn.Module, keep: list[torch.Tensor]) -> _Mat:
         _DTYPES[w.dtype],
         w.size(0),
         w.size(1),
-        _packed(lib, w, keep),
+        _packed(lib, w, arena),
     )
 
 
 class Decoder:
     """One model's weights, pointed to for the C step: the model's own tensors, fp32 copies
     of the small ones (LayerNorms and biases), and a copy of the bf16 weights (on CPUs with
-    AVX512-BF16 or AVX2) or int8 weights (AVX512-VNNI) packed for the products: as much memory
-    again as those weights."""
+    AVX512-BF16 or AVX2) or int8 weights (AVX512-VNNI) packed for the products, in one arena:
+    as much memory again as those weights."""
 
     def __init__(self, model: GPT, lib: ctypes.CDLL) -> None:
         t, c = model.transformer, model.config
@@ -430,6 +494,11 @@ class Decoder:
         # model cast or moved while a generation runs replaces its parameters' .data, which
         # then frees the old memory only once the next generation's Decoder replaces this one
         keep: list[torch.Tensor] = [t.wte.weight.detach(), t.wpe.weight.detach()]
+        linears = [m for b in t.h for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+        linears.append(model.lm_head)
+        sizes = [(_packed_numel(lib, m.weight), m.weight.dtype) for m in linears]
+        self.arena = _Arena(sum(_Arena.room(n, d) for n, d in sizes if n is not None))
+        keep.append(self.arena.memory)
         layers = (_Layer * c.n_layer)()
         for i, block in enumerate(t.h):
             layers[i] = _Layer(
@@ -437,10 +506,10 @@ class Decoder:
                 _f32(block.ln_1.bias, keep),
                 _f32(block.ln_2.weight, keep),
                 _f32(block.ln_2.bias, keep),
-                _mat(lib, block.attn.c_attn, keep),
-                _mat(lib, block.attn.c_proj, keep),
-                _mat(lib, block.mlp.c_fc, keep),
-                _mat(lib, block.mlp.c_proj, keep),
+                _mat(lib, block.attn.c_attn, keep, self.arena),
+                _mat(lib, block.attn.c_proj, keep, self.arena),
+                _mat(lib, block.mlp.c_fc, keep, self.arena),
+                _mat(lib, block.mlp.c_proj, keep, self.arena),
             )
         self.model = _Model(
             c.n_layer,
@@ -453,12 +522,13 @@ class Decoder:
             t.wpe.weight.data_ptr(),
             _f32(t.ln_f.weight, keep),
             _f32(t.ln_f.bias, keep),
-            _mat(lib, model.lm_head, keep),
+            _mat(lib, model.lm_head, keep, self.arena),
             layers,
             BF16,
         )
         self.layers, self.keep, self.vocab = layers, keep, c.vocab_size
         self.packed = bool(self.model.head.packed)  # products from packed copies (prefills of any length)
+        self.steps = 0  # taken, counted up to MERGE_AFTER
         self.weights: tuple[int, ...] = ()
         # the cache (and its count of resets) its weights were last checked for
         self.checked_for: tuple[weakref.ref[KVCache], int] | None = None
@@ -505,7 +575,28 @@ class Decoder:
         )
         _check(rc, tokens, self.vocab)
         cache.pos += 1
+        if self.steps < MERGE_AFTER:
+            self.steps += 1
+            if self.steps == MERGE_AFTER and MADV_HUGEPAGE is not None:
+                threading.Thread(target=merge_pages, args=(self.streamed(),), daemon=True).start()
         return logits
+
+    def streamed(self) -> list[torch.Tensor]:
+        """The weights every step reads whole: the arena of the products' packed copies, and
+        the weights read as stored (the embeddings are only looked up; LayerNorms and biases
+        are small). Once the Decoder has taken MERGE_AFTER steps, a thread of its own asks for
+        them to be put on huge pages (merge_pages). GPT-2 124M, bf16, on a Zen 3 whose THP
+        setting is "madvise": a row took 0.91 and 0.97 of the time with the arena merged (two
+        runs of 16 alternated rounds of generate(), 100 tokens each); the C step alone, every
+        buffer on huge pages, 0.95 to 0.99 (int8 0.94 to 0.99, fp32 0.94; but weights read as
+        stored are torch's, and only their whole 2 MB stretches can be merged: of int8's on
+        AVX2, the unembedding's). Not at once: the merge takes about 0.6 s of a core for
+        bf16's 240 MB (1.6 s for fp32's 500 MB), and asking for huge pages before the copies
+        were written made the first token wait up to 1 s more, for the kernel to compact
+        memory (bench/RESULTS.md)."""
+        mats = [m for layer in self.layers for m in (layer.attn, layer.proj, layer.fc, layer.out)]
+        by_address = {t.data_ptr(): t for t in self.keep}
+        return [self.arena.memory, *(by_address[m.w] for m in [*mats, self.model.head] if not m.packed)]
 
     def prefill(self, lib: ctypes.CDLL, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """The logits (1, V) after a prompt's tokens (T,), stored in a cache of one row after
