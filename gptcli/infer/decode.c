@@ -503,10 +503,12 @@ static inline __attribute__((always_inline)) void packed_block(const Mat *m, con
     }
 }
 
-/* this thread's outputs [lo, hi) (lo a multiple of PACK) of a product with packed bf16
- * weights, the rows x (rows, k) in fp32, made bf16 in xb (this thread's room for them) */
-static void packed_bf16(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
-    to_bf16(x, xb, (size_t)rows * m->k);
+/* the rows x (rows, k) as packed_bf16 takes them: in bf16 */
+static void prepare_packed(const float *x, int rows, int k, uint16_t *xb) { to_bf16(x, xb, (size_t)rows * k); }
+
+/* the outputs [lo, hi) (lo a multiple of PACK) of a product with packed bf16 weights, the
+ * rows (rows, k) made bf16 in xb by prepare_packed */
+static void packed_bf16(const Mat *m, const uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
     for (int j = lo; j < hi; j += PACK) {
         const uint16_t *w = (const uint16_t *)m->packed + (size_t)j * m->k;
         for (int r = 0; r < rows; r += 16) {
@@ -556,11 +558,10 @@ static inline __attribute__((always_inline)) void packed_block_i8(const Mat *m, 
     }
 }
 
-/* this thread's outputs [lo, hi) of a product with packed int8 weights; xq, sx: this
- * thread's room for the activations as int16 (rows, k) and their scales (rows) */
-static void packed_product_i8(const Mat *m, const float *x, int16_t *xq, float *sx, float *y, int rows, int mode,
-                              int lo, int hi) {
-    quantize_rows(x, rows, m->k, xq, sx);
+/* the outputs [lo, hi) of a product with packed int8 weights; xq, sx: the activations as
+ * int16 (rows, k) and their scales (rows), from prepare */
+static void packed_product_i8(const Mat *m, const int16_t *xq, const float *sx, float *y, int rows, int mode, int lo,
+                              int hi) {
     for (int j = lo; j < hi; j += PACK) {
         const int8_t *w = (const int8_t *)m->packed + (size_t)j * m->k;
         for (int r = 0; r < rows; r += 16) {
@@ -985,15 +986,11 @@ static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, co
     } while (0)
 #define ONE_OR_TWO_STREAMS(S, BLOCKS, M, NA) ((S) == 2 ? BLOCKS(M, 2, NA) : BLOCKS(M, 1, NA))
 
-/* this thread's outputs [lo, hi) (lo a multiple of PACK) of a product with packed bf16
- * weights, the rows x (rows, k) in fp32, each ROW_GROUP rows' activations put in xb (this
- * thread's room for them) pair by pair: a pair's activations for the group's rows side by
- * side. The share's blocks of 8 outputs are cut into S parts read side by side (the blocks
- * left over one at a time). */
-static void packed_bf16(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
-    const int k = m->k;
+/* the rows x (rows, k) in fp32 as packed_bf16 takes them, in xb: each ROW_GROUP rows' pairs
+ * side by side, (k / 2, M, 2) */
+static void prepare_packed(const float *x, int rows, int k, uint16_t *xb) {
     float *xt = (float *)xb;
-    for (int r = 0; r < rows; r += ROW_GROUP) { /* each group's pairs side by side: (k / 2, M, 2) */
+    for (int r = 0; r < rows; r += ROW_GROUP) {
         const int M = rows - r < ROW_GROUP ? rows - r : ROW_GROUP;
         uint64_t *g = (uint64_t *)(xt + (size_t)r * k);
         for (int i = 0; i < M; i++) {
@@ -1001,6 +998,14 @@ static void packed_bf16(const Mat *m, const float *x, uint16_t *xb, float *y, in
             for (int p = 0; p < k / 2; p++) memcpy(g + (size_t)p * M + i, xi + 2 * p, 8);
         }
     }
+}
+
+/* the outputs [lo, hi) (lo a multiple of PACK) of a product with packed bf16 weights, the
+ * rows' activations grouped in xb by prepare_packed. The range's blocks of 8 outputs are cut
+ * into S parts read side by side (the blocks left over one at a time). */
+static void packed_bf16(const Mat *m, const uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
+    const int k = m->k;
+    const float *xt = (const float *)xb;
     const int blocks = (hi - lo + PACK_BF16 - 1) / PACK_BF16;
     const int S = rows == 1 ? PACKED_STREAMS : 2, part = blocks / S;
     const uint16_t *base = (const uint16_t *)m->packed;
@@ -1075,19 +1080,6 @@ static void gelu_all(float *restrict y, int n) {
     for (int i = 0; i < n; i++) y[i] = gelu(y[i]);
 }
 
-/* this thread's share [lo, hi) of n outputs, in blocks of `align` */
-static void share(int n, int align, int *lo, int *hi) {
-#ifdef _OPENMP
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const int t = 0, nt = 1;
-#endif
-    const long blocks = (n + align - 1) / align;
-    const int b0 = (int)(blocks * t / nt), b1 = (int)(blocks * (t + 1) / nt);
-    *lo = b0 * align < n ? b0 * align : n;
-    *hi = b1 * align < n ? b1 * align : n;
-}
-
 /* one output of a product, by the weight's dtype; prep: the row's activations as the bf16
  * products take them (in bf16 for bf16 pairs, split for AVX2) */
 static inline float dot_row(const Mat *m, int j, const float *xr, const void *prep) {
@@ -1134,27 +1126,24 @@ static int four_streams(const Mat *m, const float *x, const int16_t *xq, const f
 }
 #endif
 
-/* this thread's outputs [lo, hi) of a product, from the weight rows as they are stored (for
- * weights with no packed copy: fp32, int8, or bf16 where the CPU lacks AVX512-BF16); xb:
- * room for x as the bf16 products take it (rows, k): in bf16 (bf16 pairs) or split into
- * fp32 even and odd ones (AVX2) */
-static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode, int lo, int hi) {
+/* the outputs [lo, hi) of a product, from the weight rows as they are stored (for weights
+ * with no packed copy: fp32, int8, or bf16 where the CPU lacks AVX512-BF16); xb: x as
+ * prepare put it for the bf16 products (rows, k): in bf16 (bf16 pairs) or split into fp32
+ * even and odd ones (AVX2), or for the int8 ones as int16 with the rows' scales after them */
+static void stored_product(const Mat *m, const float *x, const uint16_t *xb, float *y, int rows, int mode, int lo,
+                           int hi) {
     const int k = m->k;
     int j = lo;
     size_t prep_stride = 0; /* between the rows' prepared activations in xb, in bytes */
 #if defined(HAVE_BF16_PAIRS)
-    if (m->dtype == BF16) to_bf16(x, xb, (size_t)rows * k), prep_stride = (size_t)k * 2;
+    if (m->dtype == BF16) prep_stride = (size_t)k * 2;
 #elif defined(HAVE_SPLIT_BF16)
-    if (m->dtype == BF16) {
-        for (int r = 0; r < rows; r++) split_even_odd(x + (size_t)r * k, k, (float *)xb + (size_t)r * k);
-        prep_stride = (size_t)k * 4;
-    }
+    if (m->dtype == BF16) prep_stride = (size_t)k * 4;
 #endif
 #ifdef HAVE_INT16_PAIRS
     if (m->dtype == I8) { /* the rows as int16, their scales after them */
-        int16_t *xq = (int16_t *)xb;
-        float *sx = row_scales(xb, rows, k);
-        quantize_rows(x, rows, k, xq, sx);
+        const int16_t *xq = (const int16_t *)xb;
+        const float *sx = row_scales((uint16_t *)xb, rows, k);
         if (rows > 1)
             for (; j + 2 <= hi; j += 2)
                 for (int r = 0; r < rows; r += 4) {
@@ -1200,30 +1189,128 @@ static void stored_product(const Mat *m, const float *x, uint16_t *xb, float *y,
             put(m, y, r, j, dot_row(m, j, x + (size_t)r * k, (const char *)xb + r * prep_stride), mode);
 }
 
-/* y (rows, n) = x (rows, k) @ W^T + bias, then stored, added to y (a residual) or passed
- * through GELU; each weight read from memory once for all rows. Called inside the step's
- * parallel region: each thread takes its share of the outputs, then they meet. xb: this
- * thread's room for x in bf16 or int16 (rows, k), and the rows' scales after it. */
-static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode) {
-    int lo, hi;
+/* how a product reads its weights: their packed copy (bf16 or int8), or as stored */
+enum { PACKED_BF16, PACKED_I8, STORED };
+static int reading(const Mat *m) {
+    (void)m;
 #ifdef HAVE_PACKED
-    if (m->packed && m->dtype == BF16) {
-        share(m->n, PACK, &lo, &hi);
-        packed_bf16(m, x, xb, y, rows, mode, lo, hi);
-    } else
+    if (m->packed && m->dtype == BF16) return PACKED_BF16;
 #endif
 #ifdef HAVE_PACKED_I8
-    if (m->packed && m->dtype == I8) {
-        share(m->n, PACK, &lo, &hi);
-        packed_product_i8(m, x, (int16_t *)xb, row_scales(xb, rows, m->k), y, rows, mode, lo, hi);
-    } else
+    if (m->packed && m->dtype == I8) return PACKED_I8;
 #endif
-    {
-        share(m->n, 16, &lo, &hi);
-        stored_product(m, x, xb, y, rows, mode, lo, hi);
+    return STORED;
+}
+
+/* x (rows, k) as the products of m take it, in this thread's room xb (rows, k, and int8's
+ * row scales after them: row_scales): in bf16 (AVX-512 BF16's packed products and bf16
+ * pairs), grouped in pairs (AVX2's packed bf16), split into even and odd ones (AVX2's bf16
+ * read as stored), or as int16 with a scale per row (int8); fp32 read as stored takes x */
+static void prepare(const Mat *m, int how, const float *x, uint16_t *xb, int rows) {
+    const int k = m->k;
+    (void)how, (void)k, (void)x, (void)xb, (void)rows;
+#ifdef HAVE_PACKED
+    if (how == PACKED_BF16) {
+        prepare_packed(x, rows, k, xb);
+        return;
     }
-    if (mode == GELU)
-        for (int r = 0; r < rows; r++) gelu_all(y + (size_t)r * m->n + lo, hi - lo);
+#endif
+#if defined(HAVE_PACKED_I8) || defined(HAVE_INT16_PAIRS)
+    if (m->dtype == I8) {
+        quantize_rows(x, rows, k, (int16_t *)xb, row_scales(xb, rows, k));
+        return;
+    }
+#endif
+#if defined(HAVE_BF16_PAIRS)
+    if (m->dtype == BF16) to_bf16(x, xb, (size_t)rows * k);
+#elif defined(HAVE_SPLIT_BF16)
+    if (m->dtype == BF16)
+        for (int r = 0; r < rows; r++) split_even_odd(x + (size_t)r * k, k, (float *)xb + (size_t)r * k);
+#endif
+}
+
+/* the outputs [lo, hi) of m's product, read as `how` says, from x and as prepare put it in xb */
+static void product(const Mat *m, int how, const float *x, uint16_t *xb, float *y, int rows, int mode, int lo,
+                    int hi) {
+    (void)how;
+#ifdef HAVE_PACKED
+    if (how == PACKED_BF16) {
+        packed_bf16(m, xb, y, rows, mode, lo, hi);
+        return;
+    }
+#endif
+#ifdef HAVE_PACKED_I8
+    if (how == PACKED_I8) {
+        packed_product_i8(m, (const int16_t *)xb, row_scales(xb, rows, m->k), y, rows, mode, lo, hi);
+        return;
+    }
+#endif
+    stored_product(m, x, xb, y, rows, mode, lo, hi);
+}
+
+#define PIECE 16          /* outputs: a thread's share or piece of a product is a multiple of it */
+#define PIECES_FROM_ROWS 9 /* rows from which the threads take a product's outputs piece by piece */
+
+/* this thread's share [lo, hi) of n outputs, fixed in advance, in pieces of PIECE */
+static void share(int n, int *lo, int *hi) {
+#ifdef _OPENMP
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int t = 0, nt = 1;
+#endif
+    const long pieces = (n + PIECE - 1) / PIECE;
+    const int b0 = (int)(pieces * t / nt), b1 = (int)(pieces * (t + 1) / nt);
+    *lo = b0 * PIECE < n ? b0 * PIECE : n;
+    *hi = b1 * PIECE < n ? b1 * PIECE : n;
+}
+
+/* The next piece [*lo, *hi) of a product's n outputs for the thread that asks, from the
+ * product's counter `taken` (of pieces of PIECE outputs): one 2 x threads-th of what is left
+ * (as OpenMP's guided schedule), at least one PIECE; 0: none left. */
+static int take(int *taken, int n, int *lo, int *hi) {
+#ifdef _OPENMP
+    const int threads = omp_get_num_threads();
+#else
+    const int threads = 1;
+#endif
+    const int pieces = (n + PIECE - 1) / PIECE;
+    int at = __atomic_load_n(taken, __ATOMIC_RELAXED);
+    for (;;) {
+        const int left = pieces - at;
+        if (left <= 0) return 0;
+        int size = left / (2 * threads);
+        size = size < 1 ? 1 : size;
+        if (__atomic_compare_exchange_n(taken, &at, at + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            *lo = at * PIECE;
+            *hi = (at + size) * PIECE < n ? (at + size) * PIECE : n;
+            return 1;
+        }
+    }
+}
+
+/* y (rows, n) = x (rows, k) @ W^T + bias, then stored, added to y (a residual) or passed
+ * through GELU; each weight read from memory once for all rows. Called inside the step's
+ * parallel region: each thread computes its share of the outputs, then they meet. With
+ * PIECES_FROM_ROWS rows or more, where the products' arithmetic takes longer than their
+ * reads, the threads take the outputs piece by piece instead (take, from the counter
+ * `taken`, zero before): with fixed shares, one thread waited for the other at every
+ * product's end (16 rows of GPT-2 124M on a Zen 3: 7% of a step). Whole 16-row steps in
+ * pieces, against fixed shares: bf16 0.98 and 0.99 of the time (pieces of 32 outputs: 0.89
+ * to 1.02), int8 0.855, fp32 0.95. One row reads its weights in fewer, longer streams with
+ * fixed shares (in pieces: 0.98 to 1.06 of the time; 4 and 8 rows 0.94 to 1.03). xb: this
+ * thread's room for x as the products take it (prepare). */
+static void matvec(const Mat *m, const float *x, uint16_t *xb, float *y, int rows, int mode, int *taken) {
+    const int how = reading(m);
+    prepare(m, how, x, xb, rows);
+    int lo = 0, hi = 0, more = 1;
+    if (rows < PIECES_FROM_ROWS) share(m->n, &lo, &hi);
+    else more = take(taken, m->n, &lo, &hi);
+    while (more && lo < hi) {
+        product(m, how, x, xb, y, rows, mode, lo, hi);
+        if (mode == GELU)
+            for (int r = 0; r < rows; r++) gelu_all(y + (size_t)r * m->n + lo, hi - lo);
+        more = rows >= PIECES_FROM_ROWS && take(taken, m->n, &lo, &hi);
+    }
 #pragma omp barrier
 }
 
@@ -1807,6 +1894,8 @@ static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *po
     float *qkv = malloc(sizeof(float) * rows * 3 * C), *a = malloc(sizeof(float) * rows * C);
     float *f = malloc(sizeof(float) * rows * F);
     float *scratch = malloc(sizeof(float) * (size_t)rows * m->n_head * cache_len);
+    const int products = 4 * m->n_layer + 1;
+    int *taken = aligned_alloc(64, (size_t)products * 64); /* each product's counter (take), 64 bytes apart */
     size_t *at = malloc(sizeof(size_t) * (size_t)rows * cache_len);
 #ifndef _OPENMP
     threads = 1;
@@ -1815,10 +1904,11 @@ static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *po
     /* each thread's: x in bf16, int16 or split fp32, and int8's row scales */
     const size_t room = 2 * (size_t)rows * F + 2 * (size_t)rows;
     uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)threads * room);
-    if (!x || !h || !qkv || !a || !f || !scratch || !at || !xb) {
-        free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(at), free(xb);
+    if (!x || !h || !qkv || !a || !f || !scratch || !at || !xb || !taken) {
+        free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(at), free(xb), free(taken);
         return -1;
     }
+    memset(taken, 0, (size_t)products * 64);
     slot_offsets(at, sources, one_sequence, last, rows, batch, m->n_head, C / m->n_head, cache_len);
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < C; i++)
@@ -1834,21 +1924,22 @@ static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *po
 #endif
         for (int l = 0; l < m->n_layer; l++) {
             const Layer *L = &m->layers[l];
+            int *counters = taken + 64 * l; /* this layer's 4 products' (16 ints apart) */
             layer_norm(x, L->ln1_w, L->ln1_b, h, rows, C);
-            matvec(&L->attn, h, mine, qkv, rows, STORE);
+            matvec(&L->attn, h, mine, qkv, rows, STORE, counters);
             store_keys(m, l, qkv, k_cache, v_cache, at, rows, batch, cache_len, last);
             attend(m, l, qkv, k_cache, v_cache, at, rows, batch, cache_len, last, key_mask, a, scratch);
-            matvec(&L->proj, a, mine, x, rows, ADD);
+            matvec(&L->proj, a, mine, x, rows, ADD, counters + 16);
             layer_norm(x, L->ln2_w, L->ln2_b, h, rows, C);
-            matvec(&L->fc, h, mine, f, rows, GELU);
-            matvec(&L->out, f, mine, x, rows, ADD);
+            matvec(&L->fc, h, mine, f, rows, GELU, counters + 32);
+            matvec(&L->out, f, mine, x, rows, ADD, counters + 48);
         }
         if (logits) {
             layer_norm(x + (size_t)first_out * C, m->lnf_w, m->lnf_b, h, out_rows, C);
-            matvec(&m->head, h, mine, logits, out_rows, STORE);
+            matvec(&m->head, h, mine, logits, out_rows, STORE, taken + 64 * m->n_layer);
         }
     }
-    free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(at), free(xb);
+    free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(at), free(xb), free(taken);
     return 0;
 }
 
