@@ -1251,6 +1251,15 @@ static void product(const Mat *m, int how, const float *x, uint16_t *xb, float *
 #define PIECE 16          /* outputs: a thread's share or piece of a product is a multiple of it */
 #define PIECES_FROM_ROWS 9 /* rows from which the threads take a product's outputs piece by piece */
 
+/* how many threads share the parallel region this is called in (1 outside one) */
+static inline int team_size(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
 /* this thread's share [lo, hi) of n outputs, fixed in advance, in pieces of PIECE */
 static void share(int n, int *lo, int *hi) {
 #ifdef _OPENMP
@@ -1268,11 +1277,7 @@ static void share(int n, int *lo, int *hi) {
  * product's counter `taken` (of pieces of PIECE outputs): one 2 x threads-th of what is left
  * (as OpenMP's guided schedule), at least one PIECE; 0: none left. */
 static int take(int *taken, int n, int *lo, int *hi) {
-#ifdef _OPENMP
-    const int threads = omp_get_num_threads();
-#else
-    const int threads = 1;
-#endif
+    const int threads = team_size();
     const int pieces = (n + PIECE - 1) / PIECE;
     int at = __atomic_load_n(taken, __ATOMIC_RELAXED);
     for (;;) {
@@ -1576,11 +1581,7 @@ static void attend(const Model *m, int layer, const float *qkv, const void *kc, 
     const size_t size = dt == BF16 ? 2 : 4;
     const float scale = 1.f / sqrtf((float)hs);
 #ifdef HAVE_ATTEND_ROWS
-#ifdef _OPENMP
-    const int threads = omp_get_num_threads();
-#else
-    const int threads = 1;
-#endif
+    const int threads = team_size();
     /* whole rows where the largest share of them is at most a quarter above the mean (2 threads:
      * 5 rows 0.96x the time of (row, head) pairs; 17 rows on 16 threads would take twice) */
     const int most = (rows + threads - 1) / threads;
