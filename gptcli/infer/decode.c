@@ -1215,12 +1215,15 @@ static void prepare(const Mat *m, int how, const float *x, uint16_t *xb, int row
         return;
     }
 #endif
-#if defined(HAVE_PACKED_I8) || defined(HAVE_INT16_PAIRS)
-    if (m->dtype == I8) {
+#ifdef HAVE_INT16_PAIRS
+    const int as_int16 = m->dtype == I8; /* (AVX2: every int8 product; none is packed) */
+#else
+    const int as_int16 = how == PACKED_I8; /* (AVX512-VNNI's; int8 read as stored takes x) */
+#endif
+    if (as_int16) {
         quantize_rows(x, rows, k, (int16_t *)xb, row_scales(xb, rows, k));
         return;
     }
-#endif
 #if defined(HAVE_BF16_PAIRS)
     if (m->dtype == BF16) to_bf16(x, xb, (size_t)rows * k);
 #elif defined(HAVE_SPLIT_BF16)
