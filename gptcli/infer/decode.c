@@ -1266,10 +1266,11 @@ static inline int team_size(void) {
 /* this thread's share [lo, hi) of n outputs, fixed in advance, in pieces of PIECE */
 static void share(int n, int *lo, int *hi) {
 #ifdef _OPENMP
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int t = omp_get_thread_num();
 #else
-    const int t = 0, nt = 1;
+    const int t = 0;
 #endif
+    const int nt = team_size();
     const long pieces = (n + PIECE - 1) / PIECE;
     const int b0 = (int)(pieces * t / nt), b1 = (int)(pieces * (t + 1) / nt);
     *lo = b0 * PIECE < n ? b0 * PIECE : n;

@@ -506,10 +506,7 @@ class Decoder:
                 _f32(block.ln_1.bias, keep),
                 _f32(block.ln_2.weight, keep),
                 _f32(block.ln_2.bias, keep),
-                _mat(lib, block.attn.c_attn, keep, self.arena),
-                _mat(lib, block.attn.c_proj, keep, self.arena),
-                _mat(lib, block.mlp.c_fc, keep, self.arena),
-                _mat(lib, block.mlp.c_proj, keep, self.arena),
+                *(_mat(lib, m, keep, self.arena) for m in linears[4 * i : 4 * i + 4]),
             )
         self.model = _Model(
             c.n_layer,
@@ -522,7 +519,7 @@ class Decoder:
             t.wpe.weight.data_ptr(),
             _f32(t.ln_f.weight, keep),
             _f32(t.ln_f.bias, keep),
-            _mat(lib, model.lm_head, keep, self.arena),
+            _mat(lib, linears[-1], keep, self.arena),
             layers,
             BF16,
         )
