@@ -21,7 +21,7 @@
 #include <time.h>
 
 typedef int Step(const Model *, const int64_t *, const int64_t *, int, int, int, int, void *, void *,
-                 const int32_t *, const uint8_t *, float *, int);
+                 const int32_t *, const uint8_t *, float *, int, int64_t *);
 Step a_decode_step, b_decode_step;
 
 static double now(void) {
@@ -86,6 +86,7 @@ int main(int argc, char **argv) {
     int64_t *tokens = malloc(sizeof(int64_t) * rows), *positions = malloc(sizeof(int64_t) * rows);
     for (int r = 0; r < rows; r++) tokens[r] = (r * 7919) % V, positions[r] = slot;
     float *logits = floats((size_t)rows * V, 0);
+    int64_t *best = malloc(sizeof(int64_t) * rows); /* (each row's argmax, as generate asks; older versions ignore it) */
     int32_t *sources = NULL;
     if (shared >= 0) {
         sources = malloc(sizeof(int32_t) * rows * cache_len);
@@ -97,7 +98,7 @@ int main(int argc, char **argv) {
         const int b = rep % 2;
         const double t0 = now();
         if ((b ? b_decode_step : a_decode_step)(&m, tokens, positions, rows, rows, slot, cache_len, kc, vc, sources,
-                                                NULL, logits, 2))
+                                                NULL, logits, 2, best))
             return fprintf(stderr, "the step failed\n"), 1;
         if (rep >= 2) t[b][(rep - 2) / 2] = now() - t0;
     }

@@ -530,6 +530,47 @@ def test_the_c_sample_draws_what_torchs_softmax_and_draw_find():
     assert kernels.sample(x, u, 1e39) is None  # (a temperature float cannot hold: torch's code)
 
 
+def test_the_c_argmax_is_torchs_and_a_steps_own_is_handed_out_once():
+    """gptcli_argmax against torch's argmax: ties (the first), NaN before and after the largest
+    and in a later block than it (the first NaN), infinities, rows all -inf, widths around its
+    blocks of 512. A step's own argmax (found while its logits were in cache) is given for
+    those logits once, and never for logits changed since or for others."""
+    lib = library()
+    g = torch.Generator().manual_seed(0)
+    for V in (1, 3, 511, 512, 513, 1100, 50257):
+        x = torch.randn(8, V, generator=g)
+        x[1, [V // 3, V - 1]] = 50.0
+        x[2, V - 1] = float("nan")
+        x[3, 0], x[3, V - 1] = 9.0, float("nan")
+        x[4] = float("-inf")
+        x[5, [V // 2, V - 1]] = float("inf")
+        x[6, 0], x[6, V - 1] = float("nan"), 99.0
+        x[7] = 1.0
+        got = kernels.argmax(x)
+        assert got is not None and got.dtype == torch.long and torch.equal(got, x.argmax(-1)), V
+    x = torch.randn(4, 600, generator=g)
+    assert kernels.argmax(x.double()) is None and kernels.argmax(x[:, ::2]) is None
+    assert kernels.argmax(x[:, :0]) is None and kernels.argmax(x[0]) is None
+
+    model = small_model(torch.float32)
+    assert kernels.use_fast_decode(model) and lib is not None
+    cache = KVCache(model.config, 3, 12)
+    with torch.no_grad():
+        GPT.next_logits(model, torch.randint(0, 97, (3, 4), generator=g), kv_cache=cache)
+        logits = model.next_logits(torch.tensor([[1], [2], [3]]), kv_cache=cache)
+        own = kernels._LAST_ARGMAX[2]
+        assert kernels.argmax(logits) is own and torch.equal(own, logits.argmax(-1))
+        again = kernels.argmax(logits)  # (found anew: the first caller may have changed own)
+        assert again is not own and torch.equal(again, logits.argmax(-1))
+        logits = model.next_logits(torch.tensor([[4], [5], [6]]), kv_cache=cache)
+        assert kernels.argmax(logits.clone()) is not kernels._LAST_ARGMAX[2]
+        logits[:, 7] = 1e9
+        assert torch.equal(kernels.argmax(logits), torch.full((3,), 7))
+    with torch.inference_mode():  # (its tensors have no version: no step's own argmax kept)
+        logits = model.next_logits(torch.tensor([[7], [8], [9]]), kv_cache=cache)
+        assert kernels._LAST_ARGMAX[0] is None and torch.equal(kernels.argmax(logits), logits.argmax(-1))
+
+
 def test_sampling_draws_in_c_unless_top_k_or_top_p(monkeypatch):
     """Sampling.draw takes the C sample for a plain or tempered distribution (the uniforms
     drawn as draw_from draws them: the same ids from the same seed as q's own draw, but for
