@@ -1030,6 +1030,102 @@ static void packed_bf16(const Mat *m, const uint16_t *xb, float *y, int rows, in
     }
 }
 
+/* With AVX2, the products with int8 weights read them packed as AVX512-VNNI's do (blocks of
+ * 16 outputs: for each pair of inputs, the 16 outputs' two weights in 32 bytes), each half
+ * widened to int16 and multiplied with the row's int16 pair broadcast (vpmaddwd: 8 outputs'
+ * int32 sums), the sums in registers over all of k: where the rows read as stored took a
+ * dot product per output and row, and its sum across a vector at the end. The same integer
+ * sums, scaled as those were: the same outputs. In the Decoder's arena, so on huge pages
+ * (torch's own int8 tensors, under 2 MB, were not). GPT-2 124M, one row on a Zen 3: see
+ * bench/RESULTS.md. */
+#define HAVE_PACKED_I8 1
+
+/* y[r0 + i][j[s] .. j[s] + 16) for i < M, s < S, from the packed blocks at w[s] and the rows'
+ * int16 activations x (M, k) of scales sx (M), as packed_blocks (M x S x 2 sums) */
+static inline __attribute__((always_inline)) void packed_blocks_i8(const Mat *m, const int8_t *const *ws,
+                                                                   const int *j, const int16_t *x, const float *sx,
+                                                                   float *y, int r0, int mode, const int M,
+                                                                   const int S) {
+    const int k = m->k, n = m->n, pairs = k / 2;
+    const int8_t *w[PACKED_STREAMS];
+    for (int s = 0; s < S; s++) w[s] = ws[s];
+    __m256i acc[8]; /* row i's sums with block s: acc[(i * S + s) * 2 ..], its 8 first outputs', then the others' */
+    for (int a = 0; a < 2 * M * S; a++) acc[a] = _mm256_setzero_si256();
+    for (int p = 0; p < pairs; p++) {
+        __m256i xv[ROW_GROUP];
+        for (int i = 0; i < M; i++) xv[i] = _mm256_set1_epi32(*(const pair32 *)(x + (size_t)i * k + 2 * p));
+        for (int s = 0; s < S; s++) {
+            const int8_t *wp = w[s] + (size_t)p * 32;
+            ask_weights(wp, 32);
+            const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wp));
+            const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wp + 16)));
+            for (int i = 0; i < M; i++) {
+                const int a = (i * S + s) * 2;
+                acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(lo, xv[i]));
+                acc[a + 1] = _mm256_add_epi32(acc[a + 1], _mm256_madd_epi16(hi, xv[i]));
+            }
+        }
+    }
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int s = 0; s < S; s++)
+        for (int h = 0; h < 2; h++) {
+            const int j0 = j[s] + 8 * h, left = n - j0 < 8 ? n - j0 : 8;
+            if (left <= 0) continue;
+            const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lanes);
+            const __m256 scale = _mm256_maskload_ps(m->scale + j0, keep);
+            const __m256 bias = m->bias ? _mm256_maskload_ps(m->bias + j0, keep) : _mm256_setzero_ps();
+            for (int i = 0; i < M; i++) {
+                float *out = y + (size_t)(r0 + i) * n + j0;
+                const __m256 sums = _mm256_cvtepi32_ps(acc[(i * S + s) * 2 + h]);
+                __m256 v = _mm256_add_ps(_mm256_mul_ps(sums, _mm256_mul_ps(scale, _mm256_set1_ps(sx[i]))), bias);
+                if (mode == ADD) v = _mm256_add_ps(_mm256_maskload_ps(out, keep), v);
+                _mm256_maskstore_ps(out, keep, v);
+            }
+        }
+}
+
+/* BLOCKS(M, S) for the rows r .. r + M of a product: a single row in 4 streams, two rows in
+ * 2, more in groups of up to ROW_GROUP rows in one (at most 8 sums) */
+#define FOR_I8_GROUPS(rows, r, S, BLOCKS)                                                            \
+    do {                                                                                             \
+        if ((S) == 4) BLOCKS(1, 4);                                                                  \
+        else if ((S) == 2) BLOCKS(2, 2);                                                             \
+        else                                                                                         \
+            switch ((rows) - (r) < ROW_GROUP ? (rows) - (r) : ROW_GROUP) {                           \
+            case 1: BLOCKS(1, 1); break;                                                             \
+            case 2: BLOCKS(2, 1); break;                                                             \
+            case 3: BLOCKS(3, 1); break;                                                             \
+            default: BLOCKS(4, 1); break;                                                            \
+            }                                                                                        \
+    } while (0)
+
+/* the outputs [lo, hi) (lo a multiple of PACK) of a product with packed int8 weights; xq, sx:
+ * the activations as int16 (rows, k) and their scales (rows), from prepare. The range's
+ * blocks are cut into S parts read side by side (the blocks left over one at a time). */
+static void packed_product_i8(const Mat *m, const int16_t *xq, const float *sx, float *y, int rows, int mode, int lo,
+                              int hi) {
+    const int k = m->k;
+    const int blocks = (hi - lo + PACK - 1) / PACK;
+    const int S = rows == 1 ? PACKED_STREAMS : rows == 2 ? 2 : 1, part = blocks / S;
+    const int8_t *base = (const int8_t *)m->packed;
+    for (int b = 0; b < part; b++) {
+        const int8_t *w[PACKED_STREAMS];
+        int j[PACKED_STREAMS];
+        for (int s = 0; s < S; s++) j[s] = lo + (s * part + b) * PACK, w[s] = base + (size_t)j[s] * k;
+        for (int r = 0; r < rows; r += S == 1 ? ROW_GROUP : rows) {
+#define BLOCKS(M, S_) packed_blocks_i8(m, w, j, xq + (size_t)r * k, sx + r, y, r, mode, M, S_)
+            FOR_I8_GROUPS(rows, r, S, BLOCKS);
+        }
+    }
+    for (int jj = lo + S * part * PACK; jj < hi; jj += PACK) {
+        const int8_t *w[1] = {base + (size_t)jj * k};
+        const int j[1] = {jj};
+        for (int r = 0; r < rows; r += ROW_GROUP)
+            FOR_I8_GROUPS(rows, r, 1, BLOCKS);
+#undef BLOCKS
+    }
+}
+
 #else
 static float dot_f32(const float *w, const float *x, int k) {
     float s = 0.f;
@@ -1216,7 +1312,7 @@ static void prepare(const Mat *m, int how, const float *x, uint16_t *xb, int row
     }
 #endif
 #ifdef HAVE_INT16_PAIRS
-    const int as_int16 = m->dtype == I8; /* (AVX2: every int8 product; none is packed) */
+    const int as_int16 = m->dtype == I8; /* (AVX2: every int8 product, packed or not) */
 #else
     const int as_int16 = how == PACKED_I8; /* (AVX512-VNNI's; int8 read as stored takes x) */
 #endif

@@ -6,7 +6,7 @@ does a whole step (every block, the unembedding, the KV-cache writes) for every 
 once, reading each weight once for all rows, in the dtype it is stored in (fp32, bf16,
 or int8 with a scale per output row, gptcli/infer/quantize.py): no Python, no framework
 and no kernel launches between the operations. bf16 weights (on CPUs with AVX512-BF16 or
-AVX2) and int8 weights (AVX512-VNNI) are read from a copy packed in the order the products
+AVX2) and int8 weights (AVX512-VNNI or AVX2) are read from a copy packed in the order the products
 take them (built when the model first decodes this way: as much memory again as its weights).
 
 It is built with the machine's own C compiler for its own instruction set (`cc -O3
@@ -484,7 +484,7 @@ def _mat(lib: ctypes.CDLL, linear: nn.Module, keep: list[torch.Tensor], arena: _
 class Decoder:
     """One model's weights, pointed to for the C step: the model's own tensors, fp32 copies
     of the small ones (LayerNorms and biases), and a copy of the bf16 weights (on CPUs with
-    AVX512-BF16 or AVX2) or int8 weights (AVX512-VNNI) packed for the products, in one arena:
+    AVX512-BF16 or AVX2) or int8 weights (AVX512-VNNI or AVX2) packed for the products, in one arena:
     as much memory again as those weights."""
 
     def __init__(self, model: GPT, lib: ctypes.CDLL) -> None:
@@ -600,8 +600,8 @@ class Decoder:
         setting is "madvise": a row took 0.91 and 0.97 of the time with the arena merged (two
         runs of 16 alternated rounds of generate(), 100 tokens each); the C step alone, every
         buffer on huge pages, 0.95 to 0.99 (int8 0.94 to 0.99, fp32 0.94; but weights read as
-        stored are torch's, and only their whole 2 MB stretches can be merged: of int8's on
-        AVX2, the unembedding's). Not at once: the merge takes about 0.6 s of a core for
+        stored are torch's, and only their whole 2 MB stretches can be merged: of fp32's, the
+        unembedding's and the MLP's). Not at once: the merge takes about 0.6 s of a core for
         bf16's 240 MB (1.6 s for fp32's 500 MB), and asking for huge pages before the copies
         were written made the first token wait up to 1 s more, for the kernel to compact
         memory (bench/RESULTS.md)."""

@@ -4,11 +4,11 @@ Every Linear of the blocks, and the unembedding, keep their weights as int8 (hal
 bytes, a quarter of fp32's) and a scale each output row: w ≈ q * scale, q = round(w /
 scale), scale = max |w| of the row / 127. Activations stay in the model's dtype. The token
 embedding stays as it was: a lookup reads one row, and the unembedding, tied to it in
-GPT-2, gets its own int8 copy. Decoding reads the int8 weights in gptcli/infer/decode.c
-(on CPUs with AVX512-VNNI, multiplied there with the activations as int16 with a scale per
-row: within 1/11,000 of the row's largest at GPT-2's widths); everything else (prefill,
-eval's batches) multiplies through torch's int8 weight-only kernel for bf16 inputs (of
-widths it takes), or a dequantized weight otherwise.
+GPT-2, gets its own int8 copy. Decoding (and, where the CPU has AVX512-VNNI or AVX2, the
+prompt) reads the int8 weights in gptcli/infer/decode.c (on those CPUs multiplied with the
+activations as int16 with a scale per row: within 1/11,000 of the row's largest at GPT-2's
+widths); everything else (eval's batches) multiplies through torch's int8 weight-only
+kernel for bf16 inputs (of widths it takes), or a dequantized weight otherwise.
 """
 
 from __future__ import annotations
