@@ -3,7 +3,7 @@
  * weights' GB/s for ROWS rows over NW weights of N x K, the best of 7 rounds. NW small
  * (weights in the L3 cache) measures the arithmetic; NW large (hundreds of MB, from
  * memory) measures how the weights' stream and the arithmetic overlap. On a CPU without
- * AVX512-BF16 (no packed bf16 products) it says so and stops.
+ * packed bf16 products (AVX512-BF16 or AVX2) it says so and stops.
  *
  *     cc -O3 -march=native -fno-trapping-math -std=gnu11 -fopenmp -w bench/products.c -o /tmp/products -lm
  *     /tmp/products ROWS NW [N K]        e.g. /tmp/products 16 4; /tmp/products 16 50 768 3072
@@ -46,13 +46,15 @@ int main(int argc, char **argv) {
     }
     float *x = aligned_alloc(64, ROUNDED((size_t)rows * k * 4)), *y = aligned_alloc(64, ROUNDED((size_t)rows * n * 4));
     for (int i = 0; i < rows * k; i++) x[i] = (float)(i % 17) * 0.01f;
+    int *taken = aligned_alloc(64, (size_t)nw * 64); /* each product's counter (matvec's pieces) */
     double best = 1e9;
     for (int rep = 0; rep < 7; rep++) {
+        memset(taken, 0, (size_t)nw * 64);
         const double t0 = now();
 #pragma omp parallel num_threads(2)
         {
             uint16_t *xb = aligned_alloc(64, ROUNDED((size_t)rows * k * 4 + 64));
-            for (int i = 0; i < nw; i++) matvec(&ms[i], x, xb, y, rows, STORE);
+            for (int i = 0; i < nw; i++) matvec(&ms[i], x, xb, y, rows, STORE, taken + 16 * i);
             free(xb);
         }
         const double t = now() - t0;
