@@ -70,7 +70,7 @@ def steps_both_ways(model: GPT, rows: int, prompt_len: int, steps: int, padded: 
     if padded:  # left padding of different lengths, as a batch of prompts has
         mask = torch.ones(rows, prompt_len, dtype=torch.long)
         for r in range(rows):
-            mask[r, : r % 3] = 0
+            mask[r, : r % 3 if rows > 1 else 2] = 0
     dtype = model.transformer.wte.weight.dtype
     out = []
     for step in (GPT.next_logits, model.next_logits):
@@ -125,13 +125,28 @@ def two_threads():
 def test_rows_of_a_bf16_cache_attended_whole_give_the_models_logits(rows, two_threads):
     """Heads of 64 in a bf16 cache, 2 threads: where the larger share of rows is at most a
     quarter above the mean (2, 4, 9, 16), each row's keys are read as one stream and its
-    values 4 heads at a time (attend_rows; 5 heads: a pass of 4, then one); 1 and 3 rows by
-    (row, head) pairs; with padding masks and the rows reordered as beams are."""
+    values 4 heads at a time (attend_rows; 5 heads: a pass of 4, then one); 3 rows by (row,
+    head) pairs, one by its slots (attend_split); with padding masks and the rows reordered as
+    beams are."""
     check_the_c_step(rows, "bf16", (320, 5), sharp=True)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_one_row_of_a_bf16_cache_attended_by_its_slots_gives_the_models_logits(threads):
+    """One row, heads of 64 in a bf16 cache: the threads share its slots (attend_split), each
+    attending to its part, then the parts weighed together; 3 threads (uneven parts), and a
+    padded prompt (masked slots in the first part only)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        check_the_c_step(1, "bf16", (320, 5), sharp=True)
+        check_the_c_step(1, "bf16", (320, 5), sharp=True, padded=True)
+    finally:
+        torch.set_num_threads(before)
+
+
 def check_the_c_step(
-    rows: int, kind: str, shape: tuple[int, int], sharp: bool = False, bias: bool = True
+    rows: int, kind: str, shape: tuple[int, int], sharp: bool = False, bias: bool = True, padded: bool = False
 ) -> None:
     library()
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
@@ -143,7 +158,7 @@ def check_the_c_step(
     assert kernels.use_fast_decode(model)
     # a prompt of 20 and 4 steps: attention over more than 16 positions (the 16-key blocks); the
     # rows reordered between steps as beams are
-    both = steps_both_ways(model, rows, 20, 4, padded=rows > 1, reorder=rows > 1)
+    both = steps_both_ways(model, rows, 20, 4, padded=padded or rows > 1, reorder=rows > 1)
     (want, want_cache), (got, got_cache) = both
     decoder = model.__dict__["_decoder"]  # the C step ran
     stored = {"bf16": kernels.BF16, "int8": kernels.I8}.get(kind)

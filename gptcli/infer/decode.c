@@ -1590,76 +1590,135 @@ static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, co
 #if !defined(HAVE_ATTEND_ROWS) && defined(HAVE_SPLIT_BF16)
 #define HAVE_ATTEND_ROWS 1
 
-/* attend_rows for AVX2 (bf16 caches, heads of 64): a row's keys read from start to end as one
- * stream of (slot, head) pairs, 8 summed at once, each key's bf16 pairs split into even and
- * odd ones (as the packed products split their weights) against the query's even and odd
- * ones; its values likewise slot by slot, every head's weighted values added to the row's
- * output in the core's L1 cache. Where each (row, head) read its slots on its own, C apart, a
- * step of 16 rows at slot 100 spent most of its time waiting on them; where the values were
- * read head by head (the first head's pass asking for the whole slots ahead, the others
- * finding them in the core's caches), whole steps took 1.03x to 1.1x the time (16 rows at
- * slot 100 and 500, beams of 4 at slot 900, a Zen 3: bench/RESULTS.md). */
+/* Row r's attention for AVX2 (bf16 caches, heads of 64) over its slots [s0, s1) of the n it
+ * attends to, every head at once: the keys read from s0 to s1 as one stream of (slot, head)
+ * pairs, 8 summed at once, each key's bf16 pairs split into even and odd ones (as the packed
+ * products split their weights) against the query's even and odd ones; then each head's
+ * largest score mx[h] over the range and its masses e^(score - mx[h]), summed in sum[h]; then
+ * the values likewise slot by slot, every head's weighted values added to out (C) in the
+ * core's L1 cache, not divided by sum. q: the row's query (C); keep: the row's key mask or
+ * NULL; p: room for the row's scores, p[h * cache_len + s]. Where each (row, head) read its
+ * slots on its own, C apart, a step of 16 rows at slot 100 spent most of its time waiting on
+ * them; where the values were read head by head (the first head's pass asking for the whole
+ * slots ahead, the others finding them in the core's caches), whole steps took 1.03x to 1.1x
+ * the time (16 rows at slot 100 and 500, beams of 4 at slot 900, a Zen 3: bench/RESULTS.md). */
+static void attend_slots(const uint16_t *K, const uint16_t *V, const float *q, const size_t *at, int C, int nh,
+                         int cache_len, int s0, int s1, int n, const uint8_t *keep, float scale, float *p, float *out,
+                         float *mx, float *sum) {
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    float qs[4096]; /* each head's query: its 32 even values, then its 32 odd ones */
+    for (int h = 0; h < nh; h++) split_even_odd(q + h * 64, 64, qs + h * 64);
+    const int pairs = (s1 - s0) * nh;
+    int s = s0, h = 0, ws = s0, wh = 0; /* (s, h): the next pair read; (ws, wh): written */
+    for (int i = 0; i < pairs; i += 8) {
+        __m256 acc[8];
+        const int t_end = pairs - i < 8 ? pairs - i : 8;
+        for (int t = 0; t < 8; t++) {
+            if (t >= t_end) {
+                acc[t] = _mm256_setzero_ps();
+                continue;
+            }
+            const uint16_t *key = K + at[s] + h * 64;
+            const float *qe = qs + h * 64, *qo = qe + 32;
+            if (ROW_AHEAD) {
+                __builtin_prefetch((const char *)key + ROW_AHEAD, 0, 3);
+                __builtin_prefetch((const char *)key + ROW_AHEAD + 64, 0, 3);
+            }
+            __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+            for (int c = 0; c < 64; c += 16) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(key + c));
+                a = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(qe + c / 2), a);
+                b = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, high)), _mm256_loadu_ps(qo + c / 2), b);
+            }
+            acc[t] = _mm256_add_ps(a, b);
+            if (++h == nh) h = 0, s++;
+        }
+        float o[8];
+        _mm256_storeu_ps(o, _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
+        for (int t = 0; t < t_end; t++) {
+            p[(size_t)wh * cache_len + ws] = o[t];
+            if (++wh == nh) wh = 0, ws++;
+        }
+    }
+    for (h = 0; h < nh; h++) { /* (as softmax_masses, over the range) */
+        float *ph = p + (size_t)h * cache_len, m = -INFINITY, total = 0.f;
+        if (keep)
+            for (s = s0; s < s1; s++) /* (the new slot is always kept) */
+                if (s < n - 1 && !keep[s]) ph[s] = -INFINITY;
+        for (s = s0; s < s1; s++) m = ph[s] > m ? ph[s] : m;
+        for (s = s0; s < s1; s++) {
+            ph[s] = ph[s] == -INFINITY ? 0.f : vexp(ph[s] - m);
+            total += ph[s];
+        }
+        mx[h] = m, sum[h] = total;
+    }
+    for (int c = 0; c < C; c++) out[c] = 0.f;
+    for (s = s0; s < s1; s++) {
+        const uint16_t *row = V + at[s];
+        if (ROW_AHEAD)
+            for (int b = 0; b < 2 * C; b += 64) __builtin_prefetch((const char *)row + ROW_AHEAD + b, 0, 3);
+        for (h = 0; h < nh; h++) {
+            const __m256 x = _mm256_set1_ps(p[(size_t)h * cache_len + s]);
+            float *o = out + h * 64;
+            for (int c = 0; c < 64; c += 8)
+                _mm256_storeu_ps(o + c, _mm256_fmadd_ps(x, widen_bf16(row + h * 64 + c), _mm256_loadu_ps(o + c)));
+        }
+    }
+}
+
+/* attend's rows one at a time, whole (attend_slots over all their slots, divided by the sums) */
 static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, const float *qkv, const size_t *ats,
                         int rows, int cache_len, const int *last, const uint8_t *key_mask, float scale, float *y,
                         float *scratch) {
     const int C = m->n_embd, nh = m->n_head;
-    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
 #pragma omp for schedule(static)
     for (int r = 0; r < rows; r++) {
-        const size_t *at = ats + (size_t)r * cache_len;
-        const int n = last[r] + 1, pairs = n * nh;
-        float qs[4096]; /* each head's query: its 32 even values, then its 32 odd ones */
-        for (int h = 0; h < nh; h++) split_even_odd(qkv + (size_t)r * 3 * C + h * 64, 64, qs + h * 64);
-        float *p = scratch + (size_t)r * nh * cache_len; /* p[h * cache_len + s] */
-        int s = 0, h = 0, ws = 0, wh = 0, i = 0; /* (s, h): the next pair read; (ws, wh): written */
-        for (; i < pairs; i += 8) {
-            __m256 acc[8];
-            const int t_end = pairs - i < 8 ? pairs - i : 8;
-            for (int t = 0; t < 8; t++) {
-                if (t >= t_end) {
-                    acc[t] = _mm256_setzero_ps();
-                    continue;
-                }
-                const uint16_t *key = K + at[s] + h * 64;
-                const float *qe = qs + h * 64, *qo = qe + 32;
-                if (ROW_AHEAD) {
-                    __builtin_prefetch((const char *)key + ROW_AHEAD, 0, 3);
-                    __builtin_prefetch((const char *)key + ROW_AHEAD + 64, 0, 3);
-                }
-                __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-                for (int c = 0; c < 64; c += 16) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(key + c));
-                    a = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(qe + c / 2), a);
-                    b = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, high)), _mm256_loadu_ps(qo + c / 2), b);
-                }
-                acc[t] = _mm256_add_ps(a, b);
-                if (++h == nh) h = 0, s++;
-            }
-            float o[8];
-            _mm256_storeu_ps(o, _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
-            for (int t = 0; t < t_end; t++) {
-                p[(size_t)wh * cache_len + ws] = o[t];
-                if (++wh == nh) wh = 0, ws++;
-            }
-        }
-        const uint8_t *keep = key_mask ? key_mask + (size_t)r * cache_len : NULL;
-        float *out = y + (size_t)r * C, inv[64];
-        for (h = 0; h < nh; h++) inv[h] = 1.f / softmax_masses(p + (size_t)h * cache_len, n, keep);
-        for (int c = 0; c < C; c++) out[c] = 0.f;
-        for (s = 0; s < n; s++) {
-            const uint16_t *row = V + at[s];
-            if (ROW_AHEAD)
-                for (int b = 0; b < 2 * C; b += 64) __builtin_prefetch((const char *)row + ROW_AHEAD + b, 0, 3);
-            for (h = 0; h < nh; h++) {
-                const __m256 x = _mm256_set1_ps(p[(size_t)h * cache_len + s]);
-                float *o = out + h * 64;
-                for (int c = 0; c < 64; c += 8)
-                    _mm256_storeu_ps(o + c, _mm256_fmadd_ps(x, widen_bf16(row + h * 64 + c), _mm256_loadu_ps(o + c)));
-            }
-        }
-        for (h = 0; h < nh; h++)
+        const int n = last[r] + 1;
+        float *out = y + (size_t)r * C, mx[64], sum[64];
+        attend_slots(K, V, qkv + (size_t)r * 3 * C, ats + (size_t)r * cache_len, C, nh, cache_len, 0, n, n,
+                     key_mask ? key_mask + (size_t)r * cache_len : NULL, scale, scratch + (size_t)r * nh * cache_len,
+                     out, mx, sum);
+        for (int h = 0; h < nh; h++)
             for (int c = 0; c < 64; c += 8)
-                _mm256_storeu_ps(out + h * 64 + c, _mm256_mul_ps(_mm256_loadu_ps(out + h * 64 + c), _mm256_set1_ps(inv[h])));
+                _mm256_storeu_ps(out + h * 64 + c, _mm256_mul_ps(_mm256_loadu_ps(out + h * 64 + c), _mm256_set1_ps(1.f / sum[h])));
+    }
+}
+
+/* A single row's attention shared by the threads by its slots (as flash-decoding does): each
+ * thread attend_slots over its part of them, into parts (threads x (C + 2 nh): its output,
+ * its heads' largest scores and sums); then every head's parts weighed by e^(their largest -
+ * the largest of all), the heads shared by the threads. Where the threads took 6 heads each,
+ * reading every slot's keys and values 128 bytes in 1,536. */
+#define HAVE_ATTEND_SPLIT 1
+static void attend_split(const Model *m, const uint16_t *K, const uint16_t *V, const float *qkv, const size_t *at,
+                         int cache_len, int n, const uint8_t *keep, float scale, float *y, float *p, float *parts) {
+    const int C = m->n_embd, nh = m->n_head, threads = team_size();
+#ifdef _OPENMP
+    const int t = omp_get_thread_num();
+#else
+    const int t = 0;
+#endif
+    const int s0 = (int)((long)n * t / threads), s1 = (int)((long)n * (t + 1) / threads);
+    float *mine = parts + (size_t)t * (C + 2 * nh);
+    attend_slots(K, V, qkv, at, C, nh, cache_len, s0, s1, n, keep, scale, p, mine, mine + C, mine + C + nh);
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int h = 0; h < nh; h++) {
+        float top = -INFINITY, total = 0.f, w[256];
+        for (int u = 0; u < threads; u++) {
+            const float mx = parts[(size_t)u * (C + 2 * nh) + C + h];
+            top = mx > top ? mx : top;
+        }
+        for (int u = 0; u < threads; u++) {
+            const float *part = parts + (size_t)u * (C + 2 * nh);
+            w[u] = part[C + h] == -INFINITY ? 0.f : expf(part[C + h] - top);
+            total += w[u] * part[C + nh + h];
+        }
+        for (int c = 0; c < 64; c++) {
+            float v = 0.f;
+            for (int u = 0; u < threads; u++) v += w[u] * parts[(size_t)u * (C + 2 * nh) + h * 64 + c];
+            y[h * 64 + c] = v / total;
+        }
     }
 }
 #endif
@@ -1688,6 +1747,13 @@ static void attend(const Model *m, int layer, const float *qkv, const void *kc, 
     if (dt == BF16 && hs == 64 && C <= 4096 && rows >= threads && 4 * most * threads <= 5 * rows) {
         attend_rows(m, (const uint16_t *)kc + layer_off, (const uint16_t *)vc + layer_off, qkv, ats, rows, cache_len,
                     last, key_mask, scale, y, scratch);
+        return;
+    }
+#endif
+#ifdef HAVE_ATTEND_SPLIT
+    if (dt == BF16 && hs == 64 && C <= 4096 && rows == 1 && threads > 1 && threads <= 256) {
+        attend_split(m, (const uint16_t *)kc + layer_off, (const uint16_t *)vc + layer_off, qkv, ats, cache_len,
+                     last[0] + 1, key_mask, scale, y, scratch, scratch + (size_t)nh * cache_len);
         return;
     }
 #endif
@@ -2016,7 +2082,9 @@ static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *po
     float *x = malloc(sizeof(float) * rows * C), *h = malloc(sizeof(float) * rows * C);
     float *qkv = malloc(sizeof(float) * rows * 3 * C), *a = malloc(sizeof(float) * rows * C);
     float *f = malloc(sizeof(float) * rows * F);
-    float *scratch = malloc(sizeof(float) * (size_t)rows * m->n_head * cache_len);
+    /* attention's scores (rows, nh, cache_len), and room for each thread's part of a row's (attend_split) */
+    const int parts = threads < 1 ? 1 : threads;
+    float *scratch = malloc(sizeof(float) * ((size_t)rows * m->n_head * cache_len + (size_t)parts * (C + 2 * m->n_head)));
     const int products = 4 * m->n_layer + 1;
     int *taken = aligned_alloc(64, (size_t)products * 64); /* each product's counter (take), 64 bytes apart */
     size_t *at = malloc(sizeof(size_t) * (size_t)rows * cache_len);
