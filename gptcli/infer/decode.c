@@ -1487,10 +1487,11 @@ static void store_keys(const Model *m, int layer, const float *qkv, void *kc, vo
 }
 
 /* a row's softmax over the scores p (n) of one head, in place: masked slots (keep[s] == 0,
- * keep NULL: none) weigh 0; returns the sum of the masses e^(p - max) it leaves in p */
-static float softmax_masses(float *p, int n, const uint8_t *keep) {
+ * keep NULL: none; those from `always` on are kept whatever keep says: the new slot) weigh 0;
+ * returns the sum of the masses e^(p - max) it leaves in p, and the max in *top (NULL: not) */
+static float softmax_masses(float *p, int n, const uint8_t *keep, int always, float *top) {
     if (keep)
-        for (int s = 0; s < n - 1; s++) /* (the new slot is always kept) */
+        for (int s = 0; s < n && s < always; s++)
             if (!keep[s]) p[s] = -INFINITY;
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
@@ -1501,6 +1502,7 @@ static float softmax_masses(float *p, int n, const uint8_t *keep) {
         p[s] = p[s] == -INFINITY ? 0.f : vexp(p[s] - mx);
         sum += p[s];
     }
+    if (top) *top = mx;
     return sum;
 }
 
@@ -1578,7 +1580,7 @@ static void attend_rows(const Model *m, const uint16_t *K, const uint16_t *V, co
         }
         const uint8_t *keep = key_mask ? key_mask + (size_t)r * cache_len : NULL;
         float inv[64];
-        for (h = 0; h < nh; h++) inv[h] = 1.f / softmax_masses(p + (size_t)h * cache_len, n, keep);
+        for (h = 0; h < nh; h++) inv[h] = 1.f / softmax_masses(p + (size_t)h * cache_len, n, keep, n - 1, NULL);
         float *out = y + (size_t)r * C;
         int g = 0;
         for (; g + 4 <= nh; g += 4) values_of_heads(V, at, p, inv, n, cache_len, C, g, 4, g == 0, out);
@@ -1640,18 +1642,8 @@ static void attend_slots(const uint16_t *K, const uint16_t *V, const float *q, c
             if (++wh == nh) wh = 0, ws++;
         }
     }
-    for (h = 0; h < nh; h++) { /* (as softmax_masses, over the range) */
-        float *ph = p + (size_t)h * cache_len, m = -INFINITY, total = 0.f;
-        if (keep)
-            for (s = s0; s < s1; s++) /* (the new slot is always kept) */
-                if (s < n - 1 && !keep[s]) ph[s] = -INFINITY;
-        for (s = s0; s < s1; s++) m = ph[s] > m ? ph[s] : m;
-        for (s = s0; s < s1; s++) {
-            ph[s] = ph[s] == -INFINITY ? 0.f : vexp(ph[s] - m);
-            total += ph[s];
-        }
-        mx[h] = m, sum[h] = total;
-    }
+    for (h = 0; h < nh; h++) /* (the new slot, n - 1, always kept) */
+        sum[h] = softmax_masses(p + (size_t)h * cache_len + s0, s1 - s0, keep ? keep + s0 : NULL, n - 1 - s0, mx + h);
     for (int c = 0; c < C; c++) out[c] = 0.f;
     for (s = s0; s < s1; s++) {
         const uint16_t *row = V + at[s];
@@ -1784,7 +1776,7 @@ static void attend(const Model *m, int layer, const float *qkv, const void *kc, 
                 for (int s = first_scores(K, at, F32, q, hs, slot + 1, scale, p, ahead); s <= slot; s++)
                     p[s] = dot_f32(K + at[s], q, hs) * scale;
             }
-            const float sum = softmax_masses(p, slot + 1, key_mask ? key_mask + (size_t)r * cache_len : NULL);
+            const float sum = softmax_masses(p, slot + 1, key_mask ? key_mask + (size_t)r * cache_len : NULL, slot, NULL);
             const void *Vh = dt == BF16 ? (const void *)((const uint16_t *)vc + base) : (const void *)((const float *)vc + base);
             if (weighted_values(Vh, at, dt, p, slot + 1, hs, 1.f / sum, out, ahead)) continue;
             for (int i = 0; i < hs; i++) out[i] = 0.f;
@@ -1836,14 +1828,6 @@ int gptcli_packs(int dtype) {
     return 0;
 }
 
-/* Sampling's draw: ids[r], for each row of q (rows, V), the first id whose cumulative mass
- * passes u[r] times the row's total (inverse CDF), found as gptcli.infer.generate.draw_from
- * finds it with torch: the sums of blocks of 1,024 ids in double, the block where the point
- * falls, then the id within it (the cumulative sum in double, in order); an id of
- * probability 0 (or NaN) is never drawn, the row's argmax instead. One pass over q for the
- * block sums, where torch's version took five over it and its float64 copy (16 rows of
- * GPT-2's vocabulary: 1 ms). Only the order of each block's sum differs from torch's (a
- * draw can differ where a point falls within 1e-16 of a block's end). */
 #define ARGMAX_BLOCK 512
 /* the first largest of q (V), or the first NaN, as torch's argmax: each block's largest in
  * vectors, then the first block holding the row's largest searched in order (GPT-2's
@@ -1874,6 +1858,14 @@ void gptcli_argmax(const float *x, int rows, int V, int64_t *ids) {
     for (int r = 0; r < rows; r++) ids[r] = argmax_row(x + (size_t)r * V, V);
 }
 
+/* Sampling's draw: ids[r], for each row of q (rows, V), the first id whose cumulative mass
+ * passes u[r] times the row's total (inverse CDF), found as gptcli.infer.generate.draw_from
+ * finds it with torch: the sums of blocks of 1,024 ids in double, the block where the point
+ * falls, then the id within it (the cumulative sum in double, in order); an id of
+ * probability 0 (or NaN) is never drawn, the row's argmax instead. One pass over q for the
+ * block sums, where torch's version took five over it and its float64 copy (16 rows of
+ * GPT-2's vocabulary: 1 ms). Only the order of each block's sum differs from torch's (a
+ * draw can differ where a point falls within 1e-16 of a block's end). */
 #define DRAW_BLOCK 1024
 /* id i's mass in a row: the row itself (masses: q), or e^((x[i] - mx) / t) (logits x at
  * temperature t, mx their largest; inv_t = 1 / t), 0 below e^-87 (where vexp stops; -inf
@@ -2082,16 +2074,15 @@ static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *po
     float *x = malloc(sizeof(float) * rows * C), *h = malloc(sizeof(float) * rows * C);
     float *qkv = malloc(sizeof(float) * rows * 3 * C), *a = malloc(sizeof(float) * rows * C);
     float *f = malloc(sizeof(float) * rows * F);
-    /* attention's scores (rows, nh, cache_len), and room for each thread's part of a row's (attend_split) */
-    const int parts = threads < 1 ? 1 : threads;
-    float *scratch = malloc(sizeof(float) * ((size_t)rows * m->n_head * cache_len + (size_t)parts * (C + 2 * m->n_head)));
-    const int products = 4 * m->n_layer + 1;
-    int *taken = aligned_alloc(64, (size_t)products * 64); /* each product's counter (take), 64 bytes apart */
-    size_t *at = malloc(sizeof(size_t) * (size_t)rows * cache_len);
 #ifndef _OPENMP
     threads = 1;
 #endif
     if (threads < 1) threads = 1;
+    /* attention's scores (rows, nh, cache_len), and room for each thread's part of a row's (attend_split) */
+    float *scratch = malloc(sizeof(float) * ((size_t)rows * m->n_head * cache_len + (size_t)threads * (C + 2 * m->n_head)));
+    const int products = 4 * m->n_layer + 1;
+    int *taken = aligned_alloc(64, (size_t)products * 64); /* each product's counter (take), 64 bytes apart */
+    size_t *at = malloc(sizeof(size_t) * (size_t)rows * cache_len);
     /* each thread's: x in bf16, int16 or split fp32, and int8's row scales */
     const size_t room = 2 * (size_t)rows * F + 2 * (size_t)rows;
     uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)threads * room);
