@@ -18,8 +18,9 @@ gptcli cache's kernels/), under a name that hashes the source, the compiler and 
 features: a change to any of them builds anew; deleting the directory is always safe.
 Without a compiler, decoding quietly stays on the model's own code.
 
-Prefill (the prompt), training and anything with a probe keep the model's own code; the
-C step takes over one-token steps on a growing (not static) KV cache. The weights are
+The C step takes over one-token steps on a growing (not static) KV cache, and a prompt of
+one row (Decoder.prefill: any length where the weights have a packed copy, else up to
+STORED_PREFILL tokens); training and anything with a probe keep the model's own code. The weights are
 checked once a generation (a cache, until it is reset): a model moved, cast, reloaded or
 changed in place is read anew from the next generation on. Changing weights in place in
 the middle of a generation is not supported: the step would read the ones it takes where
