@@ -329,6 +329,54 @@ def test_greedy_fp32_decoding_gives_the_same_tokens_as_the_model(trained):
     assert got == want
 
 
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
+def test_greedy_runs_of_steps_in_one_c_call_are_the_steps_one_at_a_time(kind, monkeypatch, two_threads):
+    """Greedy decoding of one sequence runs several C steps a call (kernels.greedy_steps): the
+    same tokens and the same logits, to the bit, as one step a call; across window slides
+    (60 tokens, block 48); never an id of the embeddings' padding, which here would often win;
+    a run ends just after an end id it is given."""
+    library()
+    model = small_model(torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():  # (a livelier model than one just initialised: many ids)
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3)
+        model.lm_head.weight[90:] = 4 * model.lm_head.weight[:7]  # the padding ids': real ids' rows, scaled
+    model = quantize(model) if kind == "int8" else model.to({"bf16": torch.bfloat16}.get(kind, torch.float32))
+    assert kernels.use_fast_decode(model)
+    real, runs = kernels.greedy_steps, []
+
+    def spy(*args, **kwargs):
+        got = real(*args, **kwargs)
+        runs.append(None if got is None else got[0].tolist())
+        return got
+
+    def decode(one_at_a_time: bool = False, **kwargs) -> tuple[list[int], torch.Tensor]:
+        monkeypatch.setattr(kernels, "greedy_steps", (lambda *a, **k: None) if one_at_a_time else spy)
+        steps = list(generate(model, [3, 1, 4, 1, 5], 60, sampling=GREEDY, vocab_size=90, **kwargs))
+        return [int(s.tokens[0]) for s in steps], torch.cat([s.logits for s in steps])
+
+    want, want_logits = decode(one_at_a_time=True)
+    got, logits = decode()
+    assert got == want and torch.equal(logits, want_logits)
+    # (the first token comes from the prompt's logits, and the steps that slide the window by push)
+    assert max(map(len, runs)) > 1 and sum(map(len, runs)) >= 55 and len(set(got)) > 5
+    assert max(got) < 90 and logits[:, 90:].eq(float("-inf")).all()
+    with torch.no_grad():  # the padding would have won: the model's own argmax over every id
+        seq = torch.tensor([[3, 1, 4, 1, 5, *got[:40]]])
+        assert (model(seq)[0][0, 4:].argmax(-1) >= 90).any()
+
+    end = got[20]
+    runs.clear()
+    assert decode(end_ids=[end])[0] == want
+    assert all(end not in run[:-1] for run in runs)
+    assert any(run[-1] == end for run in runs)
+
+    cache = KVCache(model.config, 2, 16, dtype=model.transformer.wte.weight.dtype)
+    assert kernels.greedy_steps(model, torch.tensor([[1]]), cache, 4, 90) is None  # two rows
+    stock = small_model(torch.float32)  # (no C step)
+    assert kernels.greedy_steps(stock, torch.tensor([[1]]), KVCache(stock.config, 1, 16), 4, 90) is None
+
+
 @pytest.mark.parametrize("beams", [2, 4])
 def test_beams_through_the_c_step_find_what_the_models_code_finds(beams):
     """Beam search reads each beam's history where it was written (no rows copied): the

@@ -188,6 +188,7 @@ def complete(
             generator=generator,
             vocab_size=tokenizer.vocab_size,
             compile=compile,
+            end_ids=tokenizer.end_ids,
         ):
             probs = step.probs if show_probs else None
             q = step.sampling_probs if show_probs and sampling.reshapes else None

@@ -9,6 +9,7 @@ cache is rebuilt from the most recent 3/4 of a block and decoding continues.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -215,6 +216,11 @@ def _one_token(model: GPT, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor
     return model.next_logits(tokens, kv_cache=cache)
 
 
+# greedy steps in one C call (_Context.greedy): as many as take about RUN_SECONDS (GPT-2
+# 124M on 2 cores: about 10), so that a stream of text still moves at least 10 times a second
+RUN_SECONDS = 0.1
+MAX_RUN = 64
+
 _compiled_steps: dict[str, Any] = {}
 
 
@@ -288,6 +294,26 @@ class _Context:
         if self.cache is not None:
             self.cache.expand(n)
 
+    def greedy(
+        self, tokens: torch.Tensor, n: int, choose: int, ends: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Push tokens (1,) and then, up to n - 1 times, the argmax (among the ids below
+        choose) of the logits after it, in one C call (kernels.greedy_steps), stopping after
+        an id in ends; returns the k chosen ids (k,), the last not pushed yet, and the logits
+        (k, V) they were chosen from. None where the C step does not run them (no cache, a
+        compiled step, more than one row) or the window would slide first: push instead."""
+        if self.compile or self.cache is None or tokens.shape != (1,):
+            return None
+        n = min(n, self.block - (self.length - self.start), self.cache.max_len - self.cache.pos)
+        if n < 1:
+            return None
+        run = kernels.greedy_steps(self.model, tokens[:, None], self.cache, n, choose, ends)
+        if run is not None:
+            ids = run[0]
+            self._new += [tokens[:, None], ids[None, :-1]]
+            self.length += ids.numel()
+        return run
+
     def push(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append tokens (B,) and return the next logits (B, V)."""
         column = tokens[:, None]
@@ -315,6 +341,7 @@ def generate(
     vocab_size: int | None = None,
     use_cache: bool = True,
     compile: bool = False,
+    end_ids: Sequence[int] = (),
 ) -> Iterator[Step]:
     """Yield one Step per new token for num_samples continuations of prompt (decoded as one
     batch after a single prefill). Stop early by leaving the loop.
@@ -322,6 +349,11 @@ def generate(
     vocab_size: the tokenizer's vocabulary; ids beyond it (embedding padding) are never chosen.
     compile: decode through a static KV cache with a compiled step (compiled_step); in fp32
     the same tokens as without.
+
+    Greedy decoding of one sequence through the C step runs several steps a call
+    (_Context.greedy), as many as take about RUN_SECONDS, so that no Python runs between
+    them; their Steps are then yielded together, and a run stops after any of end_ids (the
+    caller's end tokens, where it will stop: no step is spent past them).
     """
     if not prompt:
         raise ValueError("generate needs at least one prompt token")
@@ -331,17 +363,35 @@ def generate(
     logits = ctx.first()
     ctx.expand(num_samples)
     logits = logits.expand(num_samples, -1)
-    padding = None
-    if vocab_size is not None and vocab_size < logits.size(-1):
-        padding = torch.arange(logits.size(-1), device=device) >= vocab_size
-    for i in range(max_new_tokens):
+    V = logits.size(-1)
+    choose = V if vocab_size is None else min(vocab_size, V)
+    padding = torch.arange(V, device=device) >= choose if choose < V else None
+    runs = sampling.greedy and num_samples == 1 and kernels.decodes(model)  # (several steps a C call)
+    per_run = 2  # steps the next run asks for, then as many as take about RUN_SECONDS
+    made, tokens = 0, None  # the last ids chosen (B,), not pushed yet
+    while made < max_new_tokens:
+        if runs and tokens is not None:
+            t0 = time.perf_counter()
+            run = ctx.greedy(tokens, min(per_run, max_new_tokens - made), choose, end_ids)
+            if run is not None:
+                ids, many = run
+                per_step = (time.perf_counter() - t0) / ids.numel()
+                per_run = max(1, min(MAX_RUN, int(RUN_SECONDS / max(per_step, 1e-6))))
+                if padding is not None:
+                    many.masked_fill_(padding, float("-inf"))
+                for j in range(ids.numel()):
+                    yield Step(ids[j : j + 1], many[j : j + 1], sampling)
+                made += ids.numel()
+                tokens = ids[-1:]
+                continue
+        if tokens is not None:
+            logits = ctx.push(tokens)
         logits = logits.float()
         if padding is not None:
             logits = logits.masked_fill(padding, float("-inf"))
         tokens = sampling.draw(logits, generator)
         yield Step(tokens, logits, sampling)
-        if i + 1 < max_new_tokens:
-            logits = ctx.push(tokens)
+        made += 1
 
 
 def cache_dtype(model: GPT) -> torch.dtype:

@@ -20,7 +20,9 @@ Without a compiler, decoding quietly stays on the model's own code.
 
 The C step takes over one-token steps on a growing (not static) KV cache, and a prompt of
 one row (Decoder.prefill: any length where the weights have a packed copy, else up to
-STORED_PREFILL tokens); training and anything with a probe keep the model's own code. The weights are
+STORED_PREFILL tokens), and greedy decoding of one sequence several steps a call
+(greedy_steps: each step's argmax fed to the next in C, with no Python between them);
+training and anything with a probe keep the model's own code. The weights are
 checked once a generation (a cache, until it is reset): a model moved, cast, reloaded or
 changed in place is read anew from the next generation on. Changing weights in place in
 the middle of a generation is not supported: the step would read the ones it takes where
@@ -43,6 +45,7 @@ import sys
 import threading
 import types
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +193,7 @@ def library_path(compiler: str, flags: list[str] = FLAGS) -> Path:
 
 FUNCTIONS = {  # what decode.c offers, and what each returns
     "gptcli_decode_step": ctypes.c_int,
+    "gptcli_decode_greedy": ctypes.c_int,
     "gptcli_prefill": ctypes.c_int,
     "gptcli_packs": ctypes.c_int,
     "gptcli_pack": None,
@@ -587,11 +591,34 @@ class Decoder:
             [None, None, None] if logits.is_inference() else [weakref.ref(logits), logits._version, best]
         )
         cache.pos += 1
+        self._count(1)
+        return logits
+
+    def greedy(
+        self, lib: ctypes.CDLL, token: int, cache: KVCache, n: int, choose: int, ends: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """greedy_steps' C call: ids (k,) and logits (k, V) of k <= n steps."""
+        self.model.cache_dtype = _DTYPES[cache.k.dtype]
+        logits = torch.empty(n, self.vocab, dtype=torch.float32)
+        ids = torch.empty(n, dtype=torch.long)
+        stops = torch.tensor(list(ends), dtype=torch.long)
+        taken = lib.gptcli_decode_greedy(
+            ctypes.byref(self.model), ctypes.c_int64(token), n, cache.pos, cache.max_len,
+            ctypes.c_void_p(cache.k.data_ptr()), ctypes.c_void_p(cache.v.data_ptr()), choose,
+            ctypes.c_void_p(stops.data_ptr()), stops.numel(), ctypes.c_void_p(logits.data_ptr()),
+            ctypes.c_void_p(ids.data_ptr()), torch.get_num_threads(),
+        )  # fmt: skip
+        _check(min(taken, 0), torch.tensor([token]), self.vocab)
+        cache.pos += taken
+        self._count(taken)
+        return ids[:taken], logits[:taken]
+
+    def _count(self, steps: int) -> None:
+        """Count the steps taken up to MERGE_AFTER, then merge the weights' pages (streamed)."""
         if self.steps < MERGE_AFTER:
-            self.steps += 1
+            self.steps = min(MERGE_AFTER, self.steps + steps)
             if self.steps == MERGE_AFTER and MADV_HUGEPAGE is not None:
                 threading.Thread(target=merge_pages, args=(self.streamed(),), daemon=True).start()
-        return logits
 
     def streamed(self) -> list[torch.Tensor]:
         """The weights every step reads whole: the arena of the products' packed copies, and
@@ -669,46 +696,73 @@ def _weights_key(model: GPT) -> tuple[int, ...]:
     return tuple(w.data_ptr() for w in ends) + tuple(w._version for w in ends)
 
 
-def _next_logits(self: GPT, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    """GPT.next_logits, through the C step where it applies: one new token per row, or a
-    prompt of one row (prefill), on a growing KV cache, nothing else asked (no probe, no
-    padding mask), no gradients."""
-    cache = kwargs.get("kv_cache")
-    lib = LIBRARY.lib
+def _decoder(model: GPT, lib: ctypes.CDLL, idx: torch.Tensor, cache: KVCache | None) -> Decoder | None:
+    """The model's Decoder where the C code runs what GPT.next_logits(idx, kv_cache=cache)
+    asks (one new token per row, or a prompt of one row, on a growing KV cache, without
+    gradients), else None. Called only where nothing else is asked (no probe, no padding mask)."""
     B, T = idx.shape
     prompt = (
         T > 1 and B == 1 and cache is not None and cache.batch_size == 1
         and cache.key_mask is None and cache.sources is None
     )  # fmt: skip
-    if (
-        lib is not None
-        and (T == 1 or prompt)
+    if not (
+        (T == 1 or prompt)
         and cache is not None
         and cache.batch_size == B  # (else the model's own code says what is wrong)
         and not cache.static
-        and set(kwargs) == {"kv_cache"}
         and not torch.is_grad_enabled()
         and cache.k.dtype in (torch.float32, torch.bfloat16)
         and cache.k.is_contiguous()
-        and cache.pos + T <= min(cache.max_len, self.config.block_size)
+        and cache.pos + T <= min(cache.max_len, model.config.block_size)
         and idx.device.type == "cpu"
     ):
-        decoder = self.__dict__.get("_decoder")
-        # the weights are checked once per generation (a cache, until it is reset), not every
-        # token: just after a step has streamed the weights through every core's caches, the
-        # check took 0.12 ms of Python, 2% to 4% of a token of GPT-2 124M on a Zen 5
-        checked = decoder.checked_for if decoder is not None else None
-        if checked is None or checked[0]() is not cache or checked[1] != cache.resets:
-            weights = _weights_key(self)
-            if decoder is None or decoder.weights != weights or decoder.stale():  # new, moved or changed
-                decoder = self.__dict__["_decoder"] = Decoder(self, lib)
-                decoder.weights = weights
-            decoder.checked_for = (weakref.ref(cache), cache.resets)
+        return None
+    decoder = model.__dict__.get("_decoder")
+    # the weights are checked once per generation (a cache, until it is reset), not every
+    # token: just after a step has streamed the weights through every core's caches, the
+    # check took 0.12 ms of Python, 2% to 4% of a token of GPT-2 124M on a Zen 5
+    checked = decoder.checked_for if decoder is not None else None
+    if checked is None or checked[0]() is not cache or checked[1] != cache.resets:
+        weights = _weights_key(model)
+        if decoder is None or decoder.weights != weights or decoder.stale():  # new, moved or changed
+            decoder = model.__dict__["_decoder"] = Decoder(model, lib)
+            decoder.weights = weights
+        decoder.checked_for = (weakref.ref(cache), cache.resets)
+    return decoder
+
+
+def _next_logits(self: GPT, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """GPT.next_logits, through the C step where it applies (see _decoder)."""
+    cache = kwargs.get("kv_cache")
+    lib = LIBRARY.lib
+    decoder = None if lib is None or set(kwargs) != {"kv_cache"} else _decoder(self, lib, idx, cache)
+    if decoder is not None and cache is not None:
+        T = idx.size(1)
         if T == 1:
             return decoder.step(lib, idx, cache)
         if decoder.packed or T <= STORED_PREFILL:
             return decoder.prefill(lib, idx[0], cache)
     return GPT.next_logits(self, idx, **kwargs)
+
+
+def greedy_steps(
+    model: GPT, token: torch.Tensor, cache: KVCache, n: int, choose: int, ends: Sequence[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Up to n steps of greedy decoding of one sequence in one C call (gptcli_decode_greedy):
+    token (1, 1) the last chosen id, not yet in cache; each step feeds the argmax of the one
+    before among the ids below `choose`, and they stop after an id in ends. Returns the ids
+    (k,) and each step's logits (k, V) of the k <= n steps taken (their keys stored in cache,
+    but for the last id's); None where the C step does not run this (the caller then steps
+    through next_logits)."""
+    lib = LIBRARY.lib
+    if lib is None or not decodes(model) or n < 1 or token.shape != (1, 1):
+        return None
+    if cache.key_mask is not None or cache.sources is not None or cache.pos + n > cache.max_len:
+        return None
+    decoder = _decoder(model, lib, token, cache)
+    if decoder is None or not 0 < choose <= decoder.vocab:
+        return None
+    return decoder.greedy(lib, int(token), cache, n, choose, ends)
 
 
 # the last step's logits (a weak reference), their version then, and their argmax (B,)
@@ -840,6 +894,11 @@ def use_fast_decode(model: nn.Module) -> bool:
     LIBRARY.start()
     model.next_logits = types.MethodType(_next_logits, model)  # type: ignore[method-assign]
     return True
+
+
+def decodes(model: nn.Module) -> bool:
+    """Whether the model's next_logits goes through the C step where it applies (use_fast_decode)."""
+    return getattr(model.__dict__.get("next_logits"), "__func__", None) is _next_logits
 
 
 def building() -> bool:
