@@ -19,7 +19,7 @@ import torch
 
 from gptcli.config import ModelConfig
 from gptcli.infer import kernels
-from gptcli.infer.generate import GREEDY, Sampling, draw_from, generate, inverse_cdf
+from gptcli.infer.generate import GREEDY, SAMPLE, Sampling, draw_from, generate, inverse_cdf
 from gptcli.infer.quantize import Int8Linear, quantize
 from gptcli.model import GPT, KVCache
 from tests.helpers import run
@@ -329,36 +329,54 @@ def test_greedy_fp32_decoding_gives_the_same_tokens_as_the_model(trained):
     assert got == want
 
 
-@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
-def test_greedy_runs_of_steps_in_one_c_call_are_the_steps_one_at_a_time(kind, monkeypatch, two_threads):
-    """Greedy decoding of one sequence runs several C steps a call (kernels.greedy_steps): the
-    same tokens and the same logits, to the bit, as one step a call; across window slides
-    (60 tokens, block 48); never an id of the embeddings' padding, which here would often win;
-    a run ends just after an end id it is given."""
-    library()
+def lively_model(kind: str) -> GPT:
+    """small_model with every weight moved (many different ids come out), its embeddings
+    padded from id 90 on, where the padding's unembedding (real ids' rows, scaled up) would
+    often win."""
     model = small_model(torch.float32)
     with torch.no_grad():
-        for p in model.parameters():  # (a livelier model than one just initialised: many ids)
+        for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3)
-        model.lm_head.weight[90:] = 4 * model.lm_head.weight[:7]  # the padding ids': real ids' rows, scaled
-    model = quantize(model) if kind == "int8" else model.to({"bf16": torch.bfloat16}.get(kind, torch.float32))
-    assert kernels.use_fast_decode(model)
-    real, runs = kernels.greedy_steps, []
+        model.lm_head.weight[90:] = 4 * model.lm_head.weight[:7]  # (tied: those ids are never fed)
+    return quantize(model) if kind == "int8" else model.to({"bf16": torch.bfloat16}.get(kind, torch.float32))
+
+
+def decode_both_ways(model: GPT, sampling: Sampling, monkeypatch, n: int = 60, **kwargs):
+    """(ids, logits) of generate() one step a call, then in runs of C steps, and the runs'
+    ids (kernels.run_steps)."""
+    real, runs = kernels.run_steps, []
 
     def spy(*args, **kwargs):
         got = real(*args, **kwargs)
         runs.append(None if got is None else got[0].tolist())
         return got
 
-    def decode(one_at_a_time: bool = False, **kwargs) -> tuple[list[int], torch.Tensor]:
-        monkeypatch.setattr(kernels, "greedy_steps", (lambda *a, **k: None) if one_at_a_time else spy)
-        steps = list(generate(model, [3, 1, 4, 1, 5], 60, sampling=GREEDY, vocab_size=90, **kwargs))
-        return [int(s.tokens[0]) for s in steps], torch.cat([s.logits for s in steps])
+    out = []
+    for one_at_a_time in (True, False):
+        monkeypatch.setattr(kernels, "run_steps", (lambda *a, **k: None) if one_at_a_time else spy)
+        g = torch.Generator().manual_seed(7)
+        steps = list(
+            generate(model, [3, 1, 4, 1, 5], n, sampling=sampling, vocab_size=90, generator=[g], **kwargs)
+        )
+        out.append(([int(s.tokens[0]) for s in steps], torch.cat([s.logits for s in steps])))
+    return out[0], out[1], runs
 
-    want, want_logits = decode(one_at_a_time=True)
-    got, logits = decode()
+
+@pytest.mark.parametrize("how", ["greedy", "T=1", "T=0.6"])
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
+def test_runs_of_steps_in_one_c_call_are_the_steps_one_at_a_time(kind, how, monkeypatch, two_threads):
+    """One sequence, greedy or drawn from the logits, runs several C steps a call
+    (kernels.run_steps): the same ids and the same logits, to the bit, as one step a call
+    (drawn: the same generator's uniforms, in the same order); across window slides (60
+    tokens, block 48); never an id of the embeddings' padding, which here would often win; a
+    run ends just after an end id it is given."""
+    library()
+    model = lively_model(kind)
+    assert kernels.use_fast_decode(model)
+    sampling = GREEDY if how == "greedy" else Sampling(temperature=float(how[2:]))
+    (want, want_logits), (got, logits), runs = decode_both_ways(model, sampling, monkeypatch)
     assert got == want and torch.equal(logits, want_logits)
-    # (the first token comes from the prompt's logits, and the steps that slide the window by push)
+    # (the first id comes from the prompt's logits, and the steps that slide the window by push)
     assert max(map(len, runs)) > 1 and sum(map(len, runs)) >= 55 and len(set(got)) > 5
     assert max(got) < 90 and logits[:, 90:].eq(float("-inf")).all()
     with torch.no_grad():  # the padding would have won: the model's own argmax over every id
@@ -366,15 +384,25 @@ def test_greedy_runs_of_steps_in_one_c_call_are_the_steps_one_at_a_time(kind, mo
         assert (model(seq)[0][0, 4:].argmax(-1) >= 90).any()
 
     end = got[20]
-    runs.clear()
-    assert decode(end_ids=[end])[0] == want
-    assert all(end not in run[:-1] for run in runs)
-    assert any(run[-1] == end for run in runs)
+    (want, _), (got, _), runs = decode_both_ways(model, sampling, monkeypatch, end_ids=[end])
+    assert got == want and all(end not in run[:-1] for run in runs) and any(run[-1] == end for run in runs)
 
     cache = KVCache(model.config, 2, 16, dtype=model.transformer.wte.weight.dtype)
-    assert kernels.greedy_steps(model, torch.tensor([[1]]), cache, 4, 90) is None  # two rows
+    assert kernels.run_steps(model, torch.tensor([[1]]), cache, 4, 90) is None  # two rows
     stock = small_model(torch.float32)  # (no C step)
-    assert kernels.greedy_steps(stock, torch.tensor([[1]]), KVCache(stock.config, 1, 16), 4, 90) is None
+    assert kernels.run_steps(stock, torch.tensor([[1]]), KVCache(stock.config, 1, 16), 4, 90) is None
+
+
+def test_a_run_ends_where_a_row_has_nothing_to_draw_from_and_torch_draws_it(monkeypatch, two_threads):
+    """A NaN logit: the C draw refuses the row, the run ends there with id -1 and torch's draw
+    takes it at the same uniform, as one step at a time."""
+    library()
+    model = lively_model("fp32")
+    with torch.no_grad():
+        model.lm_head.weight[11, 0] = float("nan")  # (id 11's logit NaN, every step)
+    assert kernels.use_fast_decode(model)
+    (want, _), (got, _), runs = decode_both_ways(model, SAMPLE, monkeypatch, n=12)
+    assert got == want and runs and all(run == [-1] for run in runs)  # (as C gave them: ended at once)
 
 
 @pytest.mark.parametrize("beams", [2, 4])

@@ -1921,6 +1921,25 @@ int gptcli_draw(const float *q, int rows, int V, const double *u, int64_t *ids) 
     return 0;
 }
 
+/* one row's draw from its logits at 1 / inv_t (see gptcli_sample) into *id: 0, or -1 (nothing
+ * drawn) where the row holds NaN or +inf or no finite logit */
+static int sample_row(const float *row, int V, float inv_t, double u, double *ends, int64_t *id) {
+    float mx = -INFINITY;
+    int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+    for (int i = 0; i < V; i++) {
+        nan |= row[i] != row[i];
+        mx = row[i] > mx ? row[i] : mx;
+    }
+    if (nan || !(mx > -INFINITY) || mx == INFINITY) return -1;
+    *id = draw_row(row, V, u, 1, mx, inv_t, ends);
+    return 0;
+}
+
+/* the inverse temperature gptcli_sample draws at, for t > 0 (below 1e-30 every logit short
+ * of the largest has no mass, as at any t that small) */
+static inline float inverse(float t) { return 1.f / (t < 1e-30f ? 1e-30f : t); }
+
 /* Sampling from logits (rows, V) at temperature t, with no distribution written out: for
  * each row, its largest logit, then gptcli_draw's search over the masses e^((x - max) / t)
  * (q times the row's total), the rows shared by `threads` threads. Where torch's softmax
@@ -1929,8 +1948,7 @@ int gptcli_draw(const float *q, int rows, int V, const double *u, int64_t *ids) 
  * caller then draws as torch does. */
 int gptcli_sample(const float *x, int rows, int V, float t, const double *u, int64_t *ids, int threads) {
     if (V < 1 || !(t > 0.f) || t == INFINITY) return -1; /* (a temperature past float's range: torch's code) */
-    /* (below 1e-30 every logit short of the largest has no mass, as at any t that small) */
-    const float inv_t = 1.f / (t < 1e-30f ? 1e-30f : t);
+    const float inv_t = inverse(t);
     const int blocks = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double *ends = malloc(sizeof(double) * (size_t)blocks * rows);
     if (!ends) return -1;
@@ -1939,21 +1957,7 @@ int gptcli_sample(const float *x, int rows, int V, float t, const double *u, int
 #endif
     int bad = 0;
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(| : bad) if (rows > 1 && threads > 1)
-    for (int r = 0; r < rows; r++) {
-        const float *row = x + (size_t)r * V;
-        float mx = -INFINITY;
-        int nan = 0;
-#pragma omp simd reduction(max : mx) reduction(| : nan)
-        for (int i = 0; i < V; i++) {
-            nan |= row[i] != row[i];
-            mx = row[i] > mx ? row[i] : mx;
-        }
-        if (nan || !(mx > -INFINITY) || mx == INFINITY) {
-            bad = 1;
-            continue;
-        }
-        ids[r] = draw_row(row, V, u[r], 1, mx, inv_t, ends + (size_t)r * blocks);
-    }
+    for (int r = 0; r < rows; r++) bad |= sample_row(x + (size_t)r * V, V, inv_t, u[r], ends + (size_t)r * blocks, ids + r);
     free(ends);
     return bad ? -1 : 0;
 }
@@ -2063,12 +2067,11 @@ int gptcli_best(const float *x, int rows, int V, int n, const float *scores, int
  * go to slot last[r], and it attends to the slots 0..last[r] of that row (as sources and
  * key_mask say: see slot_offsets, attend). All the rows' keys are stored before any row
  * attends, so the rows may be one sequence's tokens. logits (out_rows, vocab): those of the
- * last out_rows rows; NULL: none (the unembedding skipped). best (out_rows) or NULL: each of
- * those rows' argmax among the ids below `choose`. */
+ * last out_rows rows; NULL: none (the unembedding skipped). */
 static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *positions, int rows, int batch,
                         int cache_len, void *k_cache, void *v_cache, const int32_t *sources, const uint8_t *key_mask,
                         int one_sequence, const int *last, float *logits, int out_rows, int64_t *best,
-                        int choose, int threads) {
+                        int threads) {
     const int C = m->n_embd, F = 4 * C;
     for (int r = 0; r < rows; r++) /* ids and positions the embeddings have (-3: nothing done) */
         if (tokens[r] < 0 || tokens[r] >= m->vocab || positions[r] < 0 || positions[r] >= m->block) return -3;
@@ -2122,7 +2125,7 @@ static int forward_rows(const Model *m, const int64_t *tokens, const int64_t *po
             matvec(&m->head, h, mine, logits, out_rows, STORE, taken + 64 * m->n_layer);
             if (best) /* while the logits are in the cores' caches */
 #pragma omp for schedule(static)
-                for (int r = 0; r < out_rows; r++) best[r] = argmax_row(logits + (size_t)r * m->vocab, choose);
+                for (int r = 0; r < out_rows; r++) best[r] = argmax_row(logits + (size_t)r * m->vocab, m->vocab);
         }
     }
     free(x), free(h), free(qkv), free(a), free(f), free(scratch), free(at), free(xb), free(taken);
@@ -2150,35 +2153,59 @@ int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *pos
             if (at_slot) at_slot[r] = slot;
         }
         rc = forward_rows(m, tokens, positions ? positions : at_slot, rows, batch, cache_len, k_cache, v_cache,
-                          sources, key_mask, 0, last, logits, rows, best, m->vocab, threads);
+                          sources, key_mask, 0, last, logits, rows, best, threads);
     }
     free(last), free(at_slot);
     return rc;
 }
 
-/* Greedy decoding of one sequence, up to n steps in one call (no Python between them: a step
- * streams the weights through every cache, and the Python after it ran from memory, 0.3 to 0.5
- * ms a token of GPT-2 124M on a Zen 3). Step i feeds the token chosen before it (first:
- * `token`) at position and slot `slot + i` of a cache of one row (cache_len slots), writes
- * its logits to logits + i * vocab and their argmax among the ids below `choose` to ids[i];
- * it stops after a step whose id is one of ends (n_ends). Returns the steps taken (1 to n),
- * or, where the first fails, -1 (no memory) or -3 (a token or slot outside the embeddings or
- * the cache: nothing done). */
-int gptcli_decode_greedy(const Model *m, int64_t token, int n, int slot, int cache_len, void *k_cache,
-                         void *v_cache, int choose, const int64_t *ends, int n_ends, float *logits, int64_t *ids,
-                         int threads) {
-    if (n < 1 || slot < 0 || slot + n > cache_len || slot + n > m->block || choose < 1 || choose > m->vocab) return -3;
-    for (int i = 0; i < n; i++) {
+/* Decoding one sequence, up to n steps in one call (no Python between them: a step streams
+ * the weights through every cache, and the Python after it ran from memory, 0.3 to 0.5 ms a
+ * token of GPT-2 124M on a Zen 3). Step i feeds the id chosen before it (first: `token`) at
+ * position and slot `slot + i` of a cache of one row (cache_len slots) and writes its logits
+ * to logits + i * vocab, those of the ids from `choose` on (the embeddings' padding) at -inf;
+ * then it chooses ids[i] from them as the caller would one step at a time: their argmax
+ * (u NULL: greedy), or drawn at temperature t at the uniform u[i] (gptcli_sample; a row it
+ * cannot draw from ends the run with ids[i] = -1, for the caller to draw). The run stops
+ * after an id in ends (n_ends). Returns the steps taken (1 to n), or, where the first fails,
+ * -1 (no memory) or -3 (a token or slot outside the embeddings or the cache: nothing done). */
+int gptcli_decode_run(const Model *m, int64_t token, int n, int slot, int cache_len, void *k_cache, void *v_cache,
+                      int choose, const int64_t *ends, int n_ends, float t, const double *u, float *logits,
+                      int64_t *ids, int threads) {
+    const int V = m->vocab;
+    if (n < 1 || slot < 0 || slot + n > cache_len || slot + n > m->block || choose < 1 || choose > V) return -3;
+    if (u && (!(t > 0.f) || t == INFINITY)) return -3;
+    double *sums = u ? malloc(sizeof(double) * ((V + DRAW_BLOCK - 1) / DRAW_BLOCK)) : NULL;
+    if (u && !sums) return -1;
+    int i = 0;
+    for (; i < n; i++) {
         const int64_t position = slot + i;
         const int last = slot + i;
+        float *row = logits + (size_t)i * V;
         const int rc = forward_rows(m, &token, &position, 1, 1, cache_len, k_cache, v_cache, NULL, NULL, 0, &last,
-                                    logits + (size_t)i * m->vocab, 1, ids + i, choose, threads);
-        if (rc != 0) return i > 0 ? i : rc;
+                                    row, 1, NULL, threads);
+        if (rc != 0) {
+            free(sums);
+            return i > 0 ? i : rc;
+        }
+        for (int j = choose; j < V; j++) row[j] = -INFINITY;
+        if (!u)
+            ids[i] = argmax_row(row, V);
+        else if (sample_row(row, V, inverse(t), u[i], sums, ids + i) != 0) {
+            ids[i] = -1;
+            i++;
+            break;
+        }
         token = ids[i];
-        for (int e = 0; e < n_ends; e++)
-            if (token == ends[e]) return i + 1;
+        int end = 0;
+        for (int e = 0; e < n_ends; e++) end |= token == ends[e];
+        if (end) {
+            i++;
+            break;
+        }
     }
-    return n;
+    free(sums);
+    return i;
 }
 
 /* A prompt's tokens (n) at once, one sequence in a cache of one row (cache_len slots), after
@@ -2194,7 +2221,7 @@ int gptcli_prefill(const Model *m, const int64_t *tokens, int n, int slot0, int 
     if (positions && last) {
         for (int i = 0; i < n; i++) positions[i] = last[i] = slot0 + i;
         rc = forward_rows(m, tokens, positions, n, 1, cache_len, k_cache, v_cache, NULL, NULL, 1, last, logits, 1,
-                          NULL, m->vocab, threads);
+                          NULL, threads);
     }
     free(positions), free(last);
     return rc;

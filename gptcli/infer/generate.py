@@ -88,12 +88,21 @@ class Sampling:
         (kernels.sample: no softmax written out); else from q, by draw_at."""
         if self.greedy:
             return argmax(logits)
-        u = uniforms(logits, generator)
-        if self.top_k is None and (self.top_p or 1.0) >= 1.0:
+        return self.draw_with(logits, uniforms(logits, generator))
+
+    def draw_with(self, logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """draw's ids (B,) at the uniforms u (B, 1) float64, not greedy."""
+        if self.from_logits:
             fast = kernels.sample(logits.float(), u, self._divisor)
             if fast is not None:
                 return fast
         return draw_at(self.distribution(logits), u)
+
+    @property
+    def from_logits(self) -> bool:
+        """Whether ids are chosen from the logits alone, no top-k or top-p: the argmax, or drawn
+        at the temperature (in C where the library is loaded)."""
+        return self.top_k is None and (self.top_p or 1.0) >= 1.0
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -216,7 +225,7 @@ def _one_token(model: GPT, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor
     return model.next_logits(tokens, kv_cache=cache)
 
 
-# greedy steps in one C call (_Context.greedy): as many as take about RUN_SECONDS (GPT-2
+# steps in one C call (_Context.run): as many as take about RUN_SECONDS (GPT-2
 # 124M on 2 cores: about 10), so that a stream of text still moves at least 10 times a second
 RUN_SECONDS = 0.1
 MAX_RUN = 64
@@ -233,6 +242,27 @@ def compiled_step(device: torch.device) -> Callable[[GPT, torch.Tensor, KVCache]
     if mode not in _compiled_steps:
         _compiled_steps[mode] = torch.compile(_one_token, mode=mode, dynamic=False)
     return _compiled_steps[mode]
+
+
+class _Uniforms:
+    """A row's uniform draws taken ahead of their steps, in order: a run of C steps takes as
+    many as it may use, and those it did not use come first after it, so that the ids drawn
+    are the same whichever runs the steps were grouped in (torch's CPU generator gives the
+    same numbers n at a time as one at a time)."""
+
+    def __init__(self, generator: torch.Generator | None) -> None:
+        self.generator = generator
+        self.ahead = torch.empty(0, 1, dtype=torch.float64)
+
+    def peek(self, n: int) -> torch.Tensor:
+        """The next n uniforms (n, 1), not used yet."""
+        if self.ahead.size(0) < n:
+            more = torch.rand(n - self.ahead.size(0), 1, generator=self.generator, dtype=torch.float64)
+            self.ahead = torch.cat([self.ahead, more])
+        return self.ahead[:n]
+
+    def used(self, n: int) -> None:
+        self.ahead = self.ahead[n:]
 
 
 class _Context:
@@ -294,24 +324,38 @@ class _Context:
         if self.cache is not None:
             self.cache.expand(n)
 
-    def greedy(
-        self, tokens: torch.Tensor, n: int, choose: int, ends: Sequence[int]
+    def run(
+        self,
+        tokens: torch.Tensor,
+        n: int,
+        choose: int,
+        ends: Sequence[int],
+        sampling: Sampling,
+        ahead: _Uniforms | None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Push tokens (1,) and then, up to n - 1 times, the argmax (among the ids below
-        choose) of the logits after it, in one C call (kernels.greedy_steps), stopping after
-        an id in ends; returns the k chosen ids (k,), the last not pushed yet, and the logits
-        (k, V) they were chosen from. None where the C step does not run them (no cache, a
+        """Push tokens (1,) and choose the next id from the logits after it as sampling does
+        (greedy, or drawn from the logits at the uniforms ahead gives), then push that one and
+        so on, up to n ids, in one C call (kernels.run_steps), stopping after an id in ends;
+        returns the k ids chosen (k,), the last not pushed yet, and the logits (k, V) they were
+        chosen from (-inf past `choose`). None where the C step does not run them (no cache, a
         compiled step, more than one row) or the window would slide first: push instead."""
         if self.compile or self.cache is None or tokens.shape != (1,):
             return None
         n = min(n, self.block - (self.length - self.start), self.cache.max_len - self.cache.pos)
         if n < 1:
             return None
-        run = kernels.greedy_steps(self.model, tokens[:, None], self.cache, n, choose, ends)
-        if run is not None:
-            ids = run[0]
-            self._new += [tokens[:, None], ids[None, :-1]]
-            self.length += ids.numel()
+        u = None if ahead is None else ahead.peek(n)
+        temperature = 0.0 if sampling.greedy else sampling._divisor
+        run = kernels.run_steps(self.model, tokens[:, None], self.cache, n, choose, ends, temperature, u)
+        if run is None:
+            return None
+        ids, logits = run
+        if ids[-1] < 0 and u is not None:  # (a row the C code had nothing to draw from)
+            ids[-1:] = sampling.draw_with(logits[-1:], u[ids.numel() - 1 : ids.numel()])
+        if ahead is not None:
+            ahead.used(ids.numel())
+        self._new += [tokens[:, None], ids[None, :-1]]
+        self.length += ids.numel()
         return run
 
     def push(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -350,10 +394,12 @@ def generate(
     compile: decode through a static KV cache with a compiled step (compiled_step); in fp32
     the same tokens as without.
 
-    Greedy decoding of one sequence through the C step runs several steps a call
-    (_Context.greedy), as many as take about RUN_SECONDS, so that no Python runs between
-    them; their Steps are then yielded together, and a run stops after any of end_ids (the
-    caller's end tokens, where it will stop: no step is spent past them).
+    One sequence decoded through the C step, greedy or drawn from the logits (no top-k or
+    top-p), runs several steps a call (_Context.run), as many as take about RUN_SECONDS, so
+    that no Python runs between them; their Steps are then yielded together, and a run
+    stops after any of end_ids (the caller's end tokens, where it will stop: no step is
+    spent past them). The ids are those of one step at a time; a generator given is then
+    drawn from ahead, by up to a run's steps past the last Step taken.
     """
     if not prompt:
         raise ValueError("generate needs at least one prompt token")
@@ -366,19 +412,22 @@ def generate(
     V = logits.size(-1)
     choose = V if vocab_size is None else min(vocab_size, V)
     padding = torch.arange(V, device=device) >= choose if choose < V else None
-    runs = sampling.greedy and num_samples == 1 and kernels.decodes(model)  # (several steps a C call)
+    ahead = None  # a row's uniforms, where runs of C steps draw (_Uniforms)
+    runs = num_samples == 1 and sampling.from_logits and kernels.decodes(model)
+    if runs and not sampling.greedy:
+        one = generator[0] if isinstance(generator, Sequence) and len(generator) == 1 else generator
+        runs = one is None or (isinstance(one, torch.Generator) and one.device.type == "cpu")
+        ahead = _Uniforms(one) if runs else None  # type: ignore[arg-type]
     per_run = 2  # steps the next run asks for, then as many as take about RUN_SECONDS
     made, tokens = 0, None  # the last ids chosen (B,), not pushed yet
     while made < max_new_tokens:
         if runs and tokens is not None:
             t0 = time.perf_counter()
-            run = ctx.greedy(tokens, min(per_run, max_new_tokens - made), choose, end_ids)
+            run = ctx.run(tokens, min(per_run, max_new_tokens - made), choose, end_ids, sampling, ahead)
             if run is not None:
                 ids, many = run
                 per_step = (time.perf_counter() - t0) / ids.numel()
                 per_run = max(1, min(MAX_RUN, int(RUN_SECONDS / max(per_step, 1e-6))))
-                if padding is not None:
-                    many.masked_fill_(padding, float("-inf"))
                 for j in range(ids.numel()):
                     yield Step(ids[j : j + 1], many[j : j + 1], sampling)
                 made += ids.numel()
@@ -389,7 +438,11 @@ def generate(
         logits = logits.float()
         if padding is not None:
             logits = logits.masked_fill(padding, float("-inf"))
-        tokens = sampling.draw(logits, generator)
+        if ahead is not None:  # (the uniforms runs took ahead come first)
+            tokens = sampling.draw_with(logits, ahead.peek(1))
+            ahead.used(1)
+        else:
+            tokens = sampling.draw(logits, generator)
         yield Step(tokens, logits, sampling)
         made += 1
 

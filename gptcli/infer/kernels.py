@@ -20,8 +20,9 @@ Without a compiler, decoding quietly stays on the model's own code.
 
 The C step takes over one-token steps on a growing (not static) KV cache, and a prompt of
 one row (Decoder.prefill: any length where the weights have a packed copy, else up to
-STORED_PREFILL tokens), and greedy decoding of one sequence several steps a call
-(greedy_steps: each step's argmax fed to the next in C, with no Python between them);
+STORED_PREFILL tokens), and the decoding of one sequence, greedy or drawn from the logits,
+several steps a call (run_steps: each step's id chosen and fed to the next in C, with no
+Python between them);
 training and anything with a probe keep the model's own code. The weights are
 checked once a generation (a cache, until it is reset): a model moved, cast, reloaded or
 changed in place is read anew from the next generation on. Changing weights in place in
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import mmap
 import operator
 import os
@@ -193,7 +195,7 @@ def library_path(compiler: str, flags: list[str] = FLAGS) -> Path:
 
 FUNCTIONS = {  # what decode.c offers, and what each returns
     "gptcli_decode_step": ctypes.c_int,
-    "gptcli_decode_greedy": ctypes.c_int,
+    "gptcli_decode_run": ctypes.c_int,
     "gptcli_prefill": ctypes.c_int,
     "gptcli_packs": ctypes.c_int,
     "gptcli_pack": None,
@@ -594,18 +596,27 @@ class Decoder:
         self._count(1)
         return logits
 
-    def greedy(
-        self, lib: ctypes.CDLL, token: int, cache: KVCache, n: int, choose: int, ends: Sequence[int]
+    def run(
+        self,
+        lib: ctypes.CDLL,
+        token: int,
+        cache: KVCache,
+        n: int,
+        choose: int,
+        ends: Sequence[int],
+        temperature: float,
+        u: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """greedy_steps' C call: ids (k,) and logits (k, V) of k <= n steps."""
+        """run_steps' C call: ids (k,) and logits (k, V) of k <= n steps."""
         self.model.cache_dtype = _DTYPES[cache.k.dtype]
         logits = torch.empty(n, self.vocab, dtype=torch.float32)
         ids = torch.empty(n, dtype=torch.long)
         stops = torch.tensor(list(ends), dtype=torch.long)
-        taken = lib.gptcli_decode_greedy(
+        taken = lib.gptcli_decode_run(
             ctypes.byref(self.model), ctypes.c_int64(token), n, cache.pos, cache.max_len,
             ctypes.c_void_p(cache.k.data_ptr()), ctypes.c_void_p(cache.v.data_ptr()), choose,
-            ctypes.c_void_p(stops.data_ptr()), stops.numel(), ctypes.c_void_p(logits.data_ptr()),
+            ctypes.c_void_p(stops.data_ptr()), stops.numel(), ctypes.c_float(temperature),
+            ctypes.c_void_p(None if u is None else u.data_ptr()), ctypes.c_void_p(logits.data_ptr()),
             ctypes.c_void_p(ids.data_ptr()), torch.get_num_threads(),
         )  # fmt: skip
         _check(min(taken, 0), torch.tensor([token]), self.vocab)
@@ -745,24 +756,37 @@ def _next_logits(self: GPT, idx: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     return GPT.next_logits(self, idx, **kwargs)
 
 
-def greedy_steps(
-    model: GPT, token: torch.Tensor, cache: KVCache, n: int, choose: int, ends: Sequence[int] = ()
+def run_steps(
+    model: GPT,
+    token: torch.Tensor,
+    cache: KVCache,
+    n: int,
+    choose: int,
+    ends: Sequence[int] = (),
+    temperature: float = 0.0,
+    u: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Up to n steps of greedy decoding of one sequence in one C call (gptcli_decode_greedy):
-    token (1, 1) the last chosen id, not yet in cache; each step feeds the argmax of the one
-    before among the ids below `choose`, and they stop after an id in ends. Returns the ids
-    (k,) and each step's logits (k, V) of the k <= n steps taken (their keys stored in cache,
-    but for the last id's); None where the C step does not run this (the caller then steps
-    through next_logits)."""
+    """Up to n decoding steps of one sequence in one C call (gptcli_decode_run): token (1, 1)
+    the last id chosen, not yet in cache; each step's logits get -inf past the ids below
+    `choose`, and the next id is their argmax (u None) or drawn at the temperature at the
+    uniform u[i] (u: (n, 1) float64; as Sampling.draw draws in C); the run stops after an id
+    in ends. Returns the ids (k,) and each step's logits (k, V) of the k <= n steps taken
+    (their keys stored in cache, but for the last id's); an id of -1 where a row had nothing
+    to draw from in C (NaN, +inf or no finite logit: the caller draws it; the run ends
+    there). None where the C step does not run this (the caller steps through next_logits)."""
     lib = LIBRARY.lib
     if lib is None or not decodes(model) or n < 1 or token.shape != (1, 1):
         return None
     if cache.key_mask is not None or cache.sources is not None or cache.pos + n > cache.max_len:
         return None
+    if u is not None and (u.dtype != torch.float64 or u.shape != (n, 1) or not u.is_contiguous()):
+        return None
+    if u is not None and not 0 < temperature < math.inf:
+        return None
     decoder = _decoder(model, lib, token, cache)
     if decoder is None or not 0 < choose <= decoder.vocab:
         return None
-    return decoder.greedy(lib, int(token), cache, n, choose, ends)
+    return decoder.run(lib, int(token), cache, n, choose, ends, temperature, u)
 
 
 # the last step's logits (a weak reference), their version then, and their argmax (B,)
