@@ -405,6 +405,48 @@ def test_a_run_ends_where_a_row_has_nothing_to_draw_from_and_torch_draws_it(monk
     assert got == want and runs and all(run == [-1] for run in runs)  # (as C gave them: ended at once)
 
 
+@pytest.mark.parametrize("beams", [1, 2, 4, 5])
+@pytest.mark.parametrize("kind", ["fp32", "bf16"])
+def test_runs_of_beam_steps_in_one_c_call_find_the_beams_of_one_step_at_a_time(kind, beams, monkeypatch):
+    """Beam search runs several C steps a call (kernels.beam_steps), which take the beams on
+    by beam_search's rules in C: the same hypotheses, log-probabilities and scores, to the
+    bit, as one step a call; with hypotheses ending at an end id (the final LayerNorm tilted
+    towards it), length penalties, and the embeddings' padding, which never ranks."""
+    library()
+    model = lively_model(kind)
+    end = 7
+    with torch.no_grad():
+        e = model.transformer.wte.weight[end].float()
+        model.transformer.ln_f.bias.add_((2.5 * e / e.norm() ** 2).to(model.transformer.ln_f.bias.dtype))
+    assert kernels.use_fast_decode(model)
+    from gptcli.infer.generate import beam_search
+
+    real, runs, caches = kernels.beam_steps, [], []
+
+    def spy(one_at_a_time: bool):
+        def step(model, tokens, cache, *args):
+            got = None if one_at_a_time else real(model, tokens, cache, *args)
+            runs.append(0 if got is None else got[0].size(0))
+            caches.append(cache)
+            return got
+
+        return step
+
+    ended_early = 0
+    for prompt, alpha, n in (([3, 1, 4, 1, 5], 1.0, 30), ([9], 0.5, 40), ([2, 7, 1, 8], 2.0, 20)):
+        found, fed = [], []
+        for one_at_a_time in (True, False):
+            monkeypatch.setattr(kernels, "beam_steps", spy(one_at_a_time))
+            hyps = beam_search(model, prompt, beams, n, length_penalty=alpha, end_ids=[end], vocab_size=90)
+            found.append([(h.ids, h.logprob, h.score, h.finished) for h in hyps])
+            fed.append(caches[-1].pos if caches else None)
+        assert found[1] == found[0]
+        assert fed[1] == fed[0]  # (the runs stopped where the search did: no step past it)
+        assert all(max(ids) < 90 for ids, *_ in found[1])
+        ended_early += any(finished and len(ids) < n for ids, _, _, finished in found[1])
+    assert ended_early and max(runs) > 1
+
+
 @pytest.mark.parametrize("beams", [2, 4])
 def test_beams_through_the_c_step_find_what_the_models_code_finds(beams):
     """Beam search reads each beam's history where it was written (no rows copied): the

@@ -2208,6 +2208,90 @@ int gptcli_decode_run(const Model *m, int64_t token, int n, int slot, int cache_
     return i;
 }
 
+/* Beam search, up to n steps in one call (no Python between them; see gptcli_decode_run). Step
+ * i feeds each of the B beams its token (first: tokens) at position and slot `slot + i` of
+ * its row of the cache (B rows of cache_len slots; sources (B, cache_len): which row holds
+ * each slot, see slot_offsets) and ranks all their continuations as gptcli_best does (the
+ * beams' scores (B), the ids below `choose`, the best k) into values + i * k and index + i * k.
+ * Then, but at the run's last step, the beams go on as gptcli/infer/generate.py's
+ * beam_search takes them (a step that is not the search's last): by rank, a continuation
+ * whose id is in ends (n_ends) is set aside if it ranks among the first B (`ended` were so
+ * far), the first B others go on, dead ones (score -inf) making up their number; each takes
+ * the cache row that _cache_rows gives it (sources follow), and its token and score are the
+ * next step's. A step after which beam_search stops (B set aside, or none going on) is the
+ * run's last. Returns the steps taken (1 to n): all ranked, all but the last taken on by the
+ * rules above (the caller takes the last, as it takes any step); or -1 (no memory) or -3 (a
+ * token or slot outside the embeddings or the cache: nothing done). */
+int gptcli_beam_run(const Model *m, const int64_t *tokens, int B, int n, int slot, int cache_len, void *k_cache,
+                    void *v_cache, int32_t *sources, int choose, const int64_t *ends, int n_ends, int ended,
+                    const float *scores, int k, float *values, int64_t *index, int threads) {
+    const int V = m->vocab;
+    if (B < 1 || n < 1 || slot < 0 || slot + n > cache_len || slot + n > m->block || choose < 1 || choose > V ||
+        k < 1)
+        return -3;
+    float *logits = malloc(sizeof(float) * (size_t)B * V), *score = malloc(sizeof(float) * 2 * B);
+    int64_t *feed = malloc(sizeof(int64_t) * 4 * (size_t)B), *positions = feed + B, *row = feed + 2 * B,
+            *token = feed + 3 * B;
+    int *last = malloc(sizeof(int) * 4 * (size_t)B), *stay = last + B, *order = last + 2 * B, *movers = last + 3 * B;
+    int32_t *moved = malloc(sizeof(int32_t) * (size_t)B * cache_len);
+    int i = 0, rc = 0;
+    if (!logits || !score || !feed || !last || !moved) {
+        rc = -1;
+        goto done;
+    }
+    for (int b = 0; b < B; b++) feed[b] = tokens[b], score[b] = scores[b];
+    for (; i < n; i++) {
+        for (int b = 0; b < B; b++) positions[b] = last[b] = slot + i;
+        rc = forward_rows(m, feed, positions, B, B, cache_len, k_cache, v_cache, sources, NULL, 0, last, logits, B,
+                          NULL, threads);
+        if (rc == 0) rc = gptcli_best(logits, B, V, choose, score, k, values + (size_t)i * k, index + (size_t)i * k,
+                                      threads);
+        if (rc != 0) break;
+        if (i == n - 1) {
+            i++;
+            break;
+        }
+        /* the beams that go on: row (the beam each continues), token, score */
+        const float *v = values + (size_t)i * k;
+        const int64_t *at = index + (size_t)i * k;
+        int kept = 0;
+        for (int r = 0; r < k && v[r] != -INFINITY; r++) {
+            const int64_t id = at[r] % V;
+            int end = 0;
+            for (int e = 0; e < n_ends; e++) end |= id == ends[e];
+            if (end)
+                ended += r < B;
+            else if (kept < B)
+                row[kept] = at[r] / V, token[kept] = id, score[B + kept] = v[r], kept++;
+        }
+        if (ended >= B || kept == 0) {
+            i++;
+            break;
+        }
+        for (; kept < B; kept++) row[kept] = row[0], token[kept] = token[0], score[B + kept] = -INFINITY;
+        /* _cache_rows: the first beam continuing a row stays in it, the others take the rows
+         * no beam continues, in order */
+        int n_movers = 0;
+        for (int b = 0; b < B; b++) stay[b] = -1;
+        for (int b = 0; b < B; b++)
+            if (stay[row[b]] < 0) stay[row[b]] = b;
+        for (int b = 0; b < B; b++)
+            if (stay[row[b]] != b) movers[n_movers++] = b;
+        for (int r = 0, next = 0; r < B; r++) order[r] = stay[r] >= 0 ? stay[r] : movers[next++];
+        const int written = slot + i + 1; /* (the slots written so far: KVCache.reorder) */
+        for (int r = 0; r < B; r++) {
+            const int b = order[r];
+            memcpy(moved + (size_t)r * cache_len, sources + (size_t)row[b] * cache_len, sizeof(int32_t) * written);
+            feed[r] = token[b], score[r] = score[B + b];
+        }
+        for (int r = 0; r < B; r++)
+            memcpy(sources + (size_t)r * cache_len, moved + (size_t)r * cache_len, sizeof(int32_t) * written);
+    }
+done:
+    free(logits), free(score), free(feed), free(last), free(moved);
+    return rc != 0 ? rc : i; /* (a step failing after the first: an error too, the run half done) */
+}
+
 /* A prompt's tokens (n) at once, one sequence in a cache of one row (cache_len slots), after
  * the slot0 tokens it holds: token i at position and slot slot0 + i, attending to the slots
  * up to its own (causal). logits (vocab): the last token's; NULL: none (a prompt encoded in

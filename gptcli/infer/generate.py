@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -587,12 +588,21 @@ def beam_search(
     scores = torch.full((beams,), float("-inf"), device=device)
     scores[0] = 0.0  # at first, every row holds the same (empty) hypothesis: expand only one
     finished: list[Hypothesis] = []
+    V = logits.size(-1)
+    choose = V if vocab_size is None else min(vocab_size, V)
+    # steps a run of C steps ranked (kernels.beam_steps), and whether it took them on
+    ran: deque[tuple[list[float], list[int], bool]] = deque()
+    runs = not no_repeat_ngram and is_end is None and not compile and kernels.decodes(model)
+    per_run = 2  # steps the next run asks for, then as many as take about RUN_SECONDS
     for step in range(max_new_tokens):
-        banned: list[list[int]] = []  # each beam's ids that would repeat an n-gram
-        if no_repeat_ngram:
-            banned = [_banned_by_ngrams([*prompt, *seq], no_repeat_ngram) for seq in seqs]
-        top_scores, top_index = best_continuations(logits, scores, 2 * beams, vocab_size, banned)
-        V = logits.size(-1)
+        taken_on = False
+        if ran:
+            top_scores, top_index, taken_on = ran.popleft()
+        else:
+            banned: list[list[int]] = []  # each beam's ids that would repeat an n-gram
+            if no_repeat_ngram:
+                banned = [_banned_by_ngrams([*prompt, *seq], no_repeat_ngram) for seq in seqs]
+            top_scores, top_index = best_continuations(logits, scores, 2 * beams, vocab_size, banned)
         last = step == max_new_tokens - 1
         rows, tokens, kept = [], [], []
         for rank, (s, i) in enumerate(zip(top_scores, top_index, strict=True)):
@@ -620,8 +630,21 @@ def beam_search(
         rows, tokens, kept = ([xs[i] for i in order] for xs in (rows, tokens, kept))
         seqs = [[*seqs[r], t] for r, t in zip(rows, tokens, strict=True)]
         scores = torch.tensor(kept, device=device)
+        if taken_on:  # (the C run reordered the cache and fed these tokens)
+            continue
         cache.reorder(torch.tensor(rows, device=device))
         step_ids = torch.tensor(tokens, device=device)[:, None]
+        if runs:  # (its steps all followed by another: the search's last step is taken here)
+            t0 = time.perf_counter()
+            n, k = min(per_run, max_new_tokens - 1 - step), min(2 * beams, beams * choose)
+            run = kernels.beam_steps(model, step_ids, cache, n, choose, ends, len(finished), scores, k)
+            if run is not None:
+                values, index = run
+                per_step = (time.perf_counter() - t0) / values.size(0)
+                per_run = max(1, min(MAX_RUN, int(RUN_SECONDS / max(per_step, 1e-6))))
+                for j, (v, i) in enumerate(zip(values.tolist(), index.tolist(), strict=True)):
+                    ran.append((v, i, j < values.size(0) - 1))
+                continue
         if compile:
             logits = compiled_step(device)(model, step_ids, cache)
         else:

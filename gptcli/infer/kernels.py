@@ -196,6 +196,7 @@ def library_path(compiler: str, flags: list[str] = FLAGS) -> Path:
 FUNCTIONS = {  # what decode.c offers, and what each returns
     "gptcli_decode_step": ctypes.c_int,
     "gptcli_decode_run": ctypes.c_int,
+    "gptcli_beam_run": ctypes.c_int,
     "gptcli_prefill": ctypes.c_int,
     "gptcli_packs": ctypes.c_int,
     "gptcli_pack": None,
@@ -624,6 +625,36 @@ class Decoder:
         self._count(taken)
         return ids[:taken], logits[:taken]
 
+    def beam_run(
+        self,
+        lib: ctypes.CDLL,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        n: int,
+        choose: int,
+        ends: Sequence[int],
+        ended: int,
+        scores: torch.Tensor,
+        k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """beam_steps' C call: values and index (taken, k) of taken <= n steps."""
+        assert cache.sources is not None
+        self.model.cache_dtype = _DTYPES[cache.k.dtype]
+        values = torch.empty(n, k, dtype=torch.float32)
+        index = torch.empty(n, k, dtype=torch.long)
+        stops = torch.tensor(list(ends), dtype=torch.long)
+        taken = lib.gptcli_beam_run(
+            ctypes.byref(self.model), ctypes.c_void_p(tokens.data_ptr()), tokens.size(0), n, cache.pos,
+            cache.max_len, ctypes.c_void_p(cache.k.data_ptr()), ctypes.c_void_p(cache.v.data_ptr()),
+            ctypes.c_void_p(cache.sources.data_ptr()), choose, ctypes.c_void_p(stops.data_ptr()),
+            stops.numel(), ended, ctypes.c_void_p(scores.data_ptr()), k, ctypes.c_void_p(values.data_ptr()),
+            ctypes.c_void_p(index.data_ptr()), torch.get_num_threads(),
+        )  # fmt: skip
+        _check(min(taken, 0), tokens, self.vocab)
+        cache.pos += taken
+        self._count(taken)
+        return values[:taken], index[:taken]
+
     def _count(self, steps: int) -> None:
         """Count the steps taken up to MERGE_AFTER, then merge the weights' pages (streamed)."""
         if self.steps < MERGE_AFTER:
@@ -918,6 +949,39 @@ def use_fast_decode(model: nn.Module) -> bool:
     LIBRARY.start()
     model.next_logits = types.MethodType(_next_logits, model)  # type: ignore[method-assign]
     return True
+
+
+def beam_steps(
+    model: GPT,
+    tokens: torch.Tensor,
+    cache: KVCache,
+    n: int,
+    choose: int,
+    ends: Sequence[int],
+    ended: int,
+    scores: torch.Tensor,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Up to n steps of beam search in one C call (gptcli_beam_run): tokens (B, 1) each beam's
+    next id, not yet in cache (B rows, each beam's slots where `sources` says), scores (B,) the
+    beams' scores; `ended` hypotheses set aside so far. Each step ranks the beams' best k
+    continuations among the ids below `choose` (best_continuations' values and flat indices),
+    and all but the last are taken on by beam_search's rules (ids in ends set aside) in C.
+    Returns values (taken, k) and index (taken, k); None where the C step does not run this
+    (the caller steps through next_logits)."""
+    lib = LIBRARY.lib
+    if lib is None or not decodes(model) or n < 1 or tokens.dim() != 2 or tokens.size(1) != 1:
+        return None
+    B = tokens.size(0)
+    if cache.sources is None or cache.key_mask is not None or cache.pos + n > cache.max_len:
+        return None
+    if scores.shape != (B,) or scores.dtype != torch.float32 or not 0 < k <= B * choose:
+        return None
+    decoder = _decoder(model, lib, tokens, cache)
+    if decoder is None or not 0 < choose <= decoder.vocab:
+        return None
+    tokens = tokens.to(torch.long).contiguous()
+    return decoder.beam_run(lib, tokens, cache, n, choose, ends, ended, scores.contiguous(), k)
 
 
 def decodes(model: nn.Module) -> bool:
