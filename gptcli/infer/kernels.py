@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import math
 import mmap
 import operator
 import os
@@ -812,7 +811,7 @@ def run_steps(
         return None
     if u is not None and (u.dtype != torch.float64 or u.shape != (n, 1) or not u.is_contiguous()):
         return None
-    if u is not None and not 0 < temperature < math.inf:
+    if u is not None and not 0 < temperature <= torch.finfo(torch.float32).max:  # (C takes a float)
         return None
     decoder = _decoder(model, lib, token, cache)
     if decoder is None or not 0 < choose <= decoder.vocab:
