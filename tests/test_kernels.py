@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from gptcli.config import ModelConfig
+from gptcli.infer import generate as generate_module
 from gptcli.infer import kernels
 from gptcli.infer.generate import GREEDY, SAMPLE, Sampling, draw_from, generate, inverse_cdf
 from gptcli.infer.quantize import Int8Linear, quantize
@@ -341,24 +342,33 @@ def lively_model(kind: str) -> GPT:
     return quantize(model) if kind == "int8" else model.to({"bf16": torch.bfloat16}.get(kind, torch.float32))
 
 
-def decode_both_ways(model: GPT, sampling: Sampling, monkeypatch, n: int = 60, **kwargs):
-    """(ids, logits) of generate() one step a call, then in runs of C steps, and the runs'
-    ids (kernels.run_steps)."""
-    real, runs = kernels.run_steps, []
+def decode_both_ways(
+    model: GPT, sampling: Sampling, monkeypatch, n: int = 60, stop: int | None = None, **kwargs
+):
+    """(ids, logits, the generator's state after) of generate() one step a call (no runs at
+    all), then in runs of C steps, and the runs' ids (kernels.run_steps); stop: leave the
+    loop after that many Steps."""
+    real, runs, decodes = kernels.run_steps, [], kernels.decodes
 
     def spy(*args, **kwargs):
         got = real(*args, **kwargs)
         runs.append(None if got is None else got[0].tolist())
         return got
 
+    monkeypatch.setattr(kernels, "run_steps", spy)
+    monkeypatch.setattr(generate_module, "RUN_SECONDS", 1e9)  # (runs of MAX_RUN steps, whatever the load)
     out = []
     for one_at_a_time in (True, False):
-        monkeypatch.setattr(kernels, "run_steps", (lambda *a, **k: None) if one_at_a_time else spy)
+        monkeypatch.setattr(kernels, "decodes", (lambda m: False) if one_at_a_time else decodes)
         g = torch.Generator().manual_seed(7)
-        steps = list(
-            generate(model, [3, 1, 4, 1, 5], n, sampling=sampling, vocab_size=90, generator=[g], **kwargs)
-        )
-        out.append(([int(s.tokens[0]) for s in steps], torch.cat([s.logits for s in steps])))
+        steps = []
+        for step in generate(
+            model, [3, 1, 4, 1, 5], n, sampling=sampling, vocab_size=90, generator=[g], **kwargs
+        ):
+            steps.append(step)
+            if len(steps) == stop:
+                break
+        out.append(([int(s.tokens[0]) for s in steps], torch.cat([s.logits for s in steps]), g.get_state()))
     return out[0], out[1], runs
 
 
@@ -374,8 +384,10 @@ def test_runs_of_steps_in_one_c_call_are_the_steps_one_at_a_time(kind, how, monk
     model = lively_model(kind)
     assert kernels.use_fast_decode(model)
     sampling = GREEDY if how == "greedy" else Sampling(temperature=float(how[2:]))
-    (want, want_logits), (got, logits), runs = decode_both_ways(model, sampling, monkeypatch)
-    assert got == want and torch.equal(logits, want_logits)
+    (want, want_logits, want_state), (got, logits, state), runs = decode_both_ways(
+        model, sampling, monkeypatch
+    )
+    assert got == want and torch.equal(logits, want_logits) and torch.equal(state, want_state)
     # (the first id comes from the prompt's logits, and the steps that slide the window by push)
     assert max(map(len, runs)) > 1 and sum(map(len, runs)) >= 55 and len(set(got)) > 5
     assert max(got) < 90 and logits[:, 90:].eq(float("-inf")).all()
@@ -384,8 +396,11 @@ def test_runs_of_steps_in_one_c_call_are_the_steps_one_at_a_time(kind, how, monk
         assert (model(seq)[0][0, 4:].argmax(-1) >= 90).any()
 
     end = got[20]
-    (want, _), (got, _), runs = decode_both_ways(model, sampling, monkeypatch, end_ids=[end])
+    (want, _, _), (got, _, _), runs = decode_both_ways(model, sampling, monkeypatch, end_ids=[end])
     assert got == want and all(end not in run[:-1] for run in runs) and any(run[-1] == end for run in runs)
+    # left in the middle of a run: the generator where one step at a time leaves it
+    (want, _, want_state), (got, _, state), runs = decode_both_ways(model, sampling, monkeypatch, stop=13)
+    assert got == want and torch.equal(state, want_state) and sum(map(len, runs)) > 13
 
     cache = KVCache(model.config, 2, 16, dtype=model.transformer.wte.weight.dtype)
     assert kernels.run_steps(model, torch.tensor([[1]]), cache, 4, 90) is None  # two rows
@@ -394,19 +409,21 @@ def test_runs_of_steps_in_one_c_call_are_the_steps_one_at_a_time(kind, how, monk
 
 
 def test_a_run_ends_where_a_row_has_nothing_to_draw_from_and_torch_draws_it(monkeypatch, two_threads):
-    """A NaN logit: the C draw refuses the row, the run ends there with id -1 and torch's draw
-    takes it at the same uniform, as one step at a time."""
+    """NaN logits from position 13 on: the C draw refuses the row, the run ends there with id
+    -1 (after steps it drew), and torch's draw takes that row at its uniform, as one step at
+    a time does."""
     library()
     model = lively_model("fp32")
     with torch.no_grad():
-        model.lm_head.weight[11, 0] = float("nan")  # (id 11's logit NaN, every step)
+        model.transformer.wpe.weight[13] = float("nan")
     assert kernels.use_fast_decode(model)
-    (want, _), (got, _), runs = decode_both_ways(model, SAMPLE, monkeypatch, n=12)
-    assert got == want and runs and all(run == [-1] for run in runs)  # (as C gave them: ended at once)
+    (want, _, want_state), (got, _, state), runs = decode_both_ways(model, SAMPLE, monkeypatch, n=16)
+    assert got == want and torch.equal(state, want_state)
+    assert any(len(run) > 1 and run[-1] == -1 and min(run[:-1]) >= 0 for run in runs)
 
 
 @pytest.mark.parametrize("beams", [1, 2, 4, 5])
-@pytest.mark.parametrize("kind", ["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
 def test_runs_of_beam_steps_in_one_c_call_find_the_beams_of_one_step_at_a_time(kind, beams, monkeypatch):
     """Beam search runs several C steps a call (kernels.beam_steps), which take the beams on
     by beam_search's rules in C: the same hypotheses, log-probabilities and scores, to the
@@ -417,7 +434,7 @@ def test_runs_of_beam_steps_in_one_c_call_find_the_beams_of_one_step_at_a_time(k
     end = 7
     with torch.no_grad():
         e = model.transformer.wte.weight[end].float()
-        model.transformer.ln_f.bias.add_((2.5 * e / e.norm() ** 2).to(model.transformer.ln_f.bias.dtype))
+        model.transformer.ln_f.bias.add_((3.0 * e / e.norm() ** 2).to(model.transformer.ln_f.bias.dtype))
     assert kernels.use_fast_decode(model)
     from gptcli.infer.generate import beam_search
 
@@ -432,10 +449,12 @@ def test_runs_of_beam_steps_in_one_c_call_find_the_beams_of_one_step_at_a_time(k
 
         return step
 
+    monkeypatch.setattr(generate_module, "RUN_SECONDS", 1e9)  # (runs of MAX_RUN steps, whatever the load)
     ended_early = 0
     for prompt, alpha, n in (([3, 1, 4, 1, 5], 1.0, 30), ([9], 0.5, 40), ([2, 7, 1, 8], 2.0, 20)):
         found, fed = [], []
         for one_at_a_time in (True, False):
+            caches.clear()
             monkeypatch.setattr(kernels, "beam_steps", spy(one_at_a_time))
             hyps = beam_search(model, prompt, beams, n, length_penalty=alpha, end_ids=[end], vocab_size=90)
             found.append([(h.ids, h.logprob, h.score, h.finished) for h in hyps])
@@ -445,6 +464,8 @@ def test_runs_of_beam_steps_in_one_c_call_find_the_beams_of_one_step_at_a_time(k
         assert all(max(ids) < 90 for ids, *_ in found[1])
         ended_early += any(finished and len(ids) < n for ids, _, _, finished in found[1])
     assert ended_early and max(runs) > 1
+    cache = KVCache(model.config, 2, 16, dtype=model.transformer.wte.weight.dtype)  # (no beams' sources)
+    assert real(model, torch.tensor([[1], [2]]), cache, 4, 90, [], 0, torch.zeros(2), 4) is None
 
 
 @pytest.mark.parametrize("beams", [2, 4])

@@ -2167,14 +2167,16 @@ int gptcli_decode_step(const Model *m, const int64_t *tokens, const int64_t *pos
  * then it chooses ids[i] from them as the caller would one step at a time: their argmax
  * (u NULL: greedy), or drawn at temperature t at the uniform u[i] (gptcli_sample; a row it
  * cannot draw from ends the run with ids[i] = -1, for the caller to draw). The run stops
- * after an id in ends (n_ends). Returns the steps taken (1 to n), or, where the first fails,
- * -1 (no memory) or -3 (a token or slot outside the embeddings or the cache: nothing done). */
+ * after an id in ends (n_ends). Returns the steps taken (1 to n; a step after the first
+ * that finds no memory ends the run before it), or, with nothing done, -1 (no memory), -2
+ * (arguments out of their range) or -3 (a token or slot outside the embeddings or the cache). */
 int gptcli_decode_run(const Model *m, int64_t token, int n, int slot, int cache_len, void *k_cache, void *v_cache,
                       int choose, const int64_t *ends, int n_ends, float t, const double *u, float *logits,
                       int64_t *ids, int threads) {
     const int V = m->vocab;
-    if (n < 1 || slot < 0 || slot + n > cache_len || slot + n > m->block || choose < 1 || choose > V) return -3;
-    if (u && (!(t > 0.f) || t == INFINITY)) return -3;
+    if (n < 1 || choose < 1 || choose > V || (u && (!(t > 0.f) || t == INFINITY))) return -2;
+    if (slot < 0 || slot + n > cache_len || slot + n > m->block) return -3;
+    const float inv_t = u ? inverse(t) : 1.f;
     double *sums = u ? malloc(sizeof(double) * ((V + DRAW_BLOCK - 1) / DRAW_BLOCK)) : NULL;
     if (u && !sums) return -1;
     int i = 0;
@@ -2191,7 +2193,7 @@ int gptcli_decode_run(const Model *m, int64_t token, int n, int slot, int cache_
         for (int j = choose; j < V; j++) row[j] = -INFINITY;
         if (!u)
             ids[i] = argmax_row(row, V);
-        else if (sample_row(row, V, inverse(t), u[i], sums, ids + i) != 0) {
+        else if (sample_row(row, V, inv_t, u[i], sums, ids + i) != 0) {
             ids[i] = -1;
             i++;
             break;
@@ -2220,15 +2222,15 @@ int gptcli_decode_run(const Model *m, int64_t token, int n, int slot, int cache_
  * the cache row that _cache_rows gives it (sources follow), and its token and score are the
  * next step's. A step after which beam_search stops (B set aside, or none going on) is the
  * run's last. Returns the steps taken (1 to n): all ranked, all but the last taken on by the
- * rules above (the caller takes the last, as it takes any step); or -1 (no memory) or -3 (a
- * token or slot outside the embeddings or the cache: nothing done). */
+ * rules above (the caller takes the last, as it takes any step); or -2 (arguments out of
+ * their range) or -3 (a token or slot outside the embeddings or the cache), nothing done, or
+ * -1: no memory (for a step after the first: the run left half done, its sources moved). */
 int gptcli_beam_run(const Model *m, const int64_t *tokens, int B, int n, int slot, int cache_len, void *k_cache,
                     void *v_cache, int32_t *sources, int choose, const int64_t *ends, int n_ends, int ended,
                     const float *scores, int k, float *values, int64_t *index, int threads) {
     const int V = m->vocab;
-    if (B < 1 || n < 1 || slot < 0 || slot + n > cache_len || slot + n > m->block || choose < 1 || choose > V ||
-        k < 1)
-        return -3;
+    if (B < 1 || n < 1 || choose < 1 || choose > V || k < 1) return -2;
+    if (slot < 0 || slot + n > cache_len || slot + n > m->block) return -3;
     float *logits = malloc(sizeof(float) * (size_t)B * V), *score = malloc(sizeof(float) * 2 * B);
     int64_t *feed = malloc(sizeof(int64_t) * 4 * (size_t)B), *positions = feed + B, *row = feed + 2 * B,
             *token = feed + 3 * B;

@@ -49,7 +49,7 @@ class Sampling:
         return self.temperature == 0
 
     @property
-    def _divisor(self) -> float:
+    def divisor(self) -> float:
         """The temperature logits are divided by: below float32's smallest normal number a
         temperature would round to 0 (0/0 = NaN), and its distribution is already all on the
         argmax."""
@@ -79,7 +79,7 @@ class Sampling:
             return logits.softmax(-1)
         # subtract the max first, so the largest logit is 0 and the others only fall towards
         # -inf as the temperature shrinks
-        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / self._divisor
+        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / self.divisor
         return filter_logits(scaled, self.top_k, self.top_p).softmax(-1)
 
     def draw(self, logits: torch.Tensor, generator: Generators = None) -> torch.Tensor:
@@ -94,7 +94,7 @@ class Sampling:
     def draw_with(self, logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """draw's ids (B,) at the uniforms u (B, 1) float64, not greedy."""
         if self.from_logits:
-            fast = kernels.sample(logits.float(), u, self._divisor)
+            fast = kernels.sample(logits.float(), u, self.divisor)
             if fast is not None:
                 return fast
         return draw_at(self.distribution(logits), u)
@@ -245,27 +245,6 @@ def compiled_step(device: torch.device) -> Callable[[GPT, torch.Tensor, KVCache]
     return _compiled_steps[mode]
 
 
-class _Uniforms:
-    """A row's uniform draws taken ahead of their steps, in order: a run of C steps takes as
-    many as it may use, and those it did not use come first after it, so that the ids drawn
-    are the same whichever runs the steps were grouped in (torch's CPU generator gives the
-    same numbers n at a time as one at a time)."""
-
-    def __init__(self, generator: torch.Generator | None) -> None:
-        self.generator = generator
-        self.ahead = torch.empty(0, 1, dtype=torch.float64)
-
-    def peek(self, n: int) -> torch.Tensor:
-        """The next n uniforms (n, 1), not used yet."""
-        if self.ahead.size(0) < n:
-            more = torch.rand(n - self.ahead.size(0), 1, generator=self.generator, dtype=torch.float64)
-            self.ahead = torch.cat([self.ahead, more])
-        return self.ahead[:n]
-
-    def used(self, n: int) -> None:
-        self.ahead = self.ahead[n:]
-
-
 class _Context:
     """The tokens seen so far and the window the model conditions on (with or without a
     cache; with compile, a static cache and a compiled one-token step)."""
@@ -325,6 +304,12 @@ class _Context:
         if self.cache is not None:
             self.cache.expand(n)
 
+    def room(self) -> int:
+        """Steps a run may take before the window slides (none without a growing cache)."""
+        if self.compile or self.cache is None:
+            return 0
+        return min(self.block - (self.length - self.start), self.cache.max_len - self.cache.pos)
+
     def run(
         self,
         tokens: torch.Tensor,
@@ -332,29 +317,23 @@ class _Context:
         choose: int,
         ends: Sequence[int],
         sampling: Sampling,
-        ahead: _Uniforms | None,
+        u: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Push tokens (1,) and choose the next id from the logits after it as sampling does
-        (greedy, or drawn from the logits at the uniforms ahead gives), then push that one and
-        so on, up to n ids, in one C call (kernels.run_steps), stopping after an id in ends;
-        returns the k ids chosen (k,), the last not pushed yet, and the logits (k, V) they were
-        chosen from (-inf past `choose`). None where the C step does not run them (no cache, a
-        compiled step, more than one row) or the window would slide first: push instead."""
-        if self.compile or self.cache is None or tokens.shape != (1,):
+        (greedy, or drawn from the logits at the uniforms u (n, 1)), then push that one and so
+        on, up to n <= room() ids, in one C call (kernels.run_steps), stopping after an id in
+        ends; returns the k ids chosen (k,), the last not pushed yet, and the logits (k, V)
+        they were chosen from (-inf past `choose`). None where the C step does not run them
+        (more than one row, a model it does not decode): push instead."""
+        if tokens.shape != (1,) or not 0 < n <= self.room():
             return None
-        n = min(n, self.block - (self.length - self.start), self.cache.max_len - self.cache.pos)
-        if n < 1:
-            return None
-        u = None if ahead is None else ahead.peek(n)
-        temperature = 0.0 if sampling.greedy else sampling._divisor
+        temperature = 0.0 if sampling.greedy else sampling.divisor
         run = kernels.run_steps(self.model, tokens[:, None], self.cache, n, choose, ends, temperature, u)
         if run is None:
             return None
         ids, logits = run
         if ids[-1] < 0 and u is not None:  # (a row the C code had nothing to draw from)
             ids[-1:] = sampling.draw_with(logits[-1:], u[ids.numel() - 1 : ids.numel()])
-        if ahead is not None:
-            ahead.used(ids.numel())
         self._new += [tokens[:, None], ids[None, :-1]]
         self.length += ids.numel()
         return run
@@ -399,8 +378,10 @@ def generate(
     top-p), runs several steps a call (_Context.run), as many as take about RUN_SECONDS, so
     that no Python runs between them; their Steps are then yielded together, and a run
     stops after any of end_ids (the caller's end tokens, where it will stop: no step is
-    spent past them). The ids are those of one step at a time; a generator given is then
-    drawn from ahead, by up to a run's steps past the last Step taken.
+    spent past them). The ids are those of one step at a time, and the generator moves by
+    a draw a Step as then; drawn, the runs need a CPU generator of their own (generator=None
+    draws from torch's global one, which the caller may use between Steps: one step at a
+    time), which nothing else draws from until the loop is left.
     """
     if not prompt:
         raise ValueError("generate needs at least one prompt token")
@@ -413,23 +394,29 @@ def generate(
     V = logits.size(-1)
     choose = V if vocab_size is None else min(vocab_size, V)
     padding = torch.arange(V, device=device) >= choose if choose < V else None
-    ahead = None  # a row's uniforms, where runs of C steps draw (_Uniforms)
-    runs = num_samples == 1 and sampling.from_logits and kernels.decodes(model)
-    if runs and not sampling.greedy:
-        one = generator[0] if isinstance(generator, Sequence) and len(generator) == 1 else generator
-        runs = one is None or (isinstance(one, torch.Generator) and one.device.type == "cpu")
-        ahead = _Uniforms(one) if runs else None  # type: ignore[arg-type]
+    # one sequence, greedy or drawn from the logits alone, through the C step: runs of steps
+    runs = num_samples == 1 and use_cache and not compile and sampling.from_logits and kernels.decodes(model)
+    gen = generator[0] if isinstance(generator, Sequence) and len(generator) == 1 else generator
+    if runs and not sampling.greedy:  # (a generator of its own: the global one is shared with the caller)
+        runs = isinstance(gen, torch.Generator) and gen.device.type == "cpu"
     per_run = 2  # steps the next run asks for, then as many as take about RUN_SECONDS
     made, tokens = 0, None  # the last ids chosen (B,), not pushed yet
     while made < max_new_tokens:
-        if runs and tokens is not None:
-            t0 = time.perf_counter()
-            run = ctx.run(tokens, min(per_run, max_new_tokens - made), choose, end_ids, sampling, ahead)
+        n = min(per_run, max_new_tokens - made, ctx.room()) if runs and tokens is not None else 0
+        if n > 0:
+            t0, u = time.perf_counter(), None
+            if not sampling.greedy:  # the uniforms of n steps, the generator left as it was
+                state = gen.get_state()
+                u = torch.rand(n, 1, generator=gen, dtype=torch.float64)
+                gen.set_state(state)
+            run = ctx.run(tokens, n, choose, end_ids, sampling, u)
             if run is not None:
                 ids, many = run
                 per_step = (time.perf_counter() - t0) / ids.numel()
                 per_run = max(1, min(MAX_RUN, int(RUN_SECONDS / max(per_step, 1e-6))))
                 for j in range(ids.numel()):
+                    if u is not None:  # (the generator moves a draw a Step, as one step at a time)
+                        torch.rand(1, 1, generator=gen, dtype=torch.float64)
                     yield Step(ids[j : j + 1], many[j : j + 1], sampling)
                 made += ids.numel()
                 tokens = ids[-1:]
@@ -439,11 +426,7 @@ def generate(
         logits = logits.float()
         if padding is not None:
             logits = logits.masked_fill(padding, float("-inf"))
-        if ahead is not None:  # (the uniforms runs took ahead come first)
-            tokens = sampling.draw_with(logits, ahead.peek(1))
-            ahead.used(1)
-        else:
-            tokens = sampling.draw(logits, generator)
+        tokens = sampling.draw(logits, generator)
         yield Step(tokens, logits, sampling)
         made += 1
 
@@ -634,7 +617,7 @@ def beam_search(
             continue
         cache.reorder(torch.tensor(rows, device=device))
         step_ids = torch.tensor(tokens, device=device)[:, None]
-        if runs:  # (its steps all followed by another: the search's last step is taken here)
+        if runs:  # (a run may rank the search's last step, but takes on only those before it)
             t0 = time.perf_counter()
             n, k = min(per_run, max_new_tokens - 1 - step), min(2 * beams, beams * choose)
             run = kernels.beam_steps(model, step_ids, cache, n, choose, ends, len(finished), scores, k)

@@ -20,9 +20,10 @@ Without a compiler, decoding quietly stays on the model's own code.
 
 The C step takes over one-token steps on a growing (not static) KV cache, and a prompt of
 one row (Decoder.prefill: any length where the weights have a packed copy, else up to
-STORED_PREFILL tokens), and the decoding of one sequence, greedy or drawn from the logits,
-several steps a call (run_steps: each step's id chosen and fed to the next in C, with no
-Python between them);
+STORED_PREFILL tokens), and runs of several steps a call with no Python between them: one
+sequence decoded greedily or drawn from its logits (run_steps: each step's id chosen and
+fed to the next in C), and beam search (beam_steps: each step's continuations ranked and
+the beams taken on in C);
 training and anything with a probe keep the model's own code. The weights are
 checked once a generation (a cache, until it is reset): a model moved, cast, reloaded or
 changed in place is read anew from the next generation on. Changing weights in place in
@@ -622,7 +623,8 @@ class Decoder:
         _check(min(taken, 0), torch.tensor([token]), self.vocab)
         cache.pos += taken
         self._count(taken)
-        return ids[:taken], logits[:taken]
+        # (the Steps given out hold views of the logits: a run cut short keeps only its own)
+        return ids[:taken], logits[:taken] if taken == n else logits[:taken].clone()
 
     def beam_run(
         self,
@@ -714,7 +716,10 @@ def _refuse_outside(tokens: torch.Tensor, vocab: int) -> None:
 
 def _check(rc: int, tokens: torch.Tensor, vocab: int) -> None:
     """What a C step's return code says: 0 done; -3 an id or a position outside the
-    embeddings or the cache (nothing done; IndexError); else no memory for its buffers."""
+    embeddings or the cache (nothing done; IndexError); -2 arguments out of their range (the
+    callers' checks missed them: ValueError); else no memory for its buffers."""
+    if rc == -2:
+        raise ValueError("the decoding kernel was called with arguments out of their range")
     if rc == -3:
         _refuse_outside(tokens, vocab)
         raise IndexError("a position outside the model's embeddings or the KV cache")
@@ -807,7 +812,9 @@ def run_steps(
     lib = LIBRARY.lib
     if lib is None or not decodes(model) or n < 1 or token.shape != (1, 1):
         return None
-    if cache.key_mask is not None or cache.sources is not None or cache.pos + n > cache.max_len:
+    if cache.key_mask is not None or cache.sources is not None:
+        return None
+    if cache.pos + n > min(cache.max_len, model.config.block_size):
         return None
     if u is not None and (u.dtype != torch.float64 or u.shape != (n, 1) or not u.is_contiguous()):
         return None
@@ -817,6 +824,46 @@ def run_steps(
     if decoder is None or not 0 < choose <= decoder.vocab:
         return None
     return decoder.run(lib, int(token), cache, n, choose, ends, temperature, u)
+
+
+def beam_steps(
+    model: GPT,
+    tokens: torch.Tensor,
+    cache: KVCache,
+    n: int,
+    choose: int,
+    ends: Sequence[int],
+    ended: int,
+    scores: torch.Tensor,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Up to n steps of beam search in one C call (gptcli_beam_run): tokens (B, 1) each beam's
+    next id, not yet in cache (B rows, each beam's slots where `sources` says), scores (B,) the
+    beams' scores; `ended` hypotheses set aside so far. Each step ranks the beams' best k
+    continuations among the ids below `choose` (best_continuations' values and flat indices),
+    and all but the last are taken on by beam_search's rules (ids in ends set aside) in C.
+    Returns values (taken, k) and index (taken, k); None where the C step does not run this
+    (the caller steps through next_logits)."""
+    lib = LIBRARY.lib
+    if lib is None or not decodes(model) or n < 1 or tokens.dim() != 2 or tokens.size(1) != 1:
+        return None
+    B = tokens.size(0)
+    if cache.sources is None or cache.key_mask is not None:
+        return None
+    if cache.pos + n > min(cache.max_len, model.config.block_size):
+        return None
+    if scores.shape != (B,) or scores.dtype != torch.float32 or not 0 < k <= B * choose:
+        return None
+    decoder = _decoder(model, lib, tokens, cache)
+    if decoder is None or not 0 < choose <= decoder.vocab:
+        return None
+    tokens = tokens.to(torch.long).contiguous()
+    return decoder.beam_run(lib, tokens, cache, n, choose, ends, ended, scores.contiguous(), k)
+
+
+def decodes(model: nn.Module) -> bool:
+    """Whether the model's next_logits goes through the C step where it applies (use_fast_decode)."""
+    return getattr(model.__dict__.get("next_logits"), "__func__", None) is _next_logits
 
 
 # the last step's logits (a weak reference), their version then, and their argmax (B,)
@@ -948,44 +995,6 @@ def use_fast_decode(model: nn.Module) -> bool:
     LIBRARY.start()
     model.next_logits = types.MethodType(_next_logits, model)  # type: ignore[method-assign]
     return True
-
-
-def beam_steps(
-    model: GPT,
-    tokens: torch.Tensor,
-    cache: KVCache,
-    n: int,
-    choose: int,
-    ends: Sequence[int],
-    ended: int,
-    scores: torch.Tensor,
-    k: int,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Up to n steps of beam search in one C call (gptcli_beam_run): tokens (B, 1) each beam's
-    next id, not yet in cache (B rows, each beam's slots where `sources` says), scores (B,) the
-    beams' scores; `ended` hypotheses set aside so far. Each step ranks the beams' best k
-    continuations among the ids below `choose` (best_continuations' values and flat indices),
-    and all but the last are taken on by beam_search's rules (ids in ends set aside) in C.
-    Returns values (taken, k) and index (taken, k); None where the C step does not run this
-    (the caller steps through next_logits)."""
-    lib = LIBRARY.lib
-    if lib is None or not decodes(model) or n < 1 or tokens.dim() != 2 or tokens.size(1) != 1:
-        return None
-    B = tokens.size(0)
-    if cache.sources is None or cache.key_mask is not None or cache.pos + n > cache.max_len:
-        return None
-    if scores.shape != (B,) or scores.dtype != torch.float32 or not 0 < k <= B * choose:
-        return None
-    decoder = _decoder(model, lib, tokens, cache)
-    if decoder is None or not 0 < choose <= decoder.vocab:
-        return None
-    tokens = tokens.to(torch.long).contiguous()
-    return decoder.beam_run(lib, tokens, cache, n, choose, ends, ended, scores.contiguous(), k)
-
-
-def decodes(model: nn.Module) -> bool:
-    """Whether the model's next_logits goes through the C step where it applies (use_fast_decode)."""
-    return getattr(model.__dict__.get("next_logits"), "__func__", None) is _next_logits
 
 
 def building() -> bool:
