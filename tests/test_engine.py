@@ -54,6 +54,21 @@ class Collect:
                 return tokens, e.finish or e.message or "", seen
 
 
+class LeaveAt(Collect):
+    """A client that leaves after its at-th token (as the server cancels at a stop string)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.tokens = at, 0
+        self.seq: Sequence | None = None
+
+    def __call__(self, event: Event) -> None:
+        super().__call__(event)
+        self.tokens += event.kind == "token"
+        if self.tokens == self.at and self.seq is not None:
+            self.seq.cancel()
+
+
 def seq(prompt, n, sampling=GREEDY, seed=None, **kw) -> tuple[Sequence, Collect]:
     c = Collect()
     gen = row_generators(seed, 1)[0] if seed is not None else None
@@ -295,5 +310,53 @@ def test_load_counts_each_sequence_once():
             engine.submit([seq([1], 1)[0]])
         s.cancel()
         assert c.wait()[1] == "cancelled"
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("how", ["greedy", "T=1", "T=0.7"])
+def test_a_sequence_decoding_alone_runs_several_c_steps_a_call_and_gets_the_same_tokens(how, monkeypatch):
+    """Alone in the engine, greedy or drawn from its logits, a sequence takes several C steps
+    a call (kernels.run_steps): the tokens of generate() one step at a time (its seed's
+    draws), through window slides (block 24), ending at an end id ("stop") or at its length;
+    a client that leaves mid-run gets no token after it."""
+    if kernels._compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    kernels.LIBRARY.start()
+    assert kernels.LIBRARY.wait() is not None
+    model = small_model()
+    with torch.no_grad():  # (livelier than just initialised: many different ids)
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3)
+    sampling = GREEDY if how == "greedy" else Sampling(temperature=float(how[2:]))
+    real, decodes, runs = kernels.run_steps, kernels.decodes, []
+
+    def spy(*args, **kwargs):
+        got = real(*args, **kwargs)
+        runs.append(0 if got is None else got[0].numel())
+        return got
+
+    monkeypatch.setattr(kernels, "run_steps", spy)
+    monkeypatch.setattr(kernels, "decodes", lambda m: False)  # the reference: one step at a time
+    want = alone(model, [1, 2, 3], 40, sampling, seed=5)
+    monkeypatch.setattr(kernels, "decodes", decodes)
+    assert not runs
+    engine = Engine(model, max_batch=2)
+    try:
+        s, c = seq([1, 2, 3], 40, sampling, seed=5)
+        engine.submit([s])
+        assert c.wait()[:2] == (want, "length") and max(runs) > 1
+
+        end = want[25]
+        s, c = seq([1, 2, 3], 40, sampling, seed=5, end_ids=(end,))
+        engine.submit([s])
+        assert c.wait()[:2] == (want[: want.index(end) + 1], "stop")
+
+        for at in (1, 3):  # (the first token: the prompt's, reported by _draw; the third: a run's)
+            leave = LeaveAt(at)
+            leave.seq = Sequence([1, 2, 3], 40, sampling, row_generators(5, 1)[0], leave)
+            engine.submit([leave.seq])
+            tokens, finish, _ = leave.wait()
+            assert (tokens, finish) == (want[:at], "cancelled")
     finally:
         engine.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import types
 from collections import deque
 from collections.abc import Callable
@@ -27,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from gptcli.errors import GptcliError, compiler_failed, reason
-from gptcli.infer.generate import Sampling, cache_dtype, row_generators
+from gptcli.infer import kernels
+from gptcli.infer.generate import MAX_RUN, RUN_SECONDS, Sampling, cache_dtype, row_generators
 from gptcli.model import GPT, KVCache
 
 HEADROOM = 32  # slots a rebuilt cache leaves for the tokens to come
@@ -138,6 +140,7 @@ class Engine:
         self.joining: list[Sequence] = []  # taken from waiting, being encoded
         self.cache: KVCache | None = None
         self.stepped: tuple[torch.Tensor | None, list[Sequence]] = (None, [])  # the last step's logits, rows
+        self.per_run = 2  # steps a sequence decoding alone takes in its next run (_run)
         self.lock = threading.Condition()
         self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="gptcli-engine", daemon=True)
@@ -379,12 +382,58 @@ class Engine:
             or [s.row for s in rows] != list(range(cache.batch_size))
         ):
             cache = self._rebuild(rows)
+        if len(rows) == 1 and self._run(rows[0], cache):
+            return
         tokens = torch.tensor([[s.tokens[-1]] for s in rows], device=self.device)
         logits = self.next_logits(tokens, kv_cache=cache).float()  # (B, V)
         for i, s in enumerate(rows):
             s.cached += 1
             s.logits = logits[i]
         self.stepped = (logits, list(rows))
+
+    def _run(self, seq: Sequence, cache: KVCache) -> bool:
+        """A sequence decoding alone, greedy or drawn from its logits (no logprobs asked),
+        with nobody waiting: several steps in one C call (kernels.run_steps, as `sample`
+        runs them), whose tokens but the last are reported here, each as _draw reports it,
+        and the last left to _draw with its logits (the generator moved a draw a token, so
+        that _draw finds the same). False where it does not apply (the caller steps)."""
+        sampling, gen = seq.sampling, seq.generator
+        if self.next_logits is not self.model.next_logits:  # (compiled, or no C step)
+            return False
+        if seq.cancelled or seq.logprobs is not None or not sampling.from_logits:
+            return False  # (cancelled while its last token was reported: it leaves at the next step)
+        if not (sampling.greedy or (gen is not None and gen.device.type == "cpu")):
+            return False
+        room = min(cache.max_len, self.config.block_size) - cache.pos
+        n = min(self.per_run, seq.max_tokens - seq.generated, room)
+        with self.lock:
+            if self.waiting or n < 2:  # (a request waiting joins at the next step)
+                return False
+        u = None
+        if not sampling.greedy:  # the uniforms of n steps, the generator left as it was
+            state = gen.get_state()
+            u = torch.rand(n, 1, generator=gen, dtype=torch.float64)
+            gen.set_state(state)
+        t0 = time.perf_counter()
+        token = torch.tensor([[seq.tokens[-1]]], device=self.device)
+        temperature = 0.0 if sampling.greedy else sampling.divisor
+        run = kernels.run_steps(self.model, token, cache, n, self.vocab_size, seq.end_ids, temperature, u)
+        if run is None:
+            return False
+        ids, logits = run
+        per_step = max((time.perf_counter() - t0) / ids.numel(), 1e-6)
+        self.per_run = max(2, min(MAX_RUN, int(RUN_SECONDS / per_step)))
+        seq.cached += ids.numel()
+        for token in ids[:-1].tolist():  # (no end id among them: a run stops after one)
+            if u is not None:
+                torch.rand(1, 1, generator=gen, dtype=torch.float64)
+            seq.tokens.append(token)
+            seq.report(Event("token", scored=[Scored(token, None)]))
+            if seq.cancelled:
+                break
+        seq.logits = logits[-1]
+        self.stepped = (logits[-1:], [seq])
+        return True
 
     def _rebuild(self, rows: list[Sequence]) -> KVCache:
         """A batch cache holding each row's keys right-aligned at the same slot."""

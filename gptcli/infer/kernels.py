@@ -806,15 +806,17 @@ def run_steps(
     `choose`, and the next id is their argmax (u None) or drawn at the temperature at the
     uniform u[i] (u: (n, 1) float64; as Sampling.draw draws in C); the run stops after an id
     in ends. Returns the ids (k,) and each step's logits (k, V) of the k <= n steps taken
-    (their keys stored in cache, but for the last id's); an id of -1 where a row had nothing
+    (their keys stored in cache, but for the last id's; a cache of one row with a key mask
+    takes them where every slot it has written is valid); an id of -1 where a row had nothing
     to draw from in C (NaN, +inf or no finite logit: the caller draws it; the run ends
     there). None where the C step does not run this (the caller steps through next_logits)."""
     lib = LIBRARY.lib
     if lib is None or not decodes(model) or n < 1 or token.shape != (1, 1):
         return None
-    if cache.key_mask is not None or cache.sources is not None:
+    if cache.sources is not None or cache.pos + n > min(cache.max_len, model.config.block_size):
         return None
-    if cache.pos + n > min(cache.max_len, model.config.block_size):
+    mask = cache.key_mask  # (a server's batch of one: every slot written valid, positions the slots')
+    if mask is not None and (mask.size(0) != 1 or not bool(mask[0, : cache.pos].all())):
         return None
     if u is not None and (u.dtype != torch.float64 or u.shape != (n, 1) or not u.is_contiguous()):
         return None
@@ -823,7 +825,11 @@ def run_steps(
     decoder = _decoder(model, lib, token, cache)
     if decoder is None or not 0 < choose <= decoder.vocab:
         return None
-    return decoder.run(lib, int(token), cache, n, choose, ends, temperature, u)
+    pos = cache.pos
+    run = decoder.run(lib, int(token), cache, n, choose, ends, temperature, u)
+    if mask is not None:
+        mask[0, pos : cache.pos] = True
+    return run
 
 
 def beam_steps(
