@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from gptcli.errors import GptcliError, compiler_failed, reason
 from gptcli.infer import kernels
-from gptcli.infer.generate import MAX_RUN, RUN_SECONDS, Sampling, cache_dtype, row_generators
+from gptcli.infer.generate import Sampling, cache_dtype, row_generators, run_length, uniforms_ahead
 from gptcli.model import GPT, KVCache
 
 HEADROOM = 32  # slots a rebuilt cache leaves for the tokens to come
@@ -409,11 +409,7 @@ class Engine:
         with self.lock:
             if self.waiting or n < 2:  # (a request waiting joins at the next step)
                 return False
-        u = None
-        if not sampling.greedy:  # the uniforms of n steps, the generator left as it was
-            state = gen.get_state()
-            u = torch.rand(n, 1, generator=gen, dtype=torch.float64)
-            gen.set_state(state)
+        u = None if sampling.greedy else uniforms_ahead(gen, n)
         t0 = time.perf_counter()
         token = torch.tensor([[seq.tokens[-1]]], device=self.device)
         temperature = 0.0 if sampling.greedy else sampling.divisor
@@ -421,8 +417,7 @@ class Engine:
         if run is None:
             return False
         ids, logits = run
-        per_step = max((time.perf_counter() - t0) / ids.numel(), 1e-6)
-        self.per_run = max(2, min(MAX_RUN, int(RUN_SECONDS / per_step)))
+        self.per_run = max(2, run_length(time.perf_counter() - t0, ids.numel()))
         seq.cached += ids.numel()
         for token in ids[:-1].tolist():  # (no end id among them: a run stops after one)
             if u is not None:

@@ -231,6 +231,23 @@ def _one_token(model: GPT, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor
 RUN_SECONDS = 0.1
 MAX_RUN = 64
 
+
+def run_length(seconds: float, steps: int) -> int:
+    """Steps the next run asks for, after one of `steps` steps took `seconds`: about
+    RUN_SECONDS of them, at least 1, at most MAX_RUN."""
+    return max(1, min(MAX_RUN, int(RUN_SECONDS / max(seconds / steps, 1e-6))))
+
+
+def uniforms_ahead(generator: torch.Generator, n: int) -> torch.Tensor:
+    """The uniforms (n, 1) float64 of the generator's next n draws (one per step, as uniforms()
+    draws a row's), the generator left where it was: a run's caller moves it a draw a step
+    as it hands the steps out (torch.rand(1, 1, ...)), as one step at a time would."""
+    state = generator.get_state()
+    u = torch.rand(n, 1, generator=generator, dtype=torch.float64)
+    generator.set_state(state)
+    return u
+
+
 _compiled_steps: dict[str, Any] = {}
 
 
@@ -404,16 +421,12 @@ def generate(
     while made < max_new_tokens:
         n = min(per_run, max_new_tokens - made, ctx.room()) if runs and tokens is not None else 0
         if n > 0:
-            t0, u = time.perf_counter(), None
-            if not sampling.greedy:  # the uniforms of n steps, the generator left as it was
-                state = gen.get_state()
-                u = torch.rand(n, 1, generator=gen, dtype=torch.float64)
-                gen.set_state(state)
+            t0 = time.perf_counter()
+            u = None if sampling.greedy else uniforms_ahead(gen, n)
             run = ctx.run(tokens, n, choose, end_ids, sampling, u)
             if run is not None:
                 ids, many = run
-                per_step = (time.perf_counter() - t0) / ids.numel()
-                per_run = max(1, min(MAX_RUN, int(RUN_SECONDS / max(per_step, 1e-6))))
+                per_run = run_length(time.perf_counter() - t0, ids.numel())
                 for j in range(ids.numel()):
                     if u is not None:  # (the generator moves a draw a Step, as one step at a time)
                         torch.rand(1, 1, generator=gen, dtype=torch.float64)
@@ -623,8 +636,7 @@ def beam_search(
             run = kernels.beam_steps(model, step_ids, cache, n, choose, ends, len(finished), scores, k)
             if run is not None:
                 values, index = run
-                per_step = (time.perf_counter() - t0) / values.size(0)
-                per_run = max(1, min(MAX_RUN, int(RUN_SECONDS / max(per_step, 1e-6))))
+                per_run = run_length(time.perf_counter() - t0, values.size(0))
                 for j, (v, i) in enumerate(zip(values.tolist(), index.tolist(), strict=True)):
                     ran.append((v, i, j < values.size(0) - 1))
                 continue
