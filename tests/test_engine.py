@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from gptcli.config import ModelConfig
+from gptcli.errors import UsageError
 from gptcli.infer import kernels
-from gptcli.infer.engine import Engine, Event, QueueFull, Sequence
+from gptcli.infer.engine import DecodingThread, Engine, Event, QueueFull, Sequence
 from gptcli.infer.generate import GREEDY, SAMPLE, Sampling, generate, row_generators
 from gptcli.model import GPT
 
@@ -258,7 +259,7 @@ def test_a_listener_that_fails_does_not_stop_the_engine_and_alternatives_stay_in
         for e in events:
             for x in e.scored:
                 assert len(x.top) <= 40 and all(i < 40 and v > float("-inf") for i, v in x.top)
-        assert engine.thread.is_alive()
+        assert not engine.looping.done()
     finally:
         engine.close()
 
@@ -360,3 +361,28 @@ def test_a_sequence_decoding_alone_runs_several_c_steps_a_call_and_gets_the_same
             assert (tokens, finish) == (want[:at], "cancelled")
     finally:
         engine.close()
+
+
+def test_the_engine_decodes_in_the_thread_that_loaded_its_model():
+    """OpenMP keeps a pool of threads for each thread that runs parallel work: `serve` loads
+    its model in the engine's own thread (DecodingThread), which then decodes every step."""
+    decoding = DecodingThread()
+    with pytest.raises(UsageError, match="no such run"):  # a loading error is the caller's
+        decoding.call(lambda: (_ for _ in ()).throw(UsageError("no such run")))
+    model = decoding.call(small_model)  # (and the thread goes on after one)
+    loaded_in = decoding.call(threading.current_thread)
+    assert loaded_in is not threading.main_thread()
+    threads, collect = [], Collect()
+
+    def emit(event: Event) -> None:
+        threads.append(threading.current_thread())
+        collect(event)
+
+    engine = Engine(model, max_batch=1, thread=decoding)
+    engine.submit([Sequence([1, 2, 3], 6, GREEDY, None, emit)])
+    tokens, finish, _ = collect.wait()
+    assert tokens == alone(model, [1, 2, 3], 6) and finish == "length"
+    assert set(threads) == {loaded_in}
+    engine.close()
+    loaded_in.join(timeout=30)
+    assert not loaded_in.is_alive()  # the thread ends with the engine

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -22,6 +23,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+from gptcli.errors import UsageError  # noqa: E402
 from gptcli.store.loading import load  # noqa: E402
 from tests.helpers import ROOT, run  # noqa: E402
 
@@ -387,6 +389,26 @@ def test_serve_refuses_a_taken_port_and_says_which_extra_is_missing(trained, mon
     monkeypatch.setitem(sys.modules, "fastapi", None)
     result = run("serve", "--ckpt", trained)
     assert result.exit_code == 2 and "pip install 'gptcli[serve]'" in result.output
+
+
+def test_serve_loads_its_model_in_the_thread_that_decodes_and_says_what_is_wrong_with_it(
+    trained, monkeypatch, tmp_path
+):
+    import gptcli.cli.serve as serve_verb
+
+    result = run("serve", "--ckpt", tmp_path / "nowhere", "--port", "0")
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith("error: ") and "nowhere" in result.output
+    loaded_in = []
+
+    def load_model(*args, **kwargs):
+        loaded_in.append(threading.current_thread().name)
+        raise UsageError("stop here")
+
+    monkeypatch.setattr(serve_verb, "load_model", load_model)
+    result = run("serve", "--ckpt", trained, "--port", "0")
+    assert result.exit_code == 2 and result.output.strip() == "error: stop here", result.output
+    assert loaded_in == ["gptcli-engine"]  # the engine's thread (DecodingThread says why)
 
 
 def test_a_client_that_sends_half_a_body_and_hangs_blocks_no_one(server):

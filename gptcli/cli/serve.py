@@ -11,11 +11,15 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gptcli.cli import render
 from gptcli.cli.common import check_decoding_fits, load_model, start_decoding
 from gptcli.config.verbs import ServeSettings
 from gptcli.errors import UsageError, need
+
+if TYPE_CHECKING:
+    from gptcli.store.checkpoint import Loaded
 
 
 def serve(s: ServeSettings) -> None:
@@ -27,20 +31,18 @@ def serve(s: ServeSettings) -> None:
     """
     need("fastapi", "serve", "gptcli serve")
     uvicorn = need("uvicorn", "serve", "gptcli serve")
-    from gptcli.infer.engine import Engine
+    from gptcli.infer.engine import DecodingThread, Engine
     from gptcli.infer.server import Served, create_app
 
     api_key = s.api_key or os.environ.get("GPTCLI_API_KEY") or None
     if api_key is None and os.environ.get("GPTCLI_API_KEY") == "":  # (meant as a key, not as none)
         raise UsageError("GPTCLI_API_KEY is set but empty; give it a key, or unset it to serve without one")
-    listener = _listen(s.host, s.port)  # before loading: a taken port fails at once
-    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize, decoding=True)
-    block = loaded.model.config.block_size
-    check_decoding_fits(loaded.model, s.max_batch, f"--max-batch {s.max_batch}")
     if s.max_tokens_limit is not None and s.max_tokens_limit > 1 << 20:
         raise UsageError("--max-tokens-limit over 1,048,576 is not a limit; give a smaller one")
-    if not s.compile:
-        start_decoding(loaded)
+    listener = _listen(s.host, s.port)  # before loading: a taken port fails at once
+    decoding = DecodingThread()  # loads the model, then decodes: in one thread (it says why)
+    loaded = decoding.call(lambda: _load(s))
+    block = loaded.model.config.block_size
     name = s.model_name or _model_name(s.ckpt, loaded.path)
     engine = Engine(
         loaded.model,
@@ -48,6 +50,7 @@ def serve(s: ServeSettings) -> None:
         max_queue=s.max_queue,
         vocab_size=loaded.tokenizer.vocab_size,
         compile=s.compile,
+        thread=decoding,
     )
     if s.compile:
         render.info("compiling the decoding step (once, before the server answers)")
@@ -87,6 +90,15 @@ def serve(s: ServeSettings) -> None:
         listener.close()
     if server.stopped_by == signal.SIGINT:
         raise SystemExit(130)
+
+
+def _load(s: ServeSettings) -> Loaded:
+    """The model, checked to fit --max-batch, its decoding started."""
+    loaded = load_model(s.ckpt, s.device, s.dtype, base=s.base, quantize=s.quantize, decoding=True)
+    check_decoding_fits(loaded.model, s.max_batch, f"--max-batch {s.max_batch}")
+    if not s.compile:
+        start_decoding(loaded)
+    return loaded
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -17,12 +17,15 @@ under load); in bf16 the products' rounding changes with the batch, so near-ties
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 import types
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +36,7 @@ from gptcli.infer.generate import Sampling, cache_dtype, row_generators, run_len
 from gptcli.model import GPT, KVCache
 
 HEADROOM = 32  # slots a rebuilt cache leaves for the tokens to come
+T = TypeVar("T")
 
 
 @dataclass
@@ -111,8 +115,45 @@ class Sequence:
             self.cancelled = True
 
 
+class DecodingThread:
+    """The thread that decodes, which runs what it is given in order: the model's loading
+    first (`call`), then the engine's loop. OpenMP (libgomp) keeps a pool of threads for
+    each thread that runs parallel work: a model loaded in one thread and decoded in another
+    leaves two pools, and once they hold more threads than there are CPUs libgomp cuts its
+    barrier waits short, so that each of a step's ~100 barriers sleeps and wakes (1.4x the
+    time a token on 2 cores, bench/RESULTS.md)."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._work, name="gptcli-engine", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self.jobs.put((job, future))
+        return future
+
+    def call(self, job: Callable[[], T]) -> T:
+        """job() run in this thread, its result or its exception here."""
+        return self.submit(job).result()
+
+    def stop(self) -> None:
+        """End the thread once what it was given has run."""
+        self.jobs.put(None)
+
+    def _work(self) -> None:
+        while (item := self.jobs.get()) is not None:
+            job, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(job())
+                except BaseException as e:  # the caller's to raise
+                    future.set_exception(e)
+
+
 class Engine:
-    """The decoding loop in a thread of its own: submit() sequences, read their events."""
+    """The decoding loop in a thread of its own: submit() sequences, read their events.
+    thread: the one that loaded the model (DecodingThread says why); by default a new one."""
 
     def __init__(
         self,
@@ -122,6 +163,7 @@ class Engine:
         max_queue: int = 64,
         vocab_size: int | None = None,
         compile: bool = False,
+        thread: DecodingThread | None = None,
     ) -> None:
         self.model = model
         # compile: the batch's step through torch.compile with symbolic sizes, so that rows
@@ -143,8 +185,8 @@ class Engine:
         self.per_run = 2  # steps a sequence decoding alone takes in its next run (_run)
         self.lock = threading.Condition()
         self.stopping = False
-        self.thread = threading.Thread(target=self._loop, name="gptcli-engine", daemon=True)
-        self.thread.start()
+        self.thread = thread or DecodingThread()  # (it ends with the engine)
+        self.looping = self.thread.submit(self._loop)
 
     # --- the outside ---------------------------------------------------------------------
 
@@ -152,7 +194,7 @@ class Engine:
         """Queue sequences (all or none); QueueFull when more than max_batch + max_queue would
         be decoding or waiting."""
         with self.lock:
-            if self.stopping or not self.thread.is_alive():
+            if self.stopping or self.looping.done():
                 raise QueueFull("the server is stopping")
             self._drop_cancelled()
             busy = len(self.active) + len(self.joining) + len(self.waiting)
@@ -186,7 +228,7 @@ class Engine:
             greedy = Sampling(temperature=0.0)
             self.submit([Sequence([0] * max(1, length), 3, greedy, None, emit) for _ in range(rows)])
             for _ in range(rows):
-                if not ended.acquire(timeout=timeout) or not self.thread.is_alive():
+                if not ended.acquire(timeout=timeout) or self.looping.done():
                     raise RuntimeError("the decoding loop did not finish its warm-up")
         if failed:
             raise GptcliError(f"the decoding step failed before serving: {failed[0]}")
@@ -210,7 +252,8 @@ class Engine:
         with self.lock:
             self.stopping = True
             self.lock.notify()
-        self.thread.join()
+        self.thread.stop()
+        self.looping.result()  # (a fault of the loop's own, outside any step, is raised here)
 
     # --- the loop ------------------------------------------------------------------------
 
