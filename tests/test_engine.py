@@ -10,13 +10,14 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gptcli.config import ModelConfig
 from gptcli.errors import UsageError
 from gptcli.infer import kernels
 from gptcli.infer.engine import DecodingThread, Engine, Event, QueueFull, Sequence
 from gptcli.infer.generate import GREEDY, SAMPLE, Sampling, generate, row_generators
-from gptcli.model import GPT
+from gptcli.model import GPT, KVCache
 
 
 def small_model(block: int = 24, fast: bool = True) -> GPT:
@@ -386,3 +387,56 @@ def test_the_engine_decodes_in_the_thread_that_loaded_its_model():
     engine.close()
     loaded_in.join(timeout=30)
     assert not loaded_in.is_alive()  # the thread ends with the engine
+
+
+def test_prompts_joining_together_are_encoded_one_at_a_time_by_the_c_prefill_where_torch_is_slower(
+    monkeypatch,
+):
+    """bf16 weights on a CPU without native bf16 (kernels.prefills_rows_alone): prompts that
+    join together are encoded one at a time by the C prefill (as `sample` encodes its
+    prompt), not left-padded through torch's bf16 products, several times slower there; so
+    each one's first token and its log-probability are those of its prompt alone, to the bit."""
+    if kernels._compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    kernels.LIBRARY.start()
+    assert kernels.LIBRARY.wait() is not None
+    monkeypatch.setattr(kernels, "cpu_bf16_feature", lambda: None)
+    model = small_model()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3)
+    assert not kernels.prefills_rows_alone(model)  # fp32: torch's products are as fast together
+    model.to(torch.bfloat16)
+    assert kernels.prefills_rows_alone(model)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11]]
+    want = []
+    for prompt in prompts:
+        cache = KVCache(model.config, 1, len(prompt), torch.device("cpu"), torch.bfloat16)
+        with torch.no_grad():
+            logits = model.next_logits(torch.tensor([prompt]), kv_cache=cache).float()
+        logp = F.log_softmax(logits, dim=-1)[0]
+        want.append((int(logp.argmax()), float(logp.max())))
+    real, together = GPT.next_logits, []
+
+    def spy(self, idx, **kwargs):  # torch's own code (the C step's fallback)
+        if idx.size(0) > 1 and idx.size(1) > 1:
+            together.append(idx.shape)
+        return real(self, idx, **kwargs)
+
+    monkeypatch.setattr(GPT, "next_logits", spy)
+    engine = Engine(model, max_batch=4)
+    try:
+        joined = [seq(prompt, 3, logprobs=0) for prompt in prompts]
+        engine.submit([s for s, _ in joined])  # (together: one group joins)
+        for (_, c), (token, logprob) in zip(joined, want, strict=True):
+            first = next(e for e in c.wait()[2] if e.kind == "token").scored[0]
+            assert (first.id, first.logprob) == (token, logprob)
+        assert not together
+        monkeypatch.setattr(kernels, "cpu_bf16_feature", lambda: "avx512_bf16")  # torch's are fast
+        assert not kernels.prefills_rows_alone(model)
+        joined = [seq(prompt, 1) for prompt in prompts]
+        engine.submit([s for s, _ in joined])
+        assert all(c.wait()[1] == "length" for _, c in joined)
+        assert together == [torch.Size([3, 6])]  # left-padded, through torch's products
+    finally:
+        engine.close()

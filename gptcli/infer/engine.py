@@ -36,6 +36,9 @@ from gptcli.infer.generate import Sampling, cache_dtype, row_generators, run_len
 from gptcli.model import GPT, KVCache
 
 HEADROOM = 32  # slots a rebuilt cache leaves for the tokens to come
+# a sequence decoding alone takes runs of about this long (_run), the longest a request
+# arriving then waits before it is encoded (GPT-2 124M on 2 cores: 3 steps, not sample's 10)
+RUN_SECONDS = 0.025
 T = TypeVar("T")
 
 
@@ -342,6 +345,8 @@ class Engine:
         """Each row of ids encoded, left-padded to the longest, into one cache the rows then
         own (its rows right-aligned, as the batch cache's are); the logits (B, 1, V) after
         each row's last token, or (B, T, V) after every position."""
+        if len(ids) > 1 and not every_position and kernels.prefills_rows_alone(self.model):
+            return torch.cat([self._encode([seq], [row]) for seq, row in zip(seqs, ids, strict=True)])
         T = max(len(row) for row in ids)
         cache = KVCache(self.config, len(ids), T, self.device, self.cache_dtype)
         idx = torch.tensor([[0] * (T - len(row)) + row for row in ids], device=self.device)
@@ -460,7 +465,7 @@ class Engine:
         if run is None:
             return False
         ids, logits = run
-        self.per_run = max(2, run_length(time.perf_counter() - t0, ids.numel()))
+        self.per_run = max(2, run_length(time.perf_counter() - t0, ids.numel(), RUN_SECONDS))
         seq.cached += ids.numel()
         for token in ids[:-1].tolist():  # (no end id among them: a run stops after one)
             if u is not None:

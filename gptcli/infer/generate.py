@@ -232,10 +232,10 @@ RUN_SECONDS = 0.1
 MAX_RUN = 64
 
 
-def run_length(seconds: float, steps: int) -> int:
+def run_length(seconds: float, steps: int, budget: float = RUN_SECONDS) -> int:
     """Steps the next run asks for, after one of `steps` steps took `seconds`: about
-    RUN_SECONDS of them, at least 1, at most MAX_RUN."""
-    return max(1, min(MAX_RUN, int(RUN_SECONDS / max(seconds / steps, 1e-6))))
+    `budget` seconds of them, at least 1, at most MAX_RUN."""
+    return max(1, min(MAX_RUN, int(budget / max(seconds / steps, 1e-6))))
 
 
 def uniforms_ahead(generator: torch.Generator, n: int) -> torch.Tensor:
