@@ -16,7 +16,8 @@ from gptcli.config import ModelConfig
 from gptcli.errors import UsageError
 from gptcli.infer import kernels
 from gptcli.infer.engine import DecodingThread, Engine, Event, QueueFull, Sequence
-from gptcli.infer.generate import GREEDY, SAMPLE, Sampling, generate, row_generators
+from gptcli.infer.generate import GREEDY, SAMPLE, Sampling, cache_dtype, generate, row_generators
+from gptcli.infer.quantize import quantize
 from gptcli.model import GPT, KVCache
 
 
@@ -389,10 +390,11 @@ def test_the_engine_decodes_in_the_thread_that_loaded_its_model():
     assert not loaded_in.is_alive()  # the thread ends with the engine
 
 
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
 def test_prompts_joining_together_are_encoded_one_at_a_time_by_the_c_prefill_where_torch_is_slower(
-    monkeypatch,
+    weights, monkeypatch
 ):
-    """bf16 weights on a CPU without native bf16 (kernels.prefills_rows_alone): prompts that
+    """bf16 or int8 weights on a CPU without native bf16 (kernels.prefills_rows_alone): prompts that
     join together are encoded one at a time by the C prefill (as `sample` encodes its
     prompt), not left-padded through torch's bf16 products, several times slower there; so
     each one's first token and its log-probability are those of its prompt alone, to the bit."""
@@ -406,12 +408,15 @@ def test_prompts_joining_together_are_encoded_one_at_a_time_by_the_c_prefill_whe
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3)
     assert not kernels.prefills_rows_alone(model)  # fp32: torch's products are as fast together
-    model.to(torch.bfloat16)
+    if weights == "bf16":
+        model.to(torch.bfloat16)
+    else:
+        quantize(model, "int8")
     assert kernels.prefills_rows_alone(model)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11]]
     want = []
     for prompt in prompts:
-        cache = KVCache(model.config, 1, len(prompt), torch.device("cpu"), torch.bfloat16)
+        cache = KVCache(model.config, 1, len(prompt), torch.device("cpu"), cache_dtype(model))
         with torch.no_grad():
             logits = model.next_logits(torch.tensor([prompt]), kv_cache=cache).float()
         logp = F.log_softmax(logits, dim=-1)[0]
