@@ -396,3 +396,15 @@ def test_sample_and_beam_take_compile_and_give_the_same_text(trained):
         for flag in (["--compile"], ["--no-compile"])
     ]
     assert [h["ids"] for h in beams[0]] == [h["ids"] for h in beams[1]]
+
+
+def test_a_run_asks_for_about_the_budget_read_when_it_is_asked(monkeypatch):
+    """run_length: steps of `seconds / steps` each filling about RUN_SECONDS (as the module
+    holds it at the call, so a test or a caller can change it), at least 1, at most MAX_RUN."""
+    import gptcli.infer.generate as generate_module
+
+    assert generate_module.run_length(0.01, 1) == int(generate_module.RUN_SECONDS / 0.01)
+    assert generate_module.run_length(0.01, 1, budget=0.05) == 5
+    assert generate_module.run_length(10.0, 1) == 1
+    monkeypatch.setattr(generate_module, "RUN_SECONDS", 1e9)
+    assert generate_module.run_length(10.0, 1) == generate_module.MAX_RUN

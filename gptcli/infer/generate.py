@@ -232,9 +232,10 @@ RUN_SECONDS = 0.1
 MAX_RUN = 64
 
 
-def run_length(seconds: float, steps: int, budget: float = RUN_SECONDS) -> int:
+def run_length(seconds: float, steps: int, budget: float | None = None) -> int:
     """Steps the next run asks for, after one of `steps` steps took `seconds`: about
-    `budget` seconds of them, at least 1, at most MAX_RUN."""
+    `budget` seconds of them (RUN_SECONDS, read at the call), at least 1, at most MAX_RUN."""
+    budget = RUN_SECONDS if budget is None else budget
     return max(1, min(MAX_RUN, int(budget / max(seconds / steps, 1e-6))))
 
 
