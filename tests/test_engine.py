@@ -429,14 +429,32 @@ def test_prompts_joining_together_are_encoded_one_at_a_time_by_the_c_prefill_whe
         return real(self, idx, **kwargs)
 
     monkeypatch.setattr(GPT, "next_logits", spy)
+    order, prefill = [], Engine._prefill
+
+    def prefill_spy(self, seqs):
+        order.append(("prompt", [s.n_prompt for s in seqs]))
+        return prefill(self, seqs)
+
+    monkeypatch.setattr(Engine, "_prefill", prefill_spy)
     engine = Engine(model, max_batch=4)
     try:
         joined = [seq(prompt, 3, logprobs=0) for prompt in prompts]
+        for s, c in joined:  # (the events in the order the engine reports them)
+            s.emit = lambda e, c=c, n=s.n_prompt: (order.append((e.kind, n)), c(e))
         engine.submit([s for s, _ in joined])  # (together: one group joins)
         for (_, c), (token, logprob) in zip(joined, want, strict=True):
             first = next(e for e in c.wait()[2] if e.kind == "token").scored[0]
             assert (first.id, first.logprob) == (token, logprob)
         assert not together
+        # each first token out as soon as its own prompt is read, not after the others'
+        assert order[:6] == [
+            ("prompt", [3]),
+            ("token", 3),
+            ("prompt", [2]),
+            ("token", 2),
+            ("prompt", [6]),
+            ("token", 6),
+        ]
         monkeypatch.setattr(kernels, "cpu_bf16_feature", lambda: "avx512_bf16")  # torch's are fast
         assert not kernels.prefills_rows_alone(model)
         joined = [seq(prompt, 1) for prompt in prompts]

@@ -293,8 +293,14 @@ class Engine:
         # prompts to score one at a time (their logits at every position: T x V floats each),
         # the others together
         groups = [[s] for s in joining if s.score_prompt] + [[s for s in joining if not s.score_prompt]]
+        first: dict[Sequence, str | None] = {}  # the joining whose first token is out: their finish
         for group in groups:
-            if group:
+            if len(group) > 1 and kernels.prefills_rows_alone(self.model):
+                for seq in group:  # encoded one at a time: each first token out as its prompt is read
+                    self._prefill([seq])
+                    if seq.max_tokens > 0 and not seq.cancelled:
+                        first[seq] = self._draw([seq])[0]
+            elif group:
                 self._prefill(group)
         with self.lock:  # from joining to active at once: load() counts each sequence once
             for seq in joining:
@@ -309,9 +315,11 @@ class Engine:
                 seq.report(Event("done", finish="cancelled"))
             else:
                 live.append(seq)
+        fresh = [s for s in live if s not in first]
+        finishes = dict(zip(fresh, self._draw(fresh), strict=True)) | first
         staying = []
-        for seq, finish in zip(live, self._draw(live), strict=True):
-            if finish is not None:
+        for seq in live:
+            if (finish := finishes[seq]) is not None:
                 seq.report(Event("done", finish=finish))
                 continue
             if seq.cached + 1 > self.config.block_size:  # the window slides, as sample's does:
@@ -345,8 +353,6 @@ class Engine:
         """Each row of ids encoded, left-padded to the longest, into one cache the rows then
         own (its rows right-aligned, as the batch cache's are); the logits (B, 1, V) after
         each row's last token, or (B, T, V) after every position."""
-        if len(ids) > 1 and not every_position and kernels.prefills_rows_alone(self.model):
-            return torch.cat([self._encode([seq], [row]) for seq, row in zip(seqs, ids, strict=True)])
         T = max(len(row) for row in ids)
         cache = KVCache(self.config, len(ids), T, self.device, self.cache_dtype)
         idx = torch.tensor([[0] * (T - len(row)) + row for row in ids], device=self.device)
