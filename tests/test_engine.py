@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from gptcli.config import ModelConfig
 from gptcli.errors import UsageError
 from gptcli.infer import kernels
-from gptcli.infer.engine import DecodingThread, Engine, Event, QueueFull, Sequence
+from gptcli.infer.engine import DecodingThread, Engine, Event, QueueFull, Sequence, Unavailable
 from gptcli.infer.generate import GREEDY, SAMPLE, Sampling, cache_dtype, generate, row_generators
 from gptcli.infer.quantize import quantize
 from gptcli.model import GPT, KVCache
@@ -241,7 +241,7 @@ def test_close_ends_what_is_left():
     c1.events.get(timeout=60)
     engine.close()
     assert c1.wait()[1] == "cancelled" and c2.wait()[1] == "cancelled"
-    with pytest.raises(QueueFull):
+    with pytest.raises(Unavailable):
         engine.submit([seq([1], 1)[0]])
 
 
@@ -296,6 +296,94 @@ def test_a_warm_up_that_fails_says_why_in_a_line(monkeypatch):
             engine.warm_up(timeout=60)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("one_at_a_time", [True, False], ids=["alone", "together"])
+def test_a_prompt_that_fails_to_encode_fails_alone(one_at_a_time, monkeypatch):
+    """Prompts join while another sequence decodes; one of them cannot be encoded. It ends
+    with the error; the sequence decoding goes on, and so do the prompts encoded apart from
+    it (one at a time: those before and after it, one already finished among them)."""
+    model = small_model()
+    monkeypatch.setattr(kernels, "prefills_rows_alone", lambda model: one_at_a_time)
+    prefill = Engine._prefill
+
+    def failing(self, seqs):
+        if any(s.tokens[:2] == [9, 9] for s in seqs):
+            raise RuntimeError("injected")
+        return prefill(self, seqs)
+
+    monkeypatch.setattr(Engine, "_prefill", failing)
+    engine = Engine(model, max_batch=4)
+    try:
+        busy, busy_events = seq([1, 2], 20)
+        engine.submit([busy])
+        busy_events.events.get(timeout=60)  # decoding
+        joined = [seq([3, 4], 1), seq([9, 9, 5], 5), seq([6], 5)]
+        engine.submit([s for s, _ in joined])
+        ends = [c.wait()[:2] for _, c in joined]
+        assert ends[1] == ([], "decoding failed: injected")
+        if one_at_a_time:
+            assert ends[0] == (alone(model, [3, 4], 1), "length")
+            assert ends[2] == (alone(model, [6], 5), "length")
+        else:  # encoded together: the group fails with it
+            assert ends[0] == ends[2] == ([], "decoding failed: injected")
+        tokens, finish, _ = busy_events.wait()  # (its first token was read above)
+        assert ([busy.tokens[2], *tokens], finish) == (alone(model, [1, 2], 20), "length")
+    finally:
+        engine.close()
+
+
+def test_a_prompt_whose_client_left_while_others_were_encoded_is_not_encoded(monkeypatch):
+    model = small_model()
+    monkeypatch.setattr(kernels, "prefills_rows_alone", lambda model: True)
+    encoded, prefill = [], Engine._prefill
+
+    def spy(self, seqs):
+        encoded.extend(s.n_prompt for s in seqs)
+        return prefill(self, seqs)
+
+    monkeypatch.setattr(Engine, "_prefill", spy)
+    engine = Engine(model, max_batch=4)
+    try:
+        leaving, stays = seq([1, 2, 3], 5), seq([4], 5)
+        first = LeaveAt(1)  # its first token out: the next prompt's client leaves
+        first.seq = leaving[0]
+        s0 = Sequence([5, 6], 5, GREEDY, None, first)
+        engine.submit([s0, leaving[0], stays[0]])
+        assert first.wait()[:2] == (alone(model, [5, 6], 5), "length")
+        assert leaving[1].wait()[:2] == ([], "cancelled")
+        assert stays[1].wait()[:2] == (alone(model, [4], 5), "length")
+        assert encoded == [2, 1]
+    finally:
+        engine.close()
+
+
+def test_a_loop_that_fails_outside_any_step_ends_every_sequence_at_once(monkeypatch):
+    """A fault of the loop itself (not of a step: a BaseException, as a Rust panic): what
+    waits ends with the error now, not when the engine is closed; the owner is told once
+    (on_fault), submit() refuses, and close() returns."""
+
+    class Panic(BaseException):
+        pass
+
+    def panic(self, joining):
+        raise Panic("injected")
+
+    monkeypatch.setattr(Engine, "_iterate", panic)
+    engine = Engine(small_model(), max_batch=1)
+    told: list[str] = []
+    engine.on_fault(told.append)
+    (s1, c1), (s2, c2) = seq([1], 5), seq([2], 5)
+    engine.submit([s1, s2])  # one joins and fails the loop, one waits
+    why = "the decoding loop stopped (Panic: injected)"
+    assert c1.wait()[1] == why and c2.wait()[1] == why
+    assert told == [why]
+    engine.on_fault(told.append)  # (told at once when it has already failed)
+    assert told == [why, why]
+    with pytest.raises(Unavailable, match=r"loop stopped \(Panic: injected\)"):
+        engine.submit([seq([1], 1)[0]])
+    engine.close()
+    assert engine.load() == (0, 0)
 
 
 def test_load_counts_each_sequence_once():
@@ -381,11 +469,13 @@ def test_the_engine_decodes_in_the_thread_that_loaded_its_model():
         collect(event)
 
     engine = Engine(model, max_batch=1, thread=decoding)
-    engine.submit([Sequence([1, 2, 3], 6, GREEDY, None, emit)])
-    tokens, finish, _ = collect.wait()
-    assert tokens == alone(model, [1, 2, 3], 6) and finish == "length"
-    assert set(threads) == {loaded_in}
-    engine.close()
+    try:
+        engine.submit([Sequence([1, 2, 3], 6, GREEDY, None, emit)])
+        tokens, finish, _ = collect.wait()
+        assert tokens == alone(model, [1, 2, 3], 6) and finish == "length"
+        assert set(threads) == {loaded_in}
+    finally:
+        engine.close()
     loaded_in.join(timeout=30)
     assert not loaded_in.is_alive()  # the thread ends with the engine
 

@@ -380,6 +380,68 @@ def test_sigterm_stops_it_cleanly_and_frees_the_port(trained):
         sock.bind(("127.0.0.1", port))  # released
 
 
+def patched_serve(patch: str, ckpt, *args: str) -> subprocess.Popen:
+    """`gptcli serve --port 0 --json` in a child process, after the Python code patch has run."""
+    code = f"{patch}\nfrom gptcli.cli.app import main\nmain()"
+    cmd = [sys.executable, "-c", code, "serve", "--ckpt", str(ckpt), "--port", "0", "--json", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("GPTCLI_API_KEY", None)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+SLOW_LOAD = """
+import sys, time, torch
+import gptcli.cli.serve as serve_verb
+real = serve_verb.load_model
+def load_model(*args, **kwargs):  # a big checkpoint's stand-in: torch at work in the loading thread
+    loaded = real(*args, **kwargs)
+    print("loading", file=sys.stderr, flush=True)
+    x, end = torch.randn(256, 256), time.time() + 60
+    while time.time() < end:
+        x = torch.tanh(x @ x)
+    return loaded
+serve_verb.load_model = load_model
+"""
+
+
+def test_ctrl_c_while_the_model_loads_exits_130_at_once(trained):
+    """The loading thread cannot be stopped inside torch; the process must still end as
+    Ctrl-C ends a verb (130), not be aborted by the C++ runtime at the interpreter's end."""
+    proc = patched_serve(SLOW_LOAD, trained)
+    try:
+        assert proc.stderr.readline() == "loading\n"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (130, "", "")
+
+
+def test_a_decoding_loop_that_fails_outside_any_step_ends_its_requests_and_the_server(trained):
+    """A fault of the engine's loop itself (not of one step, which fails only its sequences):
+    the request waiting on it gets an error at once, and the server stops with exit status 1
+    and says why, instead of answering every later request that it is busy."""
+    patch = """
+from gptcli.infer.engine import Engine
+class Panic(BaseException):  # (as a Rust library's panic: not an Exception)
+    pass
+def _iterate(self, joining):
+    raise Panic("injected")
+Engine._iterate = _iterate
+"""
+    proc = patched_serve(patch, trained)
+    try:
+        url = json.loads(proc.stdout.readline())["url"]
+        r = httpx.post(url + "/v1/completions", json={"prompt": "The", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 500 and "the decoding loop stopped (Panic: injected)" in r.text, r.text
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert err == "error: the decoding loop stopped (Panic: injected); the server stopped\n", err
+
+
 def test_serve_refuses_a_taken_port_and_says_which_extra_is_missing(trained, monkeypatch):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -406,9 +468,13 @@ def test_serve_loads_its_model_in_the_thread_that_decodes_and_says_what_is_wrong
         raise UsageError("stop here")
 
     monkeypatch.setattr(serve_verb, "load_model", load_model)
+    before = set(threading.enumerate())
     result = run("serve", "--ckpt", trained, "--port", "0")
     assert result.exit_code == 2 and result.output.strip() == "error: stop here", result.output
     assert loaded_in == ["gptcli-engine"]  # the engine's thread (DecodingThread says why)
+    for thread in set(threading.enumerate()) - before:  # which ends when the loading fails
+        thread.join(timeout=30)
+        assert not thread.is_alive(), thread.name
 
 
 def test_a_client_that_sends_half_a_body_and_hangs_blocks_no_one(server):

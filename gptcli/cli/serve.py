@@ -8,18 +8,21 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from gptcli.cli import render
 from gptcli.cli.common import check_decoding_fits, load_model, start_decoding
 from gptcli.config.verbs import ServeSettings
-from gptcli.errors import UsageError, need
+from gptcli.errors import GptcliError, UsageError, need
 
 if TYPE_CHECKING:
     from gptcli.store.checkpoint import Loaded
+
+T = TypeVar("T")
 
 
 def serve(s: ServeSettings) -> None:
@@ -41,7 +44,12 @@ def serve(s: ServeSettings) -> None:
         raise UsageError("--max-tokens-limit over 1,048,576 is not a limit; give a smaller one")
     listener = _listen(s.host, s.port)  # before loading: a taken port fails at once
     decoding = DecodingThread()  # loads the model, then decodes: in one thread (it says why)
-    loaded = decoding.call(lambda: _load(s))
+    try:
+        loaded = _interruptible(decoding.submit(lambda: _load(s)).result)
+    except BaseException:
+        decoding.stop()
+        listener.close()
+        raise
     block = loaded.model.config.block_size
     name = s.model_name or _model_name(s.ckpt, loaded.path)
     engine = Engine(
@@ -54,7 +62,12 @@ def serve(s: ServeSettings) -> None:
     )
     if s.compile:
         render.info("compiling the decoding step (once, before the server answers)")
-        engine.warm_up()
+        try:
+            _interruptible(engine.warm_up)
+        except BaseException:
+            engine.close()
+            listener.close()
+            raise
     served = Served(
         engine,
         loaded.tokenizer,
@@ -75,6 +88,7 @@ def serve(s: ServeSettings) -> None:
         create_app(served), log_level="warning", access_log=False, timeout_graceful_shutdown=5
     )
     server = _server(config, engine)
+    engine.on_fault(server.fail)  # a loop that fails outside any step: the server stops, exit 1
     # the signals are ours from before the ready line: a SIGTERM right after it stops cleanly
     previous = {sig: signal.signal(sig, server.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -88,6 +102,8 @@ def serve(s: ServeSettings) -> None:
             signal.signal(sig, handler)
         engine.close()
         listener.close()
+    if server.failed is not None:
+        raise GptcliError(f"{server.failed}; the server stopped")
     if server.stopped_by == signal.SIGINT:
         raise SystemExit(130)
 
@@ -99,6 +115,20 @@ def _load(s: ServeSettings) -> Loaded:
     if not s.compile:
         start_decoding(loaded)
     return loaded
+
+
+def _interruptible(wait: Callable[[], T]) -> T:
+    """wait(), for the model's loading or compiling in the decoding thread; Ctrl-C leaves at
+    once, with the exit status 130. (That thread cannot be stopped inside torch, and a process
+    whose daemon thread is still in torch when the interpreter ends is aborted by the C++
+    runtime: so the process ends here, without the interpreter's finalization.)"""
+    try:
+        return wait()
+    except KeyboardInterrupt:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -140,6 +170,7 @@ def _server(config, engine):
 
     class Server(uvicorn.Server):
         stopped_by: int | None = None
+        failed: str | None = None  # why the engine failed, which stopped the server
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:  # serve() has put stop() in place
@@ -151,5 +182,9 @@ def _server(config, engine):
             self.stopped_by = sig
             self.should_exit = True
             threading.Thread(target=engine.close, daemon=True).start()
+
+        def fail(self, why: str) -> None:
+            self.failed = why
+            self.should_exit = True
 
     return Server(config)

@@ -63,8 +63,17 @@ class Event:
     message: str | None = None
 
 
+def failure(e: Exception) -> str:
+    """What the sequences a failed step or encoding was decoding are told."""
+    return compiler_failed(e) or f"decoding failed: {reason(e)}"
+
+
 class QueueFull(Exception):
     """More sequences are waiting than the engine takes."""
+
+
+class Unavailable(Exception):
+    """The engine takes no more sequences: it is closing, or its loop has failed."""
 
 
 class Sequence:
@@ -189,7 +198,9 @@ class Engine:
         self.lock = threading.Condition()
         self.stopping = False
         self.thread = thread or DecodingThread()  # (it ends with the engine)
+        self.fault: str | None = None  # why the loop stopped, where it failed outside any step
         self.looping = self.thread.submit(self._loop)
+        self.looping.add_done_callback(self._ended)
 
     # --- the outside ---------------------------------------------------------------------
 
@@ -198,7 +209,7 @@ class Engine:
         be decoding or waiting."""
         with self.lock:
             if self.stopping or self.looping.done():
-                raise QueueFull("the server is stopping")
+                raise Unavailable(self.fault or "the server is stopping")
             self._drop_cancelled()
             busy = len(self.active) + len(self.joining) + len(self.waiting)
             if busy + len(seqs) > self.max_batch + self.max_queue:
@@ -229,10 +240,13 @@ class Engine:
                     ended.release()
 
             greedy = Sampling(temperature=0.0)
-            self.submit([Sequence([0] * max(1, length), 3, greedy, None, emit) for _ in range(rows)])
+            try:
+                self.submit([Sequence([0] * max(1, length), 3, greedy, None, emit) for _ in range(rows)])
+            except Unavailable as e:
+                raise GptcliError(f"the decoding step failed before serving: {e}") from None
             for _ in range(rows):
-                if not ended.acquire(timeout=timeout) or self.looping.done():
-                    raise RuntimeError("the decoding loop did not finish its warm-up")
+                if not ended.acquire(timeout=timeout):
+                    raise GptcliError(f"the decoding step's warm-up took over {timeout:.0f} s")
         if failed:
             raise GptcliError(f"the decoding step failed before serving: {failed[0]}")
 
@@ -250,13 +264,32 @@ class Engine:
                 seq.report(Event("done", finish="cancelled"))
             self.waiting = deque(s for s in self.waiting if not s.cancelled)
 
+    def on_fault(self, callback: Callable[[str], None]) -> None:
+        """callback(why) once the loop has failed outside any step (it takes no more sequences:
+        whoever serves them should stop), called at once if it has already."""
+        self.looping.add_done_callback(lambda _: self.fault is not None and callback(self.fault))
+
     def close(self) -> None:
         """Finish: every sequence still waiting or active ends with finish "cancelled"."""
         with self.lock:
             self.stopping = True
             self.lock.notify()
         self.thread.stop()
-        self.looping.result()  # (a fault of the loop's own, outside any step, is raised here)
+        self.looping.exception()  # (waits for the loop; a fault of its own was reported by _ended)
+
+    def _ended(self, looping: Future[None]) -> None:
+        """The loop is over. Where it failed outside any step, every sequence it still held
+        ends with an error, at once (not when the engine is closed), and submit() refuses more."""
+        e = looping.exception()
+        if e is None:
+            return
+        with self.lock:
+            self.stopping = True
+            self.fault = f"the decoding loop stopped ({type(e).__name__}: {reason(e)})"
+            for seq in [*self.waiting, *self.joining, *self.active]:
+                seq.report(Event("error", message=self.fault))
+            self.waiting.clear()
+            self.joining, self.active = [], []
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -273,9 +306,8 @@ class Engine:
                 try:
                     self._iterate(self.joining)
                 except Exception as e:  # one failed step fails its sequences, not the server
-                    message = compiler_failed(e) or f"decoding failed: {reason(e)}"
                     for seq in self.active + self.joining:
-                        seq.report(Event("error", message=message))
+                        seq.report(Event("error", message=failure(e)))
                     self.active, self.cache, self.stepped = [], None, (None, [])
                 with self.lock:
                     self.joining = []
@@ -293,17 +325,28 @@ class Engine:
         # prompts to score one at a time (their logits at every position: T x V floats each),
         # the others together
         groups = [[s] for s in joining if s.score_prompt] + [[s for s in joining if not s.score_prompt]]
+        alone = kernels.prefills_rows_alone(self.model)
         first: dict[Sequence, str | None] = {}  # the joining whose first token is out: their finish
+        failed: set[Sequence] = set()  # the joining whose prompt could not be encoded
         for group in groups:
-            if len(group) > 1 and kernels.prefills_rows_alone(self.model):
-                for seq in group:  # encoded one at a time: each first token out as its prompt is read
-                    self._prefill([seq])
-                    if seq.max_tokens > 0 and not seq.cancelled:
-                        first[seq] = self._draw([seq])[0]
-            elif group:
-                self._prefill(group)
+            # one at a time where the C prefill reads rows alone (each first token out as its own
+            # prompt is read), else together; a failure fails the prompts it was encoding, no others
+            parts = [[s] for s in group] if len(group) > 1 and alone else [group]
+            for part in parts:
+                if all(s.cancelled for s in part):  # (none, or left while others were read)
+                    continue
+                try:
+                    self._prefill(part)
+                    if len(parts) > 1 and part[0].max_tokens > 0 and not part[0].cancelled:
+                        first[part[0]] = self._draw(part)[0]
+                except Exception as e:
+                    for seq in part:
+                        seq.report(Event("error", message=failure(e)))
+                    failed.update(part)
         with self.lock:  # from joining to active at once: load() counts each sequence once
             for seq in joining:
+                if seq in failed:
+                    continue
                 if seq.max_tokens == 0:
                     seq.report(Event("done", finish="length"))
                 else:

@@ -26,7 +26,7 @@ from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.infer.completion import TextStream, encode_prompt
 from gptcli.infer.conversation import chat_prompt, reply_room
-from gptcli.infer.engine import Engine, Event, QueueFull, Scored, Sequence
+from gptcli.infer.engine import Engine, Event, QueueFull, Scored, Sequence, Unavailable
 from gptcli.infer.generate import Sampling, row_generators
 
 PLAYGROUND = Path(__file__).with_name("playground.html")
@@ -436,6 +436,8 @@ class Run:
             raise ApiError(
                 429, f"the server is busy: {e}; try again shortly", code="rate_limit_exceeded"
             ) from e
+        except Unavailable as e:
+            raise ApiError(503, str(e)) from e
 
     def cancel(self) -> None:
         for c in self.choices:
