@@ -472,9 +472,11 @@ def _engine_alone(report: Report, ctx: Context) -> None:
             return out
 
         engine.next_logits = timed
-        ended = threading.Semaphore(0)
+        ended, failed = threading.Semaphore(0), []
 
-        def emit(event: Event, ended: threading.Semaphore = ended) -> None:
+        def emit(event: Event, ended: threading.Semaphore = ended, failed: list = failed) -> None:
+            if event.kind == "error":
+                failed.append(event.message)
             if event.kind in ("done", "error"):
                 ended.release()
 
@@ -491,6 +493,8 @@ def _engine_alone(report: Report, ctx: Context) -> None:
                     if not ended.acquire(timeout=600):
                         raise RuntimeError("the engine did not finish")
                 wall = time.perf_counter() - t0
+                if failed:
+                    raise RuntimeError(f"the engine failed: {failed[0]}")
         finally:
             engine.close()
         per_step = wall / max(1, len(steps))

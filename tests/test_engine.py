@@ -315,11 +315,18 @@ def test_a_prompt_that_fails_to_encode_fails_alone(one_at_a_time, monkeypatch):
     monkeypatch.setattr(Engine, "_prefill", failing)
     engine = Engine(model, max_batch=4)
     try:
-        busy, busy_events = seq([1, 2], 20)
+        go, busy_events = threading.Event(), Collect()
+
+        def held(event: Event) -> None:  # decoding, held at its first token until they join
+            busy_events(event)
+            go.wait(timeout=60)
+
+        busy = Sequence([1, 2], 20, GREEDY, None, held)
         engine.submit([busy])
-        busy_events.events.get(timeout=60)  # decoding
+        busy_events.events.get(timeout=60)
         joined = [seq([3, 4], 1), seq([9, 9, 5], 5), seq([6], 5)]
         engine.submit([s for s, _ in joined])
+        go.set()
         ends = [c.wait()[:2] for _, c in joined]
         assert ends[1] == ([], "decoding failed: injected")
         if one_at_a_time:
@@ -384,6 +391,37 @@ def test_a_loop_that_fails_outside_any_step_ends_every_sequence_at_once(monkeypa
         engine.submit([seq([1], 1)[0]])
     engine.close()
     assert engine.load() == (0, 0)
+
+
+def test_the_owner_is_told_of_a_fault_whenever_it_asks(monkeypatch):
+    """on_fault while the loop's future has failed but _ended waits for the lock (held by a
+    request being submitted): the callback is kept, and called."""
+
+    class Panic(BaseException):
+        pass
+
+    entered, fail = threading.Event(), threading.Event()
+
+    def panic(self, joining):
+        entered.set()
+        fail.wait(timeout=60)
+        raise Panic("injected")
+
+    monkeypatch.setattr(Engine, "_iterate", panic)
+    engine = Engine(small_model(), max_batch=1)
+    engine.submit([seq([1], 5)[0]])
+    told: list[str] = []
+    assert entered.wait(timeout=60)
+    with engine.lock:
+        fail.set()
+        deadline = time.time() + 60
+        while not engine.looping.done() and time.time() < deadline:
+            time.sleep(0.01)
+        assert engine.looping.done()  # (and _ended waits for the lock)
+        engine.on_fault(told.append)
+    assert engine.over.wait(timeout=60)
+    assert told == ["the decoding loop stopped (Panic: injected)"]
+    engine.close()
 
 
 def test_load_counts_each_sequence_once():

@@ -65,7 +65,7 @@ def serve(s: ServeSettings) -> None:
         try:
             _interruptible(engine.warm_up)
         except BaseException:
-            engine.close()
+            _interruptible(engine.close)  # (after a timeout the loop may still be compiling)
             listener.close()
             raise
     served = Served(
@@ -100,7 +100,7 @@ def serve(s: ServeSettings) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        engine.close()
+        _interruptible(engine.close)  # (a step may be running: Ctrl-C now leaves at once)
         listener.close()
     if server.failed is not None:
         raise GptcliError(f"{server.failed}; the server stopped")
@@ -118,17 +118,21 @@ def _load(s: ServeSettings) -> Loaded:
 
 
 def _interruptible(wait: Callable[[], T]) -> T:
-    """wait(), for the model's loading or compiling in the decoding thread; Ctrl-C leaves at
-    once, with the exit status 130. (That thread cannot be stopped inside torch, and a process
-    whose daemon thread is still in torch when the interpreter ends is aborted by the C++
-    runtime: so the process ends here, without the interpreter's finalization.)"""
+    """wait(), for what the decoding thread does (loading the model, compiling, finishing a
+    step); Ctrl-C leaves at once, with the exit status 130. (That thread cannot be stopped
+    inside torch, and a process whose daemon thread is still in torch when the interpreter
+    ends is aborted by the C++ runtime: so the process ends here, without the interpreter's
+    finalization.)"""
     try:
         return wait()
     except KeyboardInterrupt:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(130)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a second Ctrl-C while flushing)
+        try:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+        finally:
+            os._exit(130)
 
 
 def _listen(host: str, port: int) -> socket.socket:

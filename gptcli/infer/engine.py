@@ -199,6 +199,8 @@ class Engine:
         self.stopping = False
         self.thread = thread or DecodingThread()  # (it ends with the engine)
         self.fault: str | None = None  # why the loop stopped, where it failed outside any step
+        self.faulted: list[Callable[[str], None]] = []  # told of it (on_fault)
+        self.over = threading.Event()  # the loop has ended and _ended has done its part
         self.looping = self.thread.submit(self._loop)
         self.looping.add_done_callback(self._ended)
 
@@ -266,8 +268,12 @@ class Engine:
 
     def on_fault(self, callback: Callable[[str], None]) -> None:
         """callback(why) once the loop has failed outside any step (it takes no more sequences:
-        whoever serves them should stop), called at once if it has already."""
-        self.looping.add_done_callback(lambda _: self.fault is not None and callback(self.fault))
+        whoever serves them should stop), before its sequences are told; at once if it has."""
+        with self.lock:
+            if self.fault is None:
+                self.faulted.append(callback)
+                return
+        callback(self.fault)
 
     def close(self) -> None:
         """Finish: every sequence still waiting or active ends with finish "cancelled"."""
@@ -275,21 +281,28 @@ class Engine:
             self.stopping = True
             self.lock.notify()
         self.thread.stop()
-        self.looping.exception()  # (waits for the loop; a fault of its own was reported by _ended)
+        self.over.wait()  # (a fault of the loop's own has been reported by _ended)
 
     def _ended(self, looping: Future[None]) -> None:
-        """The loop is over. Where it failed outside any step, every sequence it still held
-        ends with an error, at once (not when the engine is closed), and submit() refuses more."""
-        e = looping.exception()
-        if e is None:
-            return
-        with self.lock:
-            self.stopping = True
-            self.fault = f"the decoding loop stopped ({type(e).__name__}: {reason(e)})"
-            for seq in [*self.waiting, *self.joining, *self.active]:
-                seq.report(Event("error", message=self.fault))
-            self.waiting.clear()
-            self.joining, self.active = [], []
+        """The loop is over. Where it failed outside any step, whoever asked is told (on_fault),
+        then every sequence it still held ends with an error, at once (not when the engine is
+        closed), and submit() refuses more."""
+        try:
+            if (e := looping.exception()) is None:
+                return
+            with self.lock:
+                self.stopping = True
+                self.fault = f"the decoding loop stopped ({type(e).__name__}: {reason(e)})"
+                told, self.faulted = self.faulted, []
+            for callback in told:
+                callback(self.fault)
+            with self.lock:
+                for seq in [*self.waiting, *self.joining, *self.active]:
+                    seq.report(Event("error", message=self.fault))
+                self.waiting.clear()
+                self.joining, self.active = [], []
+        finally:
+            self.over.set()
 
     # --- the loop ------------------------------------------------------------------------
 
