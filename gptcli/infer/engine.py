@@ -338,7 +338,7 @@ class Engine:
         # prompts to score one at a time (their logits at every position: T x V floats each),
         # the others together
         groups = [[s] for s in joining if s.score_prompt] + [[s for s in joining if not s.score_prompt]]
-        alone = kernels.prefills_rows_alone(self.model)
+        alone = any(len(g) > 1 for g in groups) and kernels.prefills_rows_alone(self.model)
         first: dict[Sequence, str | None] = {}  # the joining whose first token is out: their finish
         failed: set[Sequence] = set()  # the joining whose prompt could not be encoded
         for group in groups:
