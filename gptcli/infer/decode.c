@@ -903,12 +903,25 @@ static inline __attribute__((always_inline)) void f32_rows_block(const Mat *m, c
  * here (a 2-core Zen 3, 512 MB summed on 2 threads, the median of 40 rounds: 28.4 GB/s in
  * one stream a thread, 30.3 in 2, 32.3 in 4, 34.7 in 8), and each row's broadcast
  * activations serve the S blocks: 2 weights' and 8 activations' loads for 4 rows' 16 FMAs,
- * where a block of 8 rows took 17. Rows go 4 at a time (ROW_GROUP), the blocks' weights
- * read again from the core's caches for each further 4. */
+ * where a block of 8 rows took 17. Rows go 6 at a time (BF16_GROUP; int8's 4 at a time,
+ * ROW_GROUP), the blocks' weights read again from the core's caches for each further 6: 12
+ * sums in flight where 4 rows kept 8 (a step of 16 rows on a Zen 3: 0.97x the time of groups
+ * of 4, bench/RESULTS.md). */
 #define HAVE_PACKED 1
 #define ROW_GROUP 4
+#define BF16_GROUP 6
 #define PACKED_STREAMS 4 /* blocks a thread reads at once for a single row; 2 for more rows (8
                             * for one row: 1.15x to 1.25x the time of 4; 2: 1.07x to 1.18x) */
+
+/* the odd inputs' weights of a pair's 8 outputs at p (the high halves of 8 int32), widened:
+ * with the mask as the `and`'s memory operand (as a register, GCC spilled sums for it) */
+static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -65536, -65536, -65536,
+                                                                    -65536, -65536, -65536, -65536};
+static inline __attribute__((always_inline)) __m256 odd_inputs(const __m256i *p) {
+    __m256i v = _mm256_loadu_si256(p);
+    __asm__("{vpand %1, %0, %0|vpand %0, %0, %1}" : "+x"(v) : "m"(*(const __m256i *)HIGH_HALVES));
+    return _mm256_castsi256_ps(v);
+}
 
 /* row i's sums with block s (acc[(i * S + s) * NA ..]): the one at A0 += the even input's
  * weights of pair P in block s x row i's activation, the one at A1 += the odd one's, for
@@ -933,23 +946,110 @@ static inline __attribute__((always_inline)) void f32_rows_block(const Mat *m, c
         }                                                                                            \
     } while (0)
 
-/* y[r0 + i][j[s] .. j[s] + 8) for i < M (M <= ROW_GROUP), s < S, from the packed blocks of 8
+/* SPLIT_PAIRS for 12 sums: all the even inputs' products of pair P first, then the odd ones'
+ * (the weights read again, from the L1 cache), so that the registers hold S widened weights,
+ * not 2 S, beside the sums; in each sum, the same products in the same order */
+#define PHASED_PAIRS(P, A0, A1)                                                                       \
+    do {                                                                                             \
+        __m256 wv_[PACKED_STREAMS];                                                                  \
+        for (int s_ = 0; s_ < S; s_++) {                                                             \
+            const __m256i *p_ = (const __m256i *)(w[s_] + (size_t)(P) * 16);                         \
+            ask_weights(p_, 32);                                                                     \
+            wv_[s_] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(p_), 16));            \
+        }                                                                                            \
+        for (int i_ = 0; i_ < M; i_++) {                                                             \
+            const __m256 xe_ = _mm256_broadcast_ss(x + ((size_t)(P) * M + i_) * 2);                  \
+            for (int s_ = 0; s_ < S; s_++) {                                                         \
+                const int a_ = (i_ * S + s_) * NA + (A0);                                            \
+                acc[a_] = _mm256_fmadd_ps(wv_[s_], xe_, acc[a_]);                                    \
+            }                                                                                        \
+        }                                                                                            \
+        for (int s_ = 0; s_ < S; s_++) {                                                             \
+            const __m256i *p_ = (const __m256i *)(w[s_] + (size_t)(P) * 16);                         \
+            wv_[s_] = odd_inputs(p_);                                                                \
+        }                                                                                            \
+        for (int i_ = 0; i_ < M; i_++) {                                                             \
+            const __m256 xo_ = _mm256_broadcast_ss(x + ((size_t)(P) * M + i_) * 2 + 1);              \
+            for (int s_ = 0; s_ < S; s_++) {                                                         \
+                const int a_ = (i_ * S + s_) * NA + (A1);                                            \
+                acc[a_] = _mm256_fmadd_ps(wv_[s_], xo_, acc[a_]);                                    \
+            }                                                                                        \
+        }                                                                                            \
+    } while (0)
+
+/* PHASED_PAIRS for 6 rows and 2 blocks, over pairs [0, pairs), in assembly: the 12 sums (row i's
+ * with block s in ymm(2 i + s)), the 2 widened weights, a broadcast activation and the mask
+ * take the 16 registers, where GCC (12.2) spilled 1 to 3 of the sums to the stack in the same
+ * loop written in C. The same products in the same order as PHASED_PAIRS: the same sums.
+ * Either assembler syntax. */
+#define ASM2(att, intel) "{" att "|" intel "}\n\t"
+#define SUM_REG(op, i) ASM2(op " 32*" #i "(%[acc]), %%ymm" #i, op " ymm" #i ", YMMWORD PTR [%[acc] + 32*" #i "]")
+#define SUM_MEM(op, i) ASM2(op " %%ymm" #i ", 32*" #i "(%[acc])", op " YMMWORD PTR [%[acc] + 32*" #i "], ymm" #i)
+#define ROW_FMAS(i, off, A, B)                                                                       \
+    ASM2("vbroadcastss " off "(%[x]), %%ymm14", "vbroadcastss ymm14, DWORD PTR [%[x] + " off "]")    \
+    ASM2("vfmadd231ps %%ymm14, %%ymm12, %%ymm" #A, "vfmadd231ps ymm" #A ", ymm12, ymm14")           \
+    ASM2("vfmadd231ps %%ymm14, %%ymm13, %%ymm" #B, "vfmadd231ps ymm" #B ", ymm13, ymm14")
+#define EACH_SUM(X, op) X(op, 0) X(op, 1) X(op, 2) X(op, 3) X(op, 4) X(op, 5) X(op, 6) X(op, 7) X(op, 8) X(op, 9) X(op, 10) X(op, 11)
+static inline __attribute__((always_inline)) void six_rows_two_blocks(const uint16_t *w0, const uint16_t *w1,
+                                                                      const float *x, int pairs, __m256 *acc) {
+    if (pairs <= 0) return;
+    long left = pairs;
+    __asm__(EACH_SUM(SUM_REG, "vmovups")                                                             //
+            ASM2("vmovdqa %[high], %%ymm15", "vmovdqa ymm15, %[high]")                               //
+            "1:\n\t"                                                                                 //
+            ASM2("prefetcht0 %c[ahead](%[w0])", "prefetcht0 [%[w0] + %c[ahead]]")                    //
+            ASM2("prefetcht0 %c[ahead](%[w1])", "prefetcht0 [%[w1] + %c[ahead]]")                    //
+            ASM2("vmovdqu (%[w0]), %%ymm12", "vmovdqu ymm12, YMMWORD PTR [%[w0]]")                  //
+            ASM2("vmovdqu (%[w1]), %%ymm13", "vmovdqu ymm13, YMMWORD PTR [%[w1]]")                  //
+            ASM2("vpslld $16, %%ymm12, %%ymm12", "vpslld ymm12, ymm12, 16")                          //
+            ASM2("vpslld $16, %%ymm13, %%ymm13", "vpslld ymm13, ymm13, 16")                          //
+            ROW_FMAS(0, "0", 0, 1) ROW_FMAS(1, "8", 2, 3) ROW_FMAS(2, "16", 4, 5)                     //
+            ROW_FMAS(3, "24", 6, 7) ROW_FMAS(4, "32", 8, 9) ROW_FMAS(5, "40", 10, 11)                 //
+            ASM2("vpand (%[w0]), %%ymm15, %%ymm12", "vpand ymm12, ymm15, YMMWORD PTR [%[w0]]")      //
+            ASM2("vpand (%[w1]), %%ymm15, %%ymm13", "vpand ymm13, ymm15, YMMWORD PTR [%[w1]]")      //
+            ROW_FMAS(0, "4", 0, 1) ROW_FMAS(1, "12", 2, 3) ROW_FMAS(2, "20", 4, 5)                    //
+            ROW_FMAS(3, "28", 6, 7) ROW_FMAS(4, "36", 8, 9) ROW_FMAS(5, "44", 10, 11)                 //
+            ASM2("addq $32, %[w0]", "add %[w0], 32")                                                 //
+            ASM2("addq $32, %[w1]", "add %[w1], 32")                                                 //
+            ASM2("addq $48, %[x]", "add %[x], 48")                                                   //
+            ASM2("decq %[left]", "dec %[left]")                                                      //
+            "jnz 1b\n\t"                                                                             //
+            EACH_SUM(SUM_MEM, "vmovups")
+            : [w0] "+r"(w0), [w1] "+r"(w1), [x] "+r"(x), [left] "+r"(left), "+m"(*(__m256(*)[12])acc)
+            : [acc] "r"(acc), [high] "m"(*(const __m256i *)HIGH_HALVES), [ahead] "i"(AHEAD_BYTES)
+            : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+              "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+}
+#undef EACH_SUM
+#undef ROW_FMAS
+#undef SUM_MEM
+#undef SUM_REG
+#undef ASM2
+
+/* y[r0 + i][j[s] .. j[s] + 8) for i < M (M <= BF16_GROUP), s < S, from the packed blocks of 8
  * outputs at w[s] and the rows' activations x, pair by pair ((k / 2, M, 2), fp32), then
  * stored, or added to y, with the bias; outputs past n (the packing's zeros) are not
  * written. Each row's products with a block go to NA sums (the even and odd inputs' to
  * different ones where NA = 2): M x S x NA chains of FMAs in flight, at least the 8 that keep
- * the core's two FMA units busy where they can be (the 16 registers hold at most 8 sums
- * beside the S blocks' weights and a row's two activations). */
+ * the core's two FMA units busy where they can be: 8 sums beside the S blocks' even and odd
+ * weights and a row's two activations (SPLIT_PAIRS), 10 or 12 beside the S blocks' weights of
+ * one parity (PHASED_PAIRS; six_rows_two_blocks). */
 static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, const uint16_t *const *ws,
                                                                 const int *j, const float *x, float *y, int r0,
                                                                 int mode, const int M, const int S, const int NA) {
     const int k = m->k, n = m->n, pairs = k / 2;
     const uint16_t *w[PACKED_STREAMS];
     for (int s = 0; s < S; s++) w[s] = ws[s];
-    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
-    __m256 acc[8]; /* row i's sums with block s: acc[(i * S + s) * NA ..] */
+    __m256 acc[12]; /* row i's sums with block s: acc[(i * S + s) * NA ..] */
     for (int a = 0; a < M * S * NA; a++) acc[a] = _mm256_setzero_ps();
-    for (int p = 0; p < pairs; p++) SPLIT_PAIRS(p, 0, NA - 1);
+    if (M == 6 && S == 2 && NA == 1) {
+        six_rows_two_blocks(w[0], w[1], x, pairs, acc);
+    } else if (M * S * NA > 8) {
+        for (int p = 0; p < pairs; p++) PHASED_PAIRS(p, 0, NA - 1);
+    } else {
+        const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+        for (int p = 0; p < pairs; p++) SPLIT_PAIRS(p, 0, NA - 1);
+    }
 #pragma GCC unroll 8
     for (int s = 0; s < S; s++) {
         const int left = n - j[s] < 8 ? n - j[s] : 8;
@@ -967,31 +1067,33 @@ static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, co
     }
 }
 
-/* BLOCKS(M, S, NA) for the rows r .. r + M of a product, M = min(rows - r, ROW_GROUP), with S
- * streams (1, 2 or 4: 4 for a single row) and M x S x NA <= 8 sums. NA depends on M alone, so
+/* BLOCKS(M, S, NA) for the rows r .. r + M of a product, M = min(rows - r, BF16_GROUP), with S
+ * streams (1, 2 or 4: 4 for a single row) and M x S x NA <= 12 sums. NA depends on M alone, so
  * that an output's sum is the same whichever S reads its block (the blocks left over, read
  * one at a time, depend on the threads' shares). */
-#define FOR_ROW_GROUPS(rows, r, S, BLOCKS)                                                           \
+#define FOR_BF16_GROUPS(rows, r, S, BLOCKS)                                                          \
     do {                                                                                             \
         if ((S) == 4) { /* a single row */                                                           \
             BLOCKS(1, 4, 2);                                                                         \
             break;                                                                                   \
         }                                                                                            \
-        switch ((rows) - (r) < ROW_GROUP ? (rows) - (r) : ROW_GROUP) {                               \
+        switch ((rows) - (r) < BF16_GROUP ? (rows) - (r) : BF16_GROUP) {                             \
         case 1: ONE_OR_TWO_STREAMS(S, BLOCKS, 1, 2); break;                                          \
         case 2: ONE_OR_TWO_STREAMS(S, BLOCKS, 2, 2); break;                                          \
         case 3: ONE_OR_TWO_STREAMS(S, BLOCKS, 3, 1); break;                                          \
-        default: ONE_OR_TWO_STREAMS(S, BLOCKS, 4, 1); break;                                         \
+        case 4: ONE_OR_TWO_STREAMS(S, BLOCKS, 4, 1); break;                                          \
+        case 5: ONE_OR_TWO_STREAMS(S, BLOCKS, 5, 1); break;                                          \
+        default: ONE_OR_TWO_STREAMS(S, BLOCKS, 6, 1); break;                                         \
         }                                                                                            \
     } while (0)
 #define ONE_OR_TWO_STREAMS(S, BLOCKS, M, NA) ((S) == 2 ? BLOCKS(M, 2, NA) : BLOCKS(M, 1, NA))
 
-/* the rows x (rows, k) in fp32 as packed_bf16 takes them, in xb: each ROW_GROUP rows' pairs
+/* the rows x (rows, k) in fp32 as packed_bf16 takes them, in xb: each BF16_GROUP rows' pairs
  * side by side, (k / 2, M, 2) */
 static void prepare_packed(const float *x, int rows, int k, uint16_t *xb) {
     float *xt = (float *)xb;
-    for (int r = 0; r < rows; r += ROW_GROUP) {
-        const int M = rows - r < ROW_GROUP ? rows - r : ROW_GROUP;
+    for (int r = 0; r < rows; r += BF16_GROUP) {
+        const int M = rows - r < BF16_GROUP ? rows - r : BF16_GROUP;
         uint64_t *g = (uint64_t *)(xt + (size_t)r * k);
         for (int i = 0; i < M; i++) {
             const float *xi = x + (size_t)(r + i) * k;
@@ -1013,18 +1115,18 @@ static void packed_bf16(const Mat *m, const uint16_t *xb, float *y, int rows, in
         const uint16_t *w[PACKED_STREAMS];
         int j[PACKED_STREAMS];
         for (int s = 0; s < S; s++) j[s] = lo + (s * part + b) * PACK_BF16, w[s] = base + (size_t)j[s] * k;
-        for (int r = 0; r < rows; r += ROW_GROUP) {
+        for (int r = 0; r < rows; r += BF16_GROUP) {
             const float *xr = xt + (size_t)r * k;
 #define BLOCKS(M, S_, NA) packed_blocks(m, w, j, xr, y, r, mode, M, S_, NA)
-            FOR_ROW_GROUPS(rows, r, S, BLOCKS);
+            FOR_BF16_GROUPS(rows, r, S, BLOCKS);
         }
     }
     for (int jj = lo + S * part * PACK_BF16; jj < hi; jj += PACK_BF16) {
         const uint16_t *w[1] = {base + (size_t)jj * k};
         const int j[1] = {jj};
-        for (int r = 0; r < rows; r += ROW_GROUP) {
+        for (int r = 0; r < rows; r += BF16_GROUP) {
             const float *xr = xt + (size_t)r * k;
-            FOR_ROW_GROUPS(rows, r, 1, BLOCKS);
+            FOR_BF16_GROUPS(rows, r, 1, BLOCKS);
 #undef BLOCKS
         }
     }
