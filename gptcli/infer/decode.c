@@ -913,15 +913,9 @@ static inline __attribute__((always_inline)) void f32_rows_block(const Mat *m, c
 #define PACKED_STREAMS 4 /* blocks a thread reads at once for a single row; 2 for more rows (8
                             * for one row: 1.15x to 1.25x the time of 4; 2: 1.07x to 1.18x) */
 
-/* the odd inputs' weights of a pair's 8 outputs at p (the high halves of 8 int32), widened:
- * with the mask as the `and`'s memory operand (as a register, GCC spilled sums for it) */
+/* the mask that keeps the odd inputs' weights of a pair (the high halves of 8 int32) */
 static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -65536, -65536, -65536,
                                                                     -65536, -65536, -65536, -65536};
-static inline __attribute__((always_inline)) __m256 odd_inputs(const __m256i *p) {
-    __m256i v = _mm256_loadu_si256(p);
-    __asm__("{vpand %1, %0, %0|vpand %0, %0, %1}" : "+x"(v) : "m"(*(const __m256i *)HIGH_HALVES));
-    return _mm256_castsi256_ps(v);
-}
 
 /* row i's sums with block s (acc[(i * S + s) * NA ..]): the one at A0 += the even input's
  * weights of pair P in block s x row i's activation, the one at A1 += the odd one's, for
@@ -946,84 +940,70 @@ static inline __attribute__((always_inline)) __m256 odd_inputs(const __m256i *p)
         }                                                                                            \
     } while (0)
 
-/* SPLIT_PAIRS for 12 sums: all the even inputs' products of pair P first, then the odd ones'
- * (the weights read again, from the L1 cache), so that the registers hold S widened weights,
- * not 2 S, beside the sums; in each sum, the same products in the same order */
-#define PHASED_PAIRS(P, A0, A1)                                                                       \
-    do {                                                                                             \
-        __m256 wv_[PACKED_STREAMS];                                                                  \
-        for (int s_ = 0; s_ < S; s_++) {                                                             \
-            const __m256i *p_ = (const __m256i *)(w[s_] + (size_t)(P) * 16);                         \
-            ask_weights(p_, 32);                                                                     \
-            wv_[s_] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(p_), 16));            \
-        }                                                                                            \
-        for (int i_ = 0; i_ < M; i_++) {                                                             \
-            const __m256 xe_ = _mm256_broadcast_ss(x + ((size_t)(P) * M + i_) * 2);                  \
-            for (int s_ = 0; s_ < S; s_++) {                                                         \
-                const int a_ = (i_ * S + s_) * NA + (A0);                                            \
-                acc[a_] = _mm256_fmadd_ps(wv_[s_], xe_, acc[a_]);                                    \
-            }                                                                                        \
-        }                                                                                            \
-        for (int s_ = 0; s_ < S; s_++) {                                                             \
-            const __m256i *p_ = (const __m256i *)(w[s_] + (size_t)(P) * 16);                         \
-            wv_[s_] = odd_inputs(p_);                                                                \
-        }                                                                                            \
-        for (int i_ = 0; i_ < M; i_++) {                                                             \
-            const __m256 xo_ = _mm256_broadcast_ss(x + ((size_t)(P) * M + i_) * 2 + 1);              \
-            for (int s_ = 0; s_ < S; s_++) {                                                         \
-                const int a_ = (i_ * S + s_) * NA + (A1);                                            \
-                acc[a_] = _mm256_fmadd_ps(wv_[s_], xo_, acc[a_]);                                    \
-            }                                                                                        \
-        }                                                                                            \
-    } while (0)
-
-/* PHASED_PAIRS for 6 rows and 2 blocks, over pairs [0, pairs), in assembly: the 12 sums (row i's
- * with block s in ymm(2 i + s)), the 2 widened weights, a broadcast activation and the mask
- * take the 16 registers, where GCC (12.2) spilled 1 to 3 of the sums to the stack in the same
- * loop written in C. The same products in the same order as PHASED_PAIRS: the same sums.
- * Either assembler syntax. */
+/* SPLIT_PAIRS for M = 4, 5 or 6 rows and 2 blocks (NA = 1), over pairs [0, pairs), in assembly,
+ * each pair's even inputs' products first, then the odd ones' (the weights read again from the
+ * L1 cache): the registers hold 2 widened weights, not 4, so that 12 sums fit beside them, a
+ * broadcast activation and the mask (row i's sums with block s in ymm(2 i + s)). Written in C,
+ * GCC (12.2) spilled 1 to 3 of 6 rows' sums to the stack. The same products in the same order
+ * as SPLIT_PAIRS': the same sums. Either assembler syntax. */
 #define ASM2(att, intel) "{" att "|" intel "}\n\t"
-#define SUM_REG(op, i) ASM2(op " 32*" #i "(%[acc]), %%ymm" #i, op " ymm" #i ", YMMWORD PTR [%[acc] + 32*" #i "]")
-#define SUM_MEM(op, i) ASM2(op " %%ymm" #i ", 32*" #i "(%[acc])", op " YMMWORD PTR [%[acc] + 32*" #i "], ymm" #i)
-#define ROW_FMAS(i, off, A, B)                                                                       \
+#define SUM_IN(i) ASM2("vmovups " #i "*32(%[acc]), %%ymm" #i, "vmovups ymm" #i ", YMMWORD PTR [%[acc] + " #i "*32]")
+#define SUM_OUT(i) ASM2("vmovups %%ymm" #i ", " #i "*32(%[acc])", "vmovups YMMWORD PTR [%[acc] + " #i "*32], ymm" #i)
+#define ROW_FMAS(off, A, B)                                                                          \
     ASM2("vbroadcastss " off "(%[x]), %%ymm14", "vbroadcastss ymm14, DWORD PTR [%[x] + " off "]")    \
     ASM2("vfmadd231ps %%ymm14, %%ymm12, %%ymm" #A, "vfmadd231ps ymm" #A ", ymm12, ymm14")           \
     ASM2("vfmadd231ps %%ymm14, %%ymm13, %%ymm" #B, "vfmadd231ps ymm" #B ", ymm13, ymm14")
-#define EACH_SUM(X, op) X(op, 0) X(op, 1) X(op, 2) X(op, 3) X(op, 4) X(op, 5) X(op, 6) X(op, 7) X(op, 8) X(op, 9) X(op, 10) X(op, 11)
-static inline __attribute__((always_inline)) void six_rows_two_blocks(const uint16_t *w0, const uint16_t *w1,
-                                                                      const float *x, int pairs, __m256 *acc) {
-    if (pairs <= 0) return;
-    long left = pairs;
-    __asm__(EACH_SUM(SUM_REG, "vmovups")                                                             //
-            ASM2("vmovdqa %[high], %%ymm15", "vmovdqa ymm15, %[high]")                               //
-            "1:\n\t"                                                                                 //
-            ASM2("prefetcht0 %c[ahead](%[w0])", "prefetcht0 [%[w0] + %c[ahead]]")                    //
-            ASM2("prefetcht0 %c[ahead](%[w1])", "prefetcht0 [%[w1] + %c[ahead]]")                    //
-            ASM2("vmovdqu (%[w0]), %%ymm12", "vmovdqu ymm12, YMMWORD PTR [%[w0]]")                  //
-            ASM2("vmovdqu (%[w1]), %%ymm13", "vmovdqu ymm13, YMMWORD PTR [%[w1]]")                  //
-            ASM2("vpslld $16, %%ymm12, %%ymm12", "vpslld ymm12, ymm12, 16")                          //
-            ASM2("vpslld $16, %%ymm13, %%ymm13", "vpslld ymm13, ymm13, 16")                          //
-            ROW_FMAS(0, "0", 0, 1) ROW_FMAS(1, "8", 2, 3) ROW_FMAS(2, "16", 4, 5)                     //
-            ROW_FMAS(3, "24", 6, 7) ROW_FMAS(4, "32", 8, 9) ROW_FMAS(5, "40", 10, 11)                 //
-            ASM2("vpand (%[w0]), %%ymm15, %%ymm12", "vpand ymm12, ymm15, YMMWORD PTR [%[w0]]")      //
-            ASM2("vpand (%[w1]), %%ymm15, %%ymm13", "vpand ymm13, ymm15, YMMWORD PTR [%[w1]]")      //
-            ROW_FMAS(0, "4", 0, 1) ROW_FMAS(1, "12", 2, 3) ROW_FMAS(2, "20", 4, 5)                    //
-            ROW_FMAS(3, "28", 6, 7) ROW_FMAS(4, "36", 8, 9) ROW_FMAS(5, "44", 10, 11)                 //
-            ASM2("addq $32, %[w0]", "add %[w0], 32")                                                 //
-            ASM2("addq $32, %[w1]", "add %[w1], 32")                                                 //
-            ASM2("addq $48, %[x]", "add %[x], 48")                                                   //
-            ASM2("decq %[left]", "dec %[left]")                                                      //
-            "jnz 1b\n\t"                                                                             //
-            EACH_SUM(SUM_MEM, "vmovups")
-            : [w0] "+r"(w0), [w1] "+r"(w1), [x] "+r"(x), [left] "+r"(left), "+m"(*(__m256(*)[12])acc)
-            : [acc] "r"(acc), [high] "m"(*(const __m256i *)HIGH_HALVES), [ahead] "i"(AHEAD_BYTES)
-            : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-              "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
-}
-#undef EACH_SUM
+#define SUMS_4(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define SUMS_5(X) SUMS_4(X) X(8) X(9)
+#define SUMS_6(X) SUMS_5(X) X(10) X(11)
+#define EVENS_4 ROW_FMAS("0", 0, 1) ROW_FMAS("8", 2, 3) ROW_FMAS("16", 4, 5) ROW_FMAS("24", 6, 7)
+#define EVENS_5 EVENS_4 ROW_FMAS("32", 8, 9)
+#define EVENS_6 EVENS_5 ROW_FMAS("40", 10, 11)
+#define ODDS_4 ROW_FMAS("4", 0, 1) ROW_FMAS("12", 2, 3) ROW_FMAS("20", 4, 5) ROW_FMAS("28", 6, 7)
+#define ODDS_5 ODDS_4 ROW_FMAS("36", 8, 9)
+#define ODDS_6 ODDS_5 ROW_FMAS("44", 10, 11)
+#define ROWS_TWO_BLOCKS(M)                                                                           \
+    static inline __attribute__((always_inline)) void rows##M##_two_blocks(                         \
+        const uint16_t *w0, const uint16_t *w1, const float *x, int pairs, __m256 *acc) {            \
+        long left = pairs;                                                                           \
+        __asm__(SUMS_##M(SUM_IN) ASM2("vmovdqa %[high], %%ymm15", "vmovdqa ymm15, %[high]")          \
+                "1:\n\t"                                                                             \
+                ASM2("prefetcht0 %c[ahead](%[w0])", "prefetcht0 [%[w0] + %c[ahead]]")                \
+                ASM2("prefetcht0 %c[ahead](%[w1])", "prefetcht0 [%[w1] + %c[ahead]]")                \
+                ASM2("vmovdqu (%[w0]), %%ymm12", "vmovdqu ymm12, YMMWORD PTR [%[w0]]")              \
+                ASM2("vmovdqu (%[w1]), %%ymm13", "vmovdqu ymm13, YMMWORD PTR [%[w1]]")              \
+                ASM2("vpslld $16, %%ymm12, %%ymm12", "vpslld ymm12, ymm12, 16")                      \
+                ASM2("vpslld $16, %%ymm13, %%ymm13", "vpslld ymm13, ymm13, 16")                      \
+                EVENS_##M                                                                            \
+                ASM2("vpand (%[w0]), %%ymm15, %%ymm12", "vpand ymm12, ymm15, YMMWORD PTR [%[w0]]")  \
+                ASM2("vpand (%[w1]), %%ymm15, %%ymm13", "vpand ymm13, ymm15, YMMWORD PTR [%[w1]]")  \
+                ODDS_##M                                                                             \
+                ASM2("add $32, %[w0]", "add %[w0], 32")                                              \
+                ASM2("add $32, %[w1]", "add %[w1], 32")                                              \
+                ASM2("add $8*" #M ", %[x]", "add %[x], 8*" #M)                                      \
+                ASM2("dec %[left]", "dec %[left]")                                                   \
+                "jnz 1b\n\t" SUMS_##M(SUM_OUT)                                                       \
+                : [w0] "+r"(w0), [w1] "+r"(w1), [x] "+r"(x), [left] "+r"(left), "+m"(*(__m256(*)[2 * M])acc) \
+                : [acc] "r"(acc), [high] "m"(*(const __m256i *)HIGH_HALVES), [ahead] "i"(AHEAD_BYTES)  \
+                : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",   \
+                  "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");                      \
+    }
+ROWS_TWO_BLOCKS(4)
+ROWS_TWO_BLOCKS(5)
+ROWS_TWO_BLOCKS(6)
+#undef ROWS_TWO_BLOCKS
+#undef ODDS_6
+#undef ODDS_5
+#undef ODDS_4
+#undef EVENS_6
+#undef EVENS_5
+#undef EVENS_4
+#undef SUMS_6
+#undef SUMS_5
+#undef SUMS_4
 #undef ROW_FMAS
-#undef SUM_MEM
-#undef SUM_REG
+#undef SUM_OUT
+#undef SUM_IN
 #undef ASM2
 
 /* y[r0 + i][j[s] .. j[s] + 8) for i < M (M <= BF16_GROUP), s < S, from the packed blocks of 8
@@ -1031,9 +1011,9 @@ static inline __attribute__((always_inline)) void six_rows_two_blocks(const uint
  * stored, or added to y, with the bias; outputs past n (the packing's zeros) are not
  * written. Each row's products with a block go to NA sums (the even and odd inputs' to
  * different ones where NA = 2): M x S x NA chains of FMAs in flight, at least the 8 that keep
- * the core's two FMA units busy where they can be: 8 sums beside the S blocks' even and odd
- * weights and a row's two activations (SPLIT_PAIRS), 10 or 12 beside the S blocks' weights of
- * one parity (PHASED_PAIRS; six_rows_two_blocks). */
+ * the core's two FMA units busy where they can be: at most 8 sums beside the S blocks' even
+ * and odd weights and a row's two activations (SPLIT_PAIRS), 12 for 4 to 6 rows of 2 blocks
+ * (rowsM_two_blocks, a parity at a time). */
 static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, const uint16_t *const *ws,
                                                                 const int *j, const float *x, float *y, int r0,
                                                                 int mode, const int M, const int S, const int NA) {
@@ -1042,10 +1022,10 @@ static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, co
     for (int s = 0; s < S; s++) w[s] = ws[s];
     __m256 acc[12]; /* row i's sums with block s: acc[(i * S + s) * NA ..] */
     for (int a = 0; a < M * S * NA; a++) acc[a] = _mm256_setzero_ps();
-    if (M == 6 && S == 2 && NA == 1) {
-        six_rows_two_blocks(w[0], w[1], x, pairs, acc);
-    } else if (M * S * NA > 8) {
-        for (int p = 0; p < pairs; p++) PHASED_PAIRS(p, 0, NA - 1);
+    if (S == 2 && NA == 1 && M >= 4 && pairs > 0) {
+        if (M == 4) rows4_two_blocks(w[0], w[1], x, pairs, acc);
+        if (M == 5) rows5_two_blocks(w[0], w[1], x, pairs, acc);
+        if (M == 6) rows6_two_blocks(w[0], w[1], x, pairs, acc);
     } else {
         const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
         for (int p = 0; p < pairs; p++) SPLIT_PAIRS(p, 0, NA - 1);
