@@ -8,9 +8,13 @@
  *               weights widened (a shift, an and), 8 broadcast activations, 16 FMAs
  *   fp32        the same with the weights already fp32 (4 loads, nothing widened)
  *   dot         no broadcasts: 4 rows' activations as vectors, 1 weight load widened, 8 FMAs
+ *   rows4       decode.c's assembly loop for 4 rows x 2 blocks (rows4_two_blocks: 8 sums, a parity
+ *               at a time), 16 FMAs a pair, over 64 pairs (4 KB of weights)
+ *   rows6       the same for 6 rows (rows6_two_blocks: 12 sums), 24 FMAs a pair
  *
- *     cc -O3 -march=native -fopenmp bench/loop_shapes.c -o /tmp/loop_shapes && /tmp/loop_shapes
+ *     cc -O3 -march=native -std=gnu11 -fopenmp -w bench/loop_shapes.c -o /tmp/loop_shapes -lm && /tmp/loop_shapes
  */
+#include "../gptcli/infer/decode.c"
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,13 +110,41 @@ SHAPE(dot, 8, {
     a6 = _mm256_fmadd_ps(o, x2, a6), a7 = _mm256_fmadd_ps(o, x3, a7);
 })
 
+/* shape_rowsM(): GFLOP/s of decode.c's assembly loop for M rows x 2 blocks (rowsM_two_blocks) */
+#define ROWS_SHAPE(M)                                                                                \
+    static double shape_rows##M(void) {                                                              \
+        double best = 1e9;                                                                           \
+        float total = 0.f;                                                                           \
+        for (int round = 0; round < 5; round++) {                                                    \
+            const double t0 = now();                                                                 \
+            _Pragma("omp parallel num_threads(2) reduction(+ : total)") {                            \
+                float *restrict x = aligned_alloc(64, 64 * 48);                                      \
+                uint16_t *restrict w = aligned_alloc(64, 2 * 64 * 32);                               \
+                for (int i = 0; i < 64 * 12; i++) x[i] = 1e-3f * (i % 97);                           \
+                for (int i = 0; i < 2 * 64 * 16; i++) w[i] = f32_to_bf16(1e-3f * (i % 89));          \
+                __m256 acc[12];                                                                      \
+                for (int a = 0; a < 12; a++) acc[a] = _mm256_setzero_ps();                           \
+                for (long j = 0; j < ITERATIONS / 64; j++) rows##M##_two_blocks(w, w + 64 * 16, x, 64, acc); \
+                for (int a = 0; a < 2 * (M); a++) total += acc[a][0];                                \
+                free(x), free(w);                                                                    \
+            }                                                                                        \
+            const double t = now() - t0;                                                             \
+            best = t < best ? t : best;                                                              \
+        }                                                                                            \
+        if (total == 12345.f) puts("");                                                              \
+        return 2.0 * 2 * 8 * 4 * (M) * (ITERATIONS / 64 * 64) / best / 1e9;                         \
+    }
+ROWS_SHAPE(4)
+ROWS_SHAPE(6)
+
 int main(int argc, char **argv) {
     const struct {
         const char *name;
         double (*run)(void);
     } shapes[] = {{"peak", shape_peak}, {"broadcasts", shape_broadcasts}, {"kernel", shape_kernel},
-                  {"fp32", shape_fp32}, {"dot", shape_dot}};
-    for (int i = 0; i < 5; i++)
+                  {"fp32", shape_fp32}, {"dot", shape_dot},
+                  {"rows4", shape_rows4}, {"rows6", shape_rows6}};
+    for (int i = 0; i < 7; i++)
         if (argc < 2 || strcmp(argv[1], shapes[i].name) == 0) printf("%-10s %4.0f GFLOP/s\n", shapes[i].name, shapes[i].run());
     return 0;
 }
