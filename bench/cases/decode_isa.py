@@ -68,7 +68,7 @@ def run(args) -> list[Result]:
                     None,
                     [
                         f"{n} new tokens after 16, batch 1, the median of {args.repeats} alternating rounds; "
-                        f"{100 * bandwidth:.0f}% of the bandwidth limit beside each run (the median; "
+                        f"{100 * bandwidth:.0f}% of the bandwidth measured beside each run (the median; "
                         f"{weight_bytes(ms[kind]) / 1e6:.0f} MB of weights a token)"
                     ],
                 )

@@ -354,7 +354,8 @@ def run(args) -> list[Result]:
             met = (met if met is not None else True) and vs_bf16 >= 1.6
         notes = [
             f"{n} new tokens from a 16-token prompt, greedy, {torch.get_num_threads()} threads; "
-            f"{100 * share_beside:.0f}% of the bandwidth limit beside each run (the median), "
+            f"{100 * share_beside:.0f}% of the bandwidth measured beside each run (the median; torch's "
+            "sum over 1 GiB, which the kernel's several streams a thread can pass), "
             f"{100 * share:.0f}% of the run's highest ({bw / 1e9:.1f} GB/s, the highest of "
             f"{len(bws)} measurements beside the runs, the lowest {min(bws) / 1e9:.1f}; "
             f"{weight_bytes(models[ours_kind]) / 1e6:.0f} MB read per token)"
