@@ -902,11 +902,10 @@ static inline __attribute__((always_inline)) void f32_rows_block(const Mat *m, c
  * (PACKED_STREAMS): several streams a core read more of the memory's bandwidth than one
  * here (a 2-core Zen 3, 512 MB summed on 2 threads, the median of 40 rounds: 28.4 GB/s in
  * one stream a thread, 30.3 in 2, 32.3 in 4, 34.7 in 8), and each row's broadcast
- * activations serve the S blocks: 2 weights' and 8 activations' loads for 4 rows' 16 FMAs,
- * where a block of 8 rows took 17. Rows go 6 at a time (BF16_GROUP; int8's 4 at a time,
- * ROW_GROUP), the blocks' weights read again from the core's caches for each further 6: 12
- * sums in flight where 4 rows kept 8 (a step of 16 rows on a Zen 3: 0.97x the time of groups
- * of 4, bench/RESULTS.md). */
+ * activations serve the S blocks. Rows go 6 at a time (BF16_GROUP; int8's 4 at a time,
+ * ROW_GROUP), the blocks' weights read again from the core's caches for each further 6; 4 to
+ * 6 rows of 2 blocks in an assembly loop that keeps 12 sums in registers (rowsM_two_blocks:
+ * a step of 16 rows on a Zen 3 took 0.93x the time of groups of 4 in C, bench/RESULTS.md). */
 #define HAVE_PACKED 1
 #define ROW_GROUP 4
 #define BF16_GROUP 6
@@ -940,12 +939,16 @@ static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -655
         }                                                                                            \
     } while (0)
 
-/* SPLIT_PAIRS for M = 4, 5 or 6 rows and 2 blocks (NA = 1), over pairs [0, pairs), in assembly,
- * each pair's even inputs' products first, then the odd ones' (the weights read again from the
- * L1 cache): the registers hold 2 widened weights, not 4, so that 12 sums fit beside them, a
- * broadcast activation and the mask (row i's sums with block s in ymm(2 i + s)). Written in C,
- * GCC (12.2) spilled 1 to 3 of 6 rows' sums to the stack. The same products in the same order
- * as SPLIT_PAIRS': the same sums. Either assembler syntax. */
+/* SPLIT_PAIRS for M = 4, 5 or 6 rows and 2 blocks (NA = 1), over pairs [0, pairs), pairs >= 1,
+ * in assembly, each pair's even inputs' products first, then the odd ones' (the weights read
+ * again from the L1 cache): the registers hold 2 widened weights, not 4, so that 12 sums fit
+ * beside them, a broadcast activation and the mask (row i's sums with block s in ymm(2 i +
+ * s)). Written in C, GCC (12.2) spilled 1 to 3 of 6 rows' sums to the stack. The same products
+ * in the same order as SPLIT_PAIRS': the same sums. x86-64 only (ymm8 to ymm15); either
+ * assembler syntax (the loop's label numbered by %=, since LLVM's Intel syntax reads `1b` as a
+ * number). */
+#if defined(__x86_64__)
+#define HAVE_ROWS_TWO_BLOCKS 1
 #define ASM2(att, intel) "{" att "|" intel "}\n\t"
 #define SUM_IN(i) ASM2("vmovups " #i "*32(%[acc]), %%ymm" #i, "vmovups ymm" #i ", YMMWORD PTR [%[acc] + " #i "*32]")
 #define SUM_OUT(i) ASM2("vmovups %%ymm" #i ", " #i "*32(%[acc])", "vmovups YMMWORD PTR [%[acc] + " #i "*32], ymm" #i)
@@ -967,7 +970,7 @@ static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -655
         const uint16_t *w0, const uint16_t *w1, const float *x, int pairs, __m256 *acc) {            \
         long left = pairs;                                                                           \
         __asm__(SUMS_##M(SUM_IN) ASM2("vmovdqa %[high], %%ymm15", "vmovdqa ymm15, %[high]")          \
-                "1:\n\t"                                                                             \
+                ".Lrows%=:\n\t"                                                                      \
                 ASM2("prefetcht0 %c[ahead](%[w0])", "prefetcht0 [%[w0] + %c[ahead]]")                \
                 ASM2("prefetcht0 %c[ahead](%[w1])", "prefetcht0 [%[w1] + %c[ahead]]")                \
                 ASM2("vmovdqu (%[w0]), %%ymm12", "vmovdqu ymm12, YMMWORD PTR [%[w0]]")              \
@@ -982,7 +985,7 @@ static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -655
                 ASM2("add $32, %[w1]", "add %[w1], 32")                                              \
                 ASM2("add $8*" #M ", %[x]", "add %[x], 8*" #M)                                      \
                 ASM2("dec %[left]", "dec %[left]")                                                   \
-                "jnz 1b\n\t" SUMS_##M(SUM_OUT)                                                       \
+                "jnz .Lrows%=\n\t" SUMS_##M(SUM_OUT)                                                \
                 : [w0] "+r"(w0), [w1] "+r"(w1), [x] "+r"(x), [left] "+r"(left), "+m"(*(__m256(*)[2 * M])acc) \
                 : [acc] "r"(acc), [high] "m"(*(const __m256i *)HIGH_HALVES), [ahead] "i"(AHEAD_BYTES)  \
                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",   \
@@ -1005,6 +1008,7 @@ ROWS_TWO_BLOCKS(6)
 #undef SUM_OUT
 #undef SUM_IN
 #undef ASM2
+#endif
 
 /* y[r0 + i][j[s] .. j[s] + 8) for i < M (M <= BF16_GROUP), s < S, from the packed blocks of 8
  * outputs at w[s] and the rows' activations x, pair by pair ((k / 2, M, 2), fp32), then
@@ -1022,11 +1026,14 @@ static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, co
     for (int s = 0; s < S; s++) w[s] = ws[s];
     __m256 acc[12]; /* row i's sums with block s: acc[(i * S + s) * NA ..] */
     for (int a = 0; a < M * S * NA; a++) acc[a] = _mm256_setzero_ps();
+#ifdef HAVE_ROWS_TWO_BLOCKS
     if (S == 2 && NA == 1 && M >= 4 && pairs > 0) {
         if (M == 4) rows4_two_blocks(w[0], w[1], x, pairs, acc);
         if (M == 5) rows5_two_blocks(w[0], w[1], x, pairs, acc);
         if (M == 6) rows6_two_blocks(w[0], w[1], x, pairs, acc);
-    } else {
+    } else
+#endif
+    {
         const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
         for (int p = 0; p < pairs; p++) SPLIT_PAIRS(p, 0, NA - 1);
     }
