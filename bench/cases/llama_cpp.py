@@ -240,7 +240,9 @@ def batches(
 ) -> list[Result]:
     """Beams and a batch of 16, bf16, against this machine's limits: steps/s at which what a
     step reads (the weights, and every row's KV cache) streams at the measured bandwidth, or
-    at which the products run at the machine's peak (products_peak: FLOP/s, bf16 or fp32).
+    at which the products run at the machine's peak (products_peak: FLOP/s, bf16 or fp32),
+    both measured beside each run (the higher of just before and just after: this shared
+    machine's FMA rate moves as its bandwidth does), and against the run's highest (bw, peak).
     greedy: batch-1 steps/s in the same run, beside which a step of several rows is put (what
     the rows cost, whatever the machine's bandwidth did meanwhile)."""
     out = []
@@ -258,11 +260,19 @@ def batches(
                     pass
             return n / (time.perf_counter() - t0)
 
-        runs = [beside_bandwidth(steps_per_s) for _ in range(5)]
+        runs, peaks = [], []
+        for _ in range(5):
+            before = products_peak()[0]
+            runs.append(beside_bandwidth(steps_per_s))
+            peaks.append(max(before, products_peak()[0]))
         by_torch = torch_products(model, rows)
         kv = kv_bytes(model, rows, len(prompt), n)
-        by_flops = peak[0] / (2 * params * rows)
-        limits = [min(b / (weight_bytes(model) + kv), by_flops) for _, b in runs]  # each run's own
+        top = max(peak[0], *peaks)  # the run's highest
+        by_flops = top / (2 * params * rows)
+        limits = [  # each run's own
+            min(b / (weight_bytes(model) + kv), f / (2 * params * rows))
+            for (_, b), f in zip(runs, peaks, strict=True)
+        ]
         share = statistics.median(s / limit for (s, _), limit in zip(runs, limits, strict=True))
         steps = statistics.median(s for s, _ in runs)
         by_bw = bw / (weight_bytes(model) + kv)  # against the run's highest bandwidth
@@ -278,12 +288,13 @@ def batches(
                 [
                     f"{n} steps from the 16-token prompt, the median of 5; {steps:.1f} steps/s; "
                     f"{100 * share:.0f}% of the binding limit beside each run (the median; bandwidth "
-                    f"beside the runs {', '.join(f'{b / 1e9:.1f}' for _, b in runs)} GB/s); "
+                    f"beside the runs {', '.join(f'{b / 1e9:.1f}' for _, b in runs)} GB/s, {peak[1]} "
+                    f"matmuls {', '.join(f'{f / 1e9:.0f}' for f in peaks)} GFLOP/s); "
                     f"against the run's highest bandwidth: bandwidth limit {by_bw:.0f} steps/s "
                     f"({100 * steps / by_bw:.0f}%: {weight_bytes(model) / 1e6:.0f} MB of weights and "
                     f"{kv / 1e6:.0f} MB of KV cache a step on average; the weights alone "
                     f"{bw / weight_bytes(model):.0f} steps/s), compute limit {by_flops:.0f} "
-                    f"steps/s ({100 * steps / by_flops:.0f}%; peak {peak[0] / 1e9:.0f} GFLOP/s, {peak[1]} "
+                    f"steps/s ({100 * steps / by_flops:.0f}%; peak {top / 1e9:.0f} GFLOP/s, {peak[1]} "
                     f"matmuls); "
                     f"{steps / greedy:.2f}x the steps/s of batch-1 greedy decoding in this run "
                     f"({greedy:.1f}); "
