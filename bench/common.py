@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -195,14 +196,22 @@ def memory_bandwidth() -> float:
     return best
 
 
-def beside_bandwidth(run: Callable[[], float]) -> tuple[float, float]:
-    """run()'s result and the memory bandwidth beside it: the higher of a measurement just
-    before and one just after. This shared machine's bandwidth moves up to 2x within a
+T = TypeVar("T")
+
+
+def beside(measure: Callable[[], float], run: Callable[[], T]) -> tuple[T, float]:
+    """run()'s result and measure() beside it: the higher of a measurement just before and
+    one just after. This shared machine's bandwidth and FMA rate move up to 2x within a
     minute, so a share of a peak measured minutes away measures the neighbours as much as
     the code; each run is also put beside the run's highest measurement (both are written)."""
-    before = memory_bandwidth()
+    before = measure()
     result = run()
-    return result, max(before, memory_bandwidth())
+    return result, max(before, measure())
+
+
+def beside_bandwidth(run: Callable[[], float]) -> tuple[float, float]:
+    """run()'s result and the memory bandwidth beside it (beside)."""
+    return beside(memory_bandwidth, run)
 
 
 def ours_greedy(model: GPT, prompt: torch.Tensor, n: int, compile: bool = False) -> float:

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-#define ITERATIONS 4000000L
+#define ITERATIONS 4000000L /* (a multiple of 64) */
 
 static double now(void) {
     struct timespec t;
@@ -42,34 +42,37 @@ static double now(void) {
         a##k = _mm256_fmadd_ps(o1, xo, a##k);                                                        \
     }
 
+/* GFLOP/s of FMAS FMAs of 8 lanes an iteration, ITERATIONS iterations on each of 2 threads, the
+ * best of 5 rounds: each thread runs the rest (its loop), adding its sums into `total` */
+#define GFLOPS_OF(FMAS, ...)                                                                         \
+    double best = 1e9;                                                                               \
+    float total = 0.f;                                                                               \
+    for (int round = 0; round < 5; round++) {                                                        \
+        const double t0 = now();                                                                     \
+        _Pragma("omp parallel num_threads(2) reduction(+ : total)") { __VA_ARGS__ }                  \
+        const double t = now() - t0;                                                                 \
+        best = t < best ? t : best;                                                                  \
+    }                                                                                                \
+    if (total == 12345.f) puts(""); /* (the sums are used) */                                        \
+    return 2.0 * 2 * 8 * (FMAS) * ITERATIONS / best / 1e9;
+
 /* shape_NAME(): GFLOP/s on 2 threads of a loop whose iteration is the rest (FMAS FMAs of 8 lanes),
  * each shape a loop of its own (one loop testing the shape each iteration ran 1.2x to 1.4x slower) */
 #define SHAPE(NAME, FMAS, ...)                                                                        \
     static double shape_##NAME(void) {                                                               \
-        double best = 1e9;                                                                           \
-        float total = 0.f;                                                                           \
-        for (int round = 0; round < 5; round++) {                                                    \
-            const double t0 = now();                                                                 \
-            _Pragma("omp parallel num_threads(2) reduction(+ : total)") {                            \
-                float *restrict mem = aligned_alloc(64, 16384);                                      \
-                for (int i = 0; i < 4096; i++) mem[i] = 1e-3f * (i % 97);                            \
-                SUMS(DECLARE)                                                                        \
-                const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);                 \
-                const __m256i high = _mm256_set1_epi32((int)0xffff0000u);                            \
-                (void)b, (void)c, (void)high;                                                        \
-                for (long j = 0; j < ITERATIONS; j++) {                                              \
-                    const float *m = mem + (j & 63) * 16; /* (moves over 4 KB, as a block's do) */  \
-                    (void)m;                                                                         \
-                    __VA_ARGS__                                                                      \
-                }                                                                                    \
-                total += 0.f SUMS(ADD_UP);                                                           \
-                free(mem);                                                                           \
-            }                                                                                        \
-            const double t = now() - t0;                                                             \
-            best = t < best ? t : best;                                                              \
-        }                                                                                            \
-        if (total == 12345.f) puts(""); /* (the sums are used) */                                    \
-        return 2.0 * 2 * 8 * (FMAS) * ITERATIONS / best / 1e9;                                       \
+        GFLOPS_OF(                                                                                   \
+            FMAS, float *restrict mem = aligned_alloc(64, 16384);                                    \
+            for (int i = 0; i < 4096; i++) mem[i] = 1e-3f * (i % 97);                                \
+            SUMS(DECLARE)                                                                            \
+            const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);                     \
+            const __m256i high = _mm256_set1_epi32((int)0xffff0000u);                                \
+            (void)b, (void)c, (void)high;                                                            \
+            for (long j = 0; j < ITERATIONS; j++) {                                                  \
+                const float *m = mem + (j & 63) * 16; /* (moves over 4 KB, as a block's do) */      \
+                (void)m;                                                                             \
+                __VA_ARGS__                                                                          \
+            } total += 0.f SUMS(ADD_UP);                                                             \
+            free(mem);)                                                                              \
     }
 
 #define PEAK(i) a##i = _mm256_fmadd_ps(a##i, b, c), a##i = _mm256_fmadd_ps(a##i, c, b);
@@ -115,26 +118,17 @@ SHAPE(dot, 8, {
 #ifdef HAVE_ROWS_TWO_BLOCKS
 #define ROWS_SHAPE(M)                                                                                \
     static double shape_rows##M(void) {                                                              \
-        double best = 1e9;                                                                           \
-        float total = 0.f;                                                                           \
-        for (int round = 0; round < 5; round++) {                                                    \
-            const double t0 = now();                                                                 \
-            _Pragma("omp parallel num_threads(2) reduction(+ : total)") {                            \
-                float *restrict x = aligned_alloc(64, 64 * 48);                                      \
-                uint16_t *restrict w = aligned_alloc(64, 2 * 64 * 32);                               \
-                for (int i = 0; i < 64 * 12; i++) x[i] = 1e-3f * (i % 97);                           \
-                for (int i = 0; i < 2 * 64 * 16; i++) w[i] = f32_to_bf16(1e-3f * (i % 89));          \
-                __m256 acc[12];                                                                      \
-                for (int a = 0; a < 12; a++) acc[a] = _mm256_setzero_ps();                           \
-                for (long j = 0; j < ITERATIONS / 64; j++) rows##M##_two_blocks(w, w + 64 * 16, x, 64, acc); \
-                for (int a = 0; a < 2 * (M); a++) total += acc[a][0];                                \
-                free(x), free(w);                                                                    \
-            }                                                                                        \
-            const double t = now() - t0;                                                             \
-            best = t < best ? t : best;                                                              \
-        }                                                                                            \
-        if (total == 12345.f) puts("");                                                              \
-        return 2.0 * 2 * 8 * 4 * (M) * (ITERATIONS / 64 * 64) / best / 1e9;                         \
+        GFLOPS_OF(                                                                                   \
+            4 * (M), float *restrict x = aligned_alloc(64, 64 * 48);                                 \
+            uint16_t *restrict w = aligned_alloc(64, 2 * 64 * 32);                                   \
+            for (int i = 0; i < 64 * 12; i++) x[i] = 1e-3f * (i % 97);                               \
+            for (int i = 0; i < 2 * 64 * 16; i++) w[i] = f32_to_bf16(1e-3f * (i % 89));              \
+            __m256 acc[12];                                                                          \
+            for (int a = 0; a < 12; a++) acc[a] = _mm256_setzero_ps();                               \
+            /* (ITERATIONS pairs: 64 a call) */                                                      \
+            for (long j = 0; j < ITERATIONS / 64; j++) rows##M##_two_blocks(w, w + 64 * 16, x, 64, acc); \
+            for (int a = 0; a < 2 * (M); a++) total += acc[a][0];                                    \
+            free(x), free(w);)                                                                       \
     }
 #else
 #define ROWS_SHAPE(M)                                                                                \

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import ROOT, Result, beside_bandwidth, decoding_models, gpt2_pair, scratch
+from bench.common import ROOT, Result, beside, beside_bandwidth, decoding_models, gpt2_pair, scratch
 from gptcli.infer import kernels
 from gptcli.infer.generate import GREEDY, beam_search, cache_dtype, generate
 from gptcli.infer.quantize import weight_bytes
@@ -260,11 +260,11 @@ def batches(
                     pass
             return n / (time.perf_counter() - t0)
 
-        runs, peaks = [], []
+        runs, peaks = [], []  # (steps/s, bandwidth), FLOP/s: each beside the run
         for _ in range(5):
-            before = products_peak()[0]
-            runs.append(beside_bandwidth(steps_per_s))
-            peaks.append(max(before, products_peak()[0]))
+            run, flops = beside(lambda: products_peak()[0], lambda: beside_bandwidth(steps_per_s))
+            runs.append(run)
+            peaks.append(flops)
         by_torch = torch_products(model, rows)
         kv = kv_bytes(model, rows, len(prompt), n)
         top = max(peak[0], *peaks)  # the run's highest

@@ -912,10 +912,6 @@ static inline __attribute__((always_inline)) void f32_rows_block(const Mat *m, c
 #define PACKED_STREAMS 4 /* blocks a thread reads at once for a single row; 2 for more rows (8
                             * for one row: 1.15x to 1.25x the time of 4; 2: 1.07x to 1.18x) */
 
-/* the mask that keeps the odd inputs' weights of a pair (the high halves of 8 int32) */
-static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -65536, -65536, -65536,
-                                                                    -65536, -65536, -65536, -65536};
-
 /* row i's sums with block s (acc[(i * S + s) * NA ..]): the one at A0 += the even input's
  * weights of pair P in block s x row i's activation, the one at A1 += the odd one's, for
  * i < M, s < S: in a block function whose scope holds w[S], x, M, S, NA, high and acc */
@@ -949,6 +945,9 @@ static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -655
  * number). */
 #if defined(__x86_64__)
 #define HAVE_ROWS_TWO_BLOCKS 1
+/* the mask that keeps the odd inputs' weights of a pair (the high halves of 8 int32) */
+static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -65536, -65536, -65536,
+                                                                    -65536, -65536, -65536, -65536};
 #define ASM2(att, intel) "{" att "|" intel "}\n\t"
 #define SUM_IN(i) ASM2("vmovups " #i "*32(%[acc]), %%ymm" #i, "vmovups ymm" #i ", YMMWORD PTR [%[acc] + " #i "*32]")
 #define SUM_OUT(i) ASM2("vmovups %%ymm" #i ", " #i "*32(%[acc])", "vmovups YMMWORD PTR [%[acc] + " #i "*32], ymm" #i)
