@@ -11,6 +11,8 @@
  *   rows4       decode.c's assembly loop for 4 rows x 2 blocks (rows4_two_blocks: 8 sums, a parity
  *               at a time), 16 FMAs a pair, over 64 pairs (4 KB of weights)
  *   rows6       the same for 6 rows (rows6_two_blocks: 12 sums), 24 FMAs a pair
+ *   rows4x3     decode.c's assembly loop for 4 rows x 3 blocks (rows4_three_blocks: 12 sums, a
+ *               broadcast for 3 FMAs), 24 FMAs a pair
  *
  *     cc -O3 -march=native -std=gnu11 -fopenmp -w bench/loop_shapes.c -o /tmp/loop_shapes -lm && /tmp/loop_shapes
  */
@@ -137,14 +139,30 @@ SHAPE(dot, 8, {
 ROWS_SHAPE(4)
 ROWS_SHAPE(6)
 
+/* shape_rows4x3(): the same for decode.c's loop for 4 rows x 3 blocks (rows4_three_blocks) */
+static double shape_rows4x3(void) {
+#ifdef HAVE_ROWS_TWO_BLOCKS
+    GFLOPS_OF(
+        24, float *restrict x = aligned_alloc(64, 64 * 32); uint16_t *restrict w = aligned_alloc(64, 3 * 64 * 32);
+        for (int i = 0; i < 64 * 8; i++) x[i] = 1e-3f * (i % 97);
+        for (int i = 0; i < 3 * 64 * 16; i++) w[i] = f32_to_bf16(1e-3f * (i % 89)); __m256 acc[12];
+        for (int a = 0; a < 12; a++) acc[a] = _mm256_setzero_ps();
+        for (long j = 0; j < ITERATIONS / 64; j++) rows4_three_blocks(w, w + 64 * 16, w + 128 * 16, x, 64, acc);
+        for (int a = 0; a < 12; a++) total += acc[a][0]; free(x), free(w);)
+#else
+    return 0;
+#endif
+}
+
 int main(int argc, char **argv) {
     const struct {
         const char *name;
         double (*run)(void);
     } shapes[] = {{"peak", shape_peak}, {"broadcasts", shape_broadcasts}, {"kernel", shape_kernel},
                   {"fp32", shape_fp32}, {"dot", shape_dot},
-                  {"rows4", shape_rows4}, {"rows6", shape_rows6}};
-    for (int i = 0; i < 7; i++)
+                  {"rows4", shape_rows4}, {"rows6", shape_rows6},
+                  {"rows4x3", shape_rows4x3}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (argc < 2 || strcmp(argv[1], shapes[i].name) == 0) {
             const double rate = shapes[i].run();
             if (rate > 0) printf("%-10s %4.0f GFLOP/s\n", shapes[i].name, rate);

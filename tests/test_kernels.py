@@ -93,7 +93,8 @@ def steps_both_ways(model: GPT, rows: int, prompt_len: int, steps: int, padded: 
 
 # the products' row counts by their number of sums per row (AVX-512: 1 and 2 rows: 4; 3 to 8:
 # 2; 9 to 16: 1; AVX2's packed bf16, in groups of up to 6 rows: 1 row: 2 sums for each of 4
-# blocks; 2 rows: 2 a block; 3: 1 a block, in C; 4 to 6: 1 a block, in assembly); 9, 11, 13,
+# blocks; 2 rows: 2 a block; 3: 1 a block, in C; 4 to 6: 1 a block, in assembly, 4 rows alone
+# 3 blocks at once, the blocks left over one at a time, in C); 9, 11, 13,
 # 20 and 32 rows: a block's products in several passes (of 16, or of 6 and then 3, 5, 1 or 2)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 16, 20, 32])
 @pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])

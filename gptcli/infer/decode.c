@@ -905,12 +905,14 @@ static inline __attribute__((always_inline)) void f32_rows_block(const Mat *m, c
  * activations serve the S blocks. Rows go 6 at a time (BF16_GROUP; int8's 4 at a time,
  * ROW_GROUP), the blocks' weights read again from the core's caches for each further 6; 4 to
  * 6 rows of 2 blocks in an assembly loop that keeps 12 sums in registers (rowsM_two_blocks:
- * a step of 16 rows on a Zen 3 took 0.93x the time of groups of 4 in C, bench/RESULTS.md). */
+ * a step of 16 rows on a Zen 3 took 0.93x the time of groups of 4 in C, bench/RESULTS.md),
+ * and 4 rows alone (beams of 4) 3 blocks at once (rows4_three_blocks). */
 #define HAVE_PACKED 1
 #define ROW_GROUP 4
 #define BF16_GROUP 6
-#define PACKED_STREAMS 4 /* blocks a thread reads at once for a single row; 2 for more rows (8
-                            * for one row: 1.15x to 1.25x the time of 4; 2: 1.07x to 1.18x) */
+#define PACKED_STREAMS 4 /* blocks a thread reads at once for a single row; 3 for 4 rows, where
+                            * rows4_three_blocks is; 2 for other rows (8 for one row: 1.15x to
+                            * 1.25x the time of 4; 2: 1.07x to 1.18x) */
 
 /* row i's sums with block s (acc[(i * S + s) * NA ..]): the one at A0 += the even input's
  * weights of pair P in block s x row i's activation, the one at A1 += the odd one's, for
@@ -964,6 +966,12 @@ static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -655
 #define ODDS_4 ROW_FMAS("4", 0, 1) ROW_FMAS("12", 2, 3) ROW_FMAS("20", 4, 5) ROW_FMAS("28", 6, 7)
 #define ODDS_5 ODDS_4 ROW_FMAS("36", 8, 9)
 #define ODDS_6 ODDS_5 ROW_FMAS("44", 10, 11)
+/* the same for 3 blocks (weights in ymm12 to ymm14, the broadcast in ymm15) */
+#define ROW_FMAS3(off, A, B, C)                                                                      \
+    ASM2("vbroadcastss " off "(%[x]), %%ymm15", "vbroadcastss ymm15, DWORD PTR [%[x] + " off "]")    \
+    ASM2("vfmadd231ps %%ymm15, %%ymm12, %%ymm" #A, "vfmadd231ps ymm" #A ", ymm12, ymm15")           \
+    ASM2("vfmadd231ps %%ymm15, %%ymm13, %%ymm" #B, "vfmadd231ps ymm" #B ", ymm13, ymm15")           \
+    ASM2("vfmadd231ps %%ymm15, %%ymm14, %%ymm" #C, "vfmadd231ps ymm" #C ", ymm14, ymm15")
 #define ROWS_TWO_BLOCKS(M)                                                                           \
     static inline __attribute__((always_inline)) void rows##M##_two_blocks(                         \
         const uint16_t *w0, const uint16_t *w1, const float *x, int pairs, __m256 *acc) {            \
@@ -994,6 +1002,43 @@ ROWS_TWO_BLOCKS(4)
 ROWS_TWO_BLOCKS(5)
 ROWS_TWO_BLOCKS(6)
 #undef ROWS_TWO_BLOCKS
+/* WEIGHTS(load) for 3 blocks: the pair's 32 bytes of each into ymm12 to ymm14 */
+#define WEIGHTS3(load)                                                                               \
+    load(w0, 12) load(w1, 13) load(w2, 14)
+#define EVEN_OF(w, r)                                                                                \
+    ASM2("vmovdqu (%[" #w "]), %%ymm" #r, "vmovdqu ymm" #r ", YMMWORD PTR [%[" #w "]]")             \
+    ASM2("vpslld $16, %%ymm" #r ", %%ymm" #r, "vpslld ymm" #r ", ymm" #r ", 16")
+#define ODD_OF(w, r)                                                                                 \
+    ASM2("vmovdqu (%[" #w "]), %%ymm" #r, "vmovdqu ymm" #r ", YMMWORD PTR [%[" #w "]]")             \
+    ASM2("vpand %[high], %%ymm" #r ", %%ymm" #r, "vpand ymm" #r ", ymm" #r ", %[high]")
+#define ASK(w, r) ASM2("prefetcht0 %c[ahead](%[" #w "])", "prefetcht0 [%[" #w "] + %c[ahead]]")
+/* SPLIT_PAIRS for 4 rows and 3 blocks (NA = 1), as rowsM_two_blocks: 12 sums (row i's with
+ * block s in ymm(3 i + s)) beside the 3 blocks' widened weights and a broadcast activation,
+ * the mask read from memory. A broadcast serves 3 products, not 2: in the L1 cache on a Zen 3
+ * this loop ran at 1.10x the rate of rows4_two_blocks (bench/RESULTS.md), and a thread reads
+ * 3 streams of weights. */
+static inline __attribute__((always_inline)) void rows4_three_blocks(const uint16_t *w0, const uint16_t *w1,
+                                                                     const uint16_t *w2, const float *x, int pairs,
+                                                                     __m256 *acc) {
+    long left = pairs;
+    __asm__(SUMS_6(SUM_IN) ".Lrows%=:\n\t" WEIGHTS3(ASK) WEIGHTS3(EVEN_OF)                              //
+            ROW_FMAS3("0", 0, 1, 2) ROW_FMAS3("8", 3, 4, 5) ROW_FMAS3("16", 6, 7, 8) ROW_FMAS3("24", 9, 10, 11) //
+            WEIGHTS3(ODD_OF)                                                                             //
+            ROW_FMAS3("4", 0, 1, 2) ROW_FMAS3("12", 3, 4, 5) ROW_FMAS3("20", 6, 7, 8) ROW_FMAS3("28", 9, 10, 11) //
+            ASM2("add $32, %[w0]", "add %[w0], 32") ASM2("add $32, %[w1]", "add %[w1], 32")               //
+            ASM2("add $32, %[w2]", "add %[w2], 32") ASM2("add $32, %[x]", "add %[x], 32")                 //
+            ASM2("dec %[left]", "dec %[left]") "jnz .Lrows%=\n\t" SUMS_6(SUM_OUT)                     //
+            : [w0] "+r"(w0), [w1] "+r"(w1), [w2] "+r"(w2), [x] "+r"(x), [left] "+r"(left),
+              "+m"(*(__m256(*)[12])acc)
+            : [acc] "r"(acc), [high] "m"(*(const __m256i *)HIGH_HALVES), [ahead] "i"(AHEAD_BYTES)
+            : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+              "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+}
+#undef ASK
+#undef ODD_OF
+#undef EVEN_OF
+#undef WEIGHTS3
+#undef ROW_FMAS3
 #undef ODDS_6
 #undef ODDS_5
 #undef ODDS_4
@@ -1007,6 +1052,9 @@ ROWS_TWO_BLOCKS(6)
 #undef SUM_OUT
 #undef SUM_IN
 #undef ASM2
+#define FOUR_ROWS_STREAMS 3 /* (rows4_three_blocks) */
+#else
+#define FOUR_ROWS_STREAMS 2
 #endif
 
 /* y[r0 + i][j[s] .. j[s] + 8) for i < M (M <= BF16_GROUP), s < S, from the packed blocks of 8
@@ -1030,6 +1078,8 @@ static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, co
         if (M == 4) rows4_two_blocks(w[0], w[1], x, pairs, acc);
         if (M == 5) rows5_two_blocks(w[0], w[1], x, pairs, acc);
         if (M == 6) rows6_two_blocks(w[0], w[1], x, pairs, acc);
+    } else if (S == 3 && NA == 1 && M == 4 && pairs > 0) {
+        rows4_three_blocks(w[0], w[1], w[2], x, pairs, acc);
     } else
 #endif
     {
@@ -1067,7 +1117,7 @@ static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, co
         case 1: ONE_OR_TWO_STREAMS(S, BLOCKS, 1, 2); break;                                          \
         case 2: ONE_OR_TWO_STREAMS(S, BLOCKS, 2, 2); break;                                          \
         case 3: ONE_OR_TWO_STREAMS(S, BLOCKS, 3, 1); break;                                          \
-        case 4: ONE_OR_TWO_STREAMS(S, BLOCKS, 4, 1); break;                                          \
+        case 4: (S) == 3 ? BLOCKS(4, 3, 1) : ONE_OR_TWO_STREAMS(S, BLOCKS, 4, 1); break;              \
         case 5: ONE_OR_TWO_STREAMS(S, BLOCKS, 5, 1); break;                                          \
         default: ONE_OR_TWO_STREAMS(S, BLOCKS, 6, 1); break;                                         \
         }                                                                                            \
@@ -1095,7 +1145,7 @@ static void packed_bf16(const Mat *m, const uint16_t *xb, float *y, int rows, in
     const int k = m->k;
     const float *xt = (const float *)xb;
     const int blocks = (hi - lo + PACK_BF16 - 1) / PACK_BF16;
-    const int S = rows == 1 ? PACKED_STREAMS : 2, part = blocks / S;
+    const int S = rows == 1 ? PACKED_STREAMS : rows == 4 ? FOUR_ROWS_STREAMS : 2, part = blocks / S;
     const uint16_t *base = (const uint16_t *)m->packed;
     for (int b = 0; b < part; b++) {
         const uint16_t *w[PACKED_STREAMS];
