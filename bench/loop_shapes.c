@@ -117,7 +117,7 @@ SHAPE(dot, 8, {
 
 /* shape_rowsM(): GFLOP/s of decode.c's assembly loop for M rows x 2 blocks (rowsM_two_blocks),
  * which a build for AVX2 without AVX-512 on x86-64 has (0 elsewhere) */
-#ifdef HAVE_ROWS_TWO_BLOCKS
+#ifdef HAVE_ROWS_ASM
 #define ROWS_SHAPE(M)                                                                                \
     static double shape_rows##M(void) {                                                              \
         GFLOPS_OF(                                                                                   \
@@ -141,7 +141,7 @@ ROWS_SHAPE(6)
 
 /* shape_rows4x3(): the same for decode.c's loop for 4 rows x 3 blocks (rows4_three_blocks) */
 static double shape_rows4x3(void) {
-#ifdef HAVE_ROWS_TWO_BLOCKS
+#ifdef HAVE_ROWS_ASM
     GFLOPS_OF(
         24, float *restrict x = aligned_alloc(64, 64 * 32); uint16_t *restrict w = aligned_alloc(64, 3 * 64 * 32);
         for (int i = 0; i < 64 * 8; i++) x[i] = 1e-3f * (i % 97);

@@ -946,7 +946,7 @@ static inline __attribute__((always_inline)) void f32_rows_block(const Mat *m, c
  * assembler syntax (the loop's label numbered by %=, since LLVM's Intel syntax reads `1b` as a
  * number). */
 #if defined(__x86_64__)
-#define HAVE_ROWS_TWO_BLOCKS 1
+#define HAVE_ROWS_ASM 1 /* (rowsM_two_blocks, rows4_three_blocks) */
 /* the mask that keeps the odd inputs' weights of a pair (the high halves of 8 int32) */
 static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -65536, -65536, -65536,
                                                                     -65536, -65536, -65536, -65536};
@@ -1012,11 +1012,12 @@ ROWS_TWO_BLOCKS(6)
     ASM2("vmovdqu (%[" #w "]), %%ymm" #r, "vmovdqu ymm" #r ", YMMWORD PTR [%[" #w "]]")             \
     ASM2("vpand %[high], %%ymm" #r ", %%ymm" #r, "vpand ymm" #r ", ymm" #r ", %[high]")
 #define ASK(w, r) ASM2("prefetcht0 %c[ahead](%[" #w "])", "prefetcht0 [%[" #w "] + %c[ahead]]")
-/* SPLIT_PAIRS for 4 rows and 3 blocks (NA = 1), as rowsM_two_blocks: 12 sums (row i's with
- * block s in ymm(3 i + s)) beside the 3 blocks' widened weights and a broadcast activation,
- * the mask read from memory. A broadcast serves 3 products, not 2: in the L1 cache on a Zen 3
- * this loop ran at 1.10x the rate of rows4_two_blocks (bench/RESULTS.md), and a thread reads
- * 3 streams of weights. */
+/* SPLIT_PAIRS for 4 rows and 3 blocks (NA = 1), over pairs [0, pairs), pairs >= 1, as
+ * rowsM_two_blocks: 12 sums (row i's with block s in ymm(3 i + s)) beside the 3 blocks' widened
+ * weights and a broadcast activation, the mask read from memory. A broadcast serves 3
+ * products, not 2: in the L1 cache on a Zen 3 this loop ran at 1.07x the rate of
+ * rows4_two_blocks (bench/loop_shapes.c, bench/RESULTS.md), and a thread reads 3 streams of
+ * weights. */
 static inline __attribute__((always_inline)) void rows4_three_blocks(const uint16_t *w0, const uint16_t *w1,
                                                                      const uint16_t *w2, const float *x, int pairs,
                                                                      __m256 *acc) {
@@ -1064,7 +1065,7 @@ static inline __attribute__((always_inline)) void rows4_three_blocks(const uint1
  * different ones where NA = 2): M x S x NA chains of FMAs in flight, at least the 8 that keep
  * the core's two FMA units busy where they can be: at most 8 sums beside the S blocks' even
  * and odd weights and a row's two activations (SPLIT_PAIRS), 12 for 4 to 6 rows of 2 blocks
- * (rowsM_two_blocks, a parity at a time). */
+ * (rowsM_two_blocks, a parity at a time) and for 4 rows of 3 blocks (rows4_three_blocks). */
 static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, const uint16_t *const *ws,
                                                                 const int *j, const float *x, float *y, int r0,
                                                                 int mode, const int M, const int S, const int NA) {
@@ -1073,7 +1074,7 @@ static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, co
     for (int s = 0; s < S; s++) w[s] = ws[s];
     __m256 acc[12]; /* row i's sums with block s: acc[(i * S + s) * NA ..] */
     for (int a = 0; a < M * S * NA; a++) acc[a] = _mm256_setzero_ps();
-#ifdef HAVE_ROWS_TWO_BLOCKS
+#ifdef HAVE_ROWS_ASM
     if (S == 2 && NA == 1 && M >= 4 && pairs > 0) {
         if (M == 4) rows4_two_blocks(w[0], w[1], x, pairs, acc);
         if (M == 5) rows5_two_blocks(w[0], w[1], x, pairs, acc);
@@ -1104,7 +1105,7 @@ static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, co
 }
 
 /* BLOCKS(M, S, NA) for the rows r .. r + M of a product, M = min(rows - r, BF16_GROUP), with S
- * streams (1, 2 or 4: 4 for a single row) and M x S x NA <= 12 sums. NA depends on M alone, so
+ * streams (1, 2, 3 or 4: 4 for a single row, 3 for 4 rows alone) and M x S x NA <= 12 sums. NA depends on M alone, so
  * that an output's sum is the same whichever S reads its block (the blocks left over, read
  * one at a time, depend on the threads' shares). */
 #define FOR_BF16_GROUPS(rows, r, S, BLOCKS)                                                          \
