@@ -1105,9 +1105,9 @@ static inline __attribute__((always_inline)) void packed_blocks(const Mat *m, co
 }
 
 /* BLOCKS(M, S, NA) for the rows r .. r + M of a product, M = min(rows - r, BF16_GROUP), with S
- * streams (1, 2, 3 or 4: 4 for a single row, 3 for 4 rows alone) and M x S x NA <= 12 sums. NA depends on M alone, so
- * that an output's sum is the same whichever S reads its block (the blocks left over, read
- * one at a time, depend on the threads' shares). */
+ * streams (1, 2, 3 or 4: 4 for a single row, 3 for 4 rows alone) and M x S x NA <= 12 sums.
+ * NA depends on M alone, so that an output's sum is the same whichever S reads its block (the
+ * blocks left over, read one at a time, depend on the threads' shares). */
 #define FOR_BF16_GROUPS(rows, r, S, BLOCKS)                                                          \
     do {                                                                                             \
         if ((S) == 4) { /* a single row */                                                           \
