@@ -115,44 +115,31 @@ SHAPE(dot, 8, {
     a6 = _mm256_fmadd_ps(o, x2, a6), a7 = _mm256_fmadd_ps(o, x3, a7);
 })
 
-/* shape_rowsM(): GFLOP/s of decode.c's assembly loop for M rows x 2 blocks (rowsM_two_blocks),
- * which a build for AVX2 without AVX-512 on x86-64 has (0 elsewhere) */
+/* shape_NAME(): GFLOP/s of one of decode.c's assembly loops, M rows x B blocks over 64 pairs a
+ * call (CALL, on x, w and acc), which a build for AVX2 without AVX-512 on x86-64 has (0
+ * elsewhere) */
 #ifdef HAVE_ROWS_ASM
-#define ROWS_SHAPE(M)                                                                                \
-    static double shape_rows##M(void) {                                                              \
+#define ASM_SHAPE(NAME, M, B, CALL)                                                                  \
+    static double shape_##NAME(void) {                                                               \
         GFLOPS_OF(                                                                                   \
-            4 * (M), float *restrict x = aligned_alloc(64, 64 * 48);                                 \
-            uint16_t *restrict w = aligned_alloc(64, 2 * 64 * 32);                                   \
-            for (int i = 0; i < 64 * 12; i++) x[i] = 1e-3f * (i % 97);                               \
-            for (int i = 0; i < 2 * 64 * 16; i++) w[i] = f32_to_bf16(1e-3f * (i % 89));              \
+            2 * (M) * (B), float *restrict x = aligned_alloc(64, 64 * (M) * 8);                      \
+            uint16_t *restrict w = aligned_alloc(64, (B) * 64 * 32);                                 \
+            for (int i = 0; i < 64 * (M) * 2; i++) x[i] = 1e-3f * (i % 97);                          \
+            for (int i = 0; i < (B) * 64 * 16; i++) w[i] = f32_to_bf16(1e-3f * (i % 89));            \
             __m256 acc[12];                                                                          \
             for (int a = 0; a < 12; a++) acc[a] = _mm256_setzero_ps();                               \
             /* (ITERATIONS pairs: 64 a call) */                                                      \
-            for (long j = 0; j < ITERATIONS / 64; j++) rows##M##_two_blocks(w, w + 64 * 16, x, 64, acc); \
-            for (int a = 0; a < 2 * (M); a++) total += acc[a][0];                                    \
+            for (long j = 0; j < ITERATIONS / 64; j++) CALL;                                         \
+            for (int a = 0; a < (M) * (B); a++) total += acc[a][0];                                  \
             free(x), free(w);)                                                                       \
     }
 #else
-#define ROWS_SHAPE(M)                                                                                \
-    static double shape_rows##M(void) { return 0; }
+#define ASM_SHAPE(NAME, M, B, CALL)                                                                  \
+    static double shape_##NAME(void) { return 0; }
 #endif
-ROWS_SHAPE(4)
-ROWS_SHAPE(6)
-
-/* shape_rows4x3(): the same for decode.c's loop for 4 rows x 3 blocks (rows4_three_blocks) */
-static double shape_rows4x3(void) {
-#ifdef HAVE_ROWS_ASM
-    GFLOPS_OF(
-        24, float *restrict x = aligned_alloc(64, 64 * 32); uint16_t *restrict w = aligned_alloc(64, 3 * 64 * 32);
-        for (int i = 0; i < 64 * 8; i++) x[i] = 1e-3f * (i % 97);
-        for (int i = 0; i < 3 * 64 * 16; i++) w[i] = f32_to_bf16(1e-3f * (i % 89)); __m256 acc[12];
-        for (int a = 0; a < 12; a++) acc[a] = _mm256_setzero_ps();
-        for (long j = 0; j < ITERATIONS / 64; j++) rows4_three_blocks(w, w + 64 * 16, w + 128 * 16, x, 64, acc);
-        for (int a = 0; a < 12; a++) total += acc[a][0]; free(x), free(w);)
-#else
-    return 0;
-#endif
-}
+ASM_SHAPE(rows4, 4, 2, rows4_two_blocks(w, w + 64 * 16, x, 64, acc))
+ASM_SHAPE(rows6, 6, 2, rows6_two_blocks(w, w + 64 * 16, x, 64, acc))
+ASM_SHAPE(rows4x3, 4, 3, rows4_three_blocks(w, w + 64 * 16, w + 128 * 16, x, 64, acc))
 
 int main(int argc, char **argv) {
     const struct {

@@ -972,14 +972,15 @@ static const int32_t HIGH_HALVES[8] __attribute__((aligned(32))) = {-65536, -655
     ASM2("vfmadd231ps %%ymm15, %%ymm12, %%ymm" #A, "vfmadd231ps ymm" #A ", ymm12, ymm15")           \
     ASM2("vfmadd231ps %%ymm15, %%ymm13, %%ymm" #B, "vfmadd231ps ymm" #B ", ymm13, ymm15")           \
     ASM2("vfmadd231ps %%ymm15, %%ymm14, %%ymm" #C, "vfmadd231ps ymm" #C ", ymm14, ymm15")
+/* ask for the weights AHEAD_BYTES past pointer operand w (r: unused, as WEIGHTS3 passes it) */
+#define ASK(w, r) ASM2("prefetcht0 %c[ahead](%[" #w "])", "prefetcht0 [%[" #w "] + %c[ahead]]")
 #define ROWS_TWO_BLOCKS(M)                                                                           \
     static inline __attribute__((always_inline)) void rows##M##_two_blocks(                         \
         const uint16_t *w0, const uint16_t *w1, const float *x, int pairs, __m256 *acc) {            \
         long left = pairs;                                                                           \
         __asm__(SUMS_##M(SUM_IN) ASM2("vmovdqa %[high], %%ymm15", "vmovdqa ymm15, %[high]")          \
                 ".Lrows%=:\n\t"                                                                      \
-                ASM2("prefetcht0 %c[ahead](%[w0])", "prefetcht0 [%[w0] + %c[ahead]]")                \
-                ASM2("prefetcht0 %c[ahead](%[w1])", "prefetcht0 [%[w1] + %c[ahead]]")                \
+                ASK(w0, 12) ASK(w1, 13)                                                              \
                 ASM2("vmovdqu (%[w0]), %%ymm12", "vmovdqu ymm12, YMMWORD PTR [%[w0]]")              \
                 ASM2("vmovdqu (%[w1]), %%ymm13", "vmovdqu ymm13, YMMWORD PTR [%[w1]]")              \
                 ASM2("vpslld $16, %%ymm12, %%ymm12", "vpslld ymm12, ymm12, 16")                      \
@@ -1011,7 +1012,6 @@ ROWS_TWO_BLOCKS(6)
 #define ODD_OF(w, r)                                                                                 \
     ASM2("vmovdqu (%[" #w "]), %%ymm" #r, "vmovdqu ymm" #r ", YMMWORD PTR [%[" #w "]]")             \
     ASM2("vpand %[high], %%ymm" #r ", %%ymm" #r, "vpand ymm" #r ", ymm" #r ", %[high]")
-#define ASK(w, r) ASM2("prefetcht0 %c[ahead](%[" #w "])", "prefetcht0 [%[" #w "] + %c[ahead]]")
 /* SPLIT_PAIRS for 4 rows and 3 blocks (NA = 1), over pairs [0, pairs), pairs >= 1, as
  * rowsM_two_blocks: 12 sums (row i's with block s in ymm(3 i + s)) beside the 3 blocks' widened
  * weights and a broadcast activation, the mask read from memory. A broadcast serves 3
