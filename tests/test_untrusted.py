@@ -166,14 +166,55 @@ def test_inspect_attn_save_replaces_only_with_force(trained, tmp_path, outside):
     assert digest(outside) == before and not link.is_symlink()
 
 
+def contents(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.parametrize("into", ["run", "best", "best/sub"])
 def test_export_never_writes_into_a_run_or_checkpoint(trained, tmp_path, into):
     run_dir = tmp_path / "R"
     shutil.copytree(trained, run_dir)
     target = run_dir if into == "run" else run_dir / into
-    before = sorted(p.name for p in run_dir.rglob("*"))
-    assert_usage_error(run("export", trained, target, "--force"), "is a gptcli run or checkpoint")
-    assert sorted(p.name for p in run_dir.rglob("*")) == before
+    before = contents(run_dir)
+    inside = f"is inside the gptcli run or checkpoint {run_dir / 'best'}"
+    said = inside if into == "best/sub" else "is a gptcli run or checkpoint"
+    assert_usage_error(run("export", trained, target, "--force"), said)
+    assert contents(run_dir) == before
+
+
+@pytest.mark.parametrize("name", ["best/model.safetensors", "best/model.gguf", "config.yaml", "R.gguf"])
+def test_a_gguf_export_never_goes_into_a_run_even_forced(trained, tmp_path, name):
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    before = contents(run_dir)
+    args = ("--to", "gguf", "--force")
+    assert_usage_error(run("export", run_dir, run_dir / name, *args), "write the .gguf file outside it")
+    assert contents(run_dir) == before
+    assert run("sample", "--ckpt", run_dir, "-n", "2").exit_code == 0
+
+
+def test_save_never_replaces_a_checkpoints_files(trained, tmp_path):
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    before = contents(run_dir)
+    for name in ("best/checkpoint.json", "last/new.html"):
+        result = run("inspect-lens", "The fox", "--ckpt", run_dir, "--save", run_dir / name, "--force")
+        assert_usage_error(result, f"is inside the gptcli checkpoint {run_dir / name.split('/')[0]}")
+    assert contents(run_dir) == before
+    # beside the checkpoints, in the run's own directory, a figure may go
+    assert run("inspect-lens", "The fox", "--ckpt", run_dir, "--save", run_dir / "lens.json").exit_code == 0
+    assert json.loads((run_dir / "lens.json").read_text())
+
+
+def test_tokenize_never_writes_into_a_checkpoint(trained, tmp_path):
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    make_corpus(tmp_path / "c.txt")
+    before = contents(run_dir)
+    for name in ("best", "last/tokens"):
+        result = run("tokenize", tmp_path / "c.txt", "--out", run_dir / name, "--force")
+        assert_usage_error(result, "gptcli checkpoint", "tokenize into a directory of its own")
+    assert contents(run_dir) == before
 
 
 def test_tokenize_force_replaces_a_planted_link_not_its_target(tmp_path, outside):

@@ -59,7 +59,9 @@ def check_save(save: Path | None, force: bool) -> None:
     if save.suffix.lower() not in SAVE_FORMATS:
         raise UsageError(f"--save {save}: use a .json, .png or .html file name")
     from gptcli import files
+    from gptcli.store.checkpoint import refuse_inside_checkpoints
 
+    refuse_inside_checkpoints(save, "save it outside the checkpoint", runs_too=False)
     files.check_writable(save, replace=force)
 
 

@@ -31,10 +31,9 @@ def export(s: ExportSettings) -> None:
     from gptcli.store.hf import export_hf
 
     ckpt, out, base = s.ckpt, s.out, s.base
-    from gptcli.store.checkpoint import holds_checkpoints
+    from gptcli.store.checkpoint import refuse_inside_checkpoints
 
-    if holds_checkpoints(out):
-        raise UsageError(f"{out} is a gptcli run or checkpoint; export into a directory of its own")
+    refuse_inside_checkpoints(out, "export into a directory of its own")
     if out.is_symlink():  # (written through, it would put the files wherever the link points)
         raise UsageError(f"{out} is a symbolic link; export into a directory of its own")
     files.check_under_directories(out)  # (notes.txt/x)
@@ -67,10 +66,12 @@ def _warn_head(loaded: Any) -> None:
 def _export_gguf(s: ExportSettings) -> None:
     """--to gguf: one file, written atomically; an existing one only with --force."""
     from gptcli.store import loading
+    from gptcli.store.checkpoint import refuse_inside_checkpoints
     from gptcli.store.gguf import export_gguf
 
     if s.adapters_only:
         raise UsageError("--adapters-only writes PEFT's adapters; a GGUF file holds the merged model")
+    refuse_inside_checkpoints(s.out, "write the .gguf file outside it")
     files.check_writable(s.out, replace=s.force)
     loaded = loading.load(s.ckpt, base=s.base)  # a LoRA run: merged into its base
     _warn_head(loaded)

@@ -528,7 +528,7 @@ class ExportSettings(Settings):
         choices=("f32", "f16", "bf16", "q8_0"),
         flag="--outtype",
         help="--to gguf: the weights' type (q8_0: 8-bit blocks, a quarter of f32's size)",
-        shown="the checkpoint's: f32, or bf16 for bf16 weights",
+        shown="the checkpoint's: f32, bf16 for bf16 weights, a .gguf source's own type",
     )
     adapters_only: bool = knob(
         False,

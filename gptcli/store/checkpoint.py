@@ -191,16 +191,33 @@ def is_checkpoint_dir(path: Path) -> bool:
     return (path / META_FILE).is_file()
 
 
-def holds_checkpoints(path: Path) -> bool:
-    """Whether path is a gptcli checkpoint or run directory (or inside one), which other
-    tools must not write into."""
+def checkpoints_at(path: Path) -> Path | None:
+    """The gptcli checkpoint or run directory that path is or lies in (up to two levels
+    down), which exports must not write into; None where there is none."""
     path = Path(path)
     for p in (path, *path.parents[:2]):
         if is_checkpoint_dir(p) or any(checkpoint_in(p, name) for name in (BEST, LAST)):
-            return True
+            return p
         if (p / "metrics.jsonl").is_file() and (p / "config.yaml").is_file():
-            return True
-    return False
+            return p
+    return None
+
+
+def refuse_inside_checkpoints(path: Path, advice: str, runs_too: bool = True) -> None:
+    """Refuse a path to write that is or lies in a gptcli run or checkpoint directory
+    (runs_too False: in a checkpoint directory only, whose files are the checkpoint's and are
+    replaced with it), --force or not: writing there could replace the very files a run
+    needs. advice: what to do instead."""
+    path = Path(path)
+    if runs_too:
+        found, what = checkpoints_at(path), "gptcli run or checkpoint"
+    else:
+        found = next((p for p in (path, *path.parents[:2]) if is_checkpoint_dir(p)), None)
+        what = "gptcli checkpoint"
+    if found is None:
+        return
+    where = f"is a {what}" if path == found else f"is inside the {what} {found}"
+    raise UsageError(f"{path} {where}; {advice}")
 
 
 def checkpoint_in(run_dir: Path, name: str) -> Path | None:
