@@ -30,6 +30,8 @@ def ws(tmp_path_factory, trained) -> Path:
     (w / "heads.yaml").write_text("model:\n  n_embd: 100\n  n_head: 6\n")
     (w / "notes.txt").write_text("not a checkpoint")
     (w / "emptydir").mkdir()
+    (w / "hf-no-weights").mkdir()
+    (w / "hf-no-weights" / "config.json").write_text('{"model_type": "gpt2"}')
     (w / "to-emptydir").symlink_to("emptydir")
     (w / "dangling").symlink_to("nowhere")
 
@@ -109,6 +111,8 @@ CASES = [
     ("beams zero", ["beam", "The", "--ckpt", "{trained}", "--beams", "0"], "--beams must be >= 1"),
     ("ckpt missing", ["sample", "--ckpt", "nowhere"], "--ckpt nowhere: no such file or directory"),
     ("ckpt not a run", ["sample", "--ckpt", "emptydir"], "is not a gptcli run or checkpoint"),
+    ("ckpt HF without weights", ["sample", "--ckpt", "hf-no-weights"],
+     "has a Hugging Face config.json but no weights beside it (model.safetensors or pytorch_model.bin)"),
     ("ckpt is a file", ["beam", "x", "--ckpt", "notes.txt"], "notes.txt is a file, not a gptcli run or checkpoint"),
     ("ckpt is a device", ["sample", "--ckpt", "/dev/zero"], "/dev/zero is a character device, not a gptcli run"),
     ("ckpt truncated", ["sample", "--ckpt", "ckpt-truncated"], "model.safetensors is corrupted"),
