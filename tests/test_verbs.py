@@ -77,3 +77,25 @@ def test_a_settings_range_is_checked_once_with_the_flags_name():
 
     assert_usage_error(run("sample", "--temp", "-1"), "--temp must be >= 0, got -1.0")
     assert_usage_error(run("beam", "x", "--beams", "0"), "--beams must be >= 1, got 0")
+
+
+def test_an_example_too_wide_for_the_terminal_has_its_note_under_it_not_wrapped():
+    import os
+    import subprocess
+    import sys
+
+    from gptcli.cli.declare import fit_examples
+
+    doc = "Do it.\n\n    gptcli x --long-flag value      what it does\n    gptcli y  short"
+    assert fit_examples(doc, 40).splitlines()[2:] == [
+        "    gptcli x --long-flag value",
+        "        what it does",
+        "    gptcli y  short",
+    ]
+    assert fit_examples(doc, 120) == doc
+    # the width is the terminal's when the verbs are declared: a process of its own
+    env = {**os.environ, "COLUMNS": "80"}
+    args = [sys.executable, "-m", "gptcli", "sample", "--help"]
+    shown = subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout.splitlines()
+    assert "newest run, start of a document" in [line.strip() for line in shown]
+    assert max(len(line) for line in shown) <= 80

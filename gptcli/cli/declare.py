@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
+import shutil
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -105,6 +107,22 @@ def override_parameters(group: Overrides) -> list[inspect.Parameter]:
     return out
 
 
+def fit_examples(doc: str, columns: int) -> str:
+    """A verb's docstring for --help on a terminal of `columns`: an example line (gptcli ...,
+    then a note after 2 spaces or more) that would not fit goes on two, the note under the
+    command, rather than wrapped in the middle of either."""
+    lines = []
+    for line in doc.splitlines():
+        bare = line.strip()
+        command, _, note = [*re.split(r"(\s{2,})", bare, maxsplit=1), "", ""][:3]
+        if bare.startswith("gptcli ") and note and len(bare) > columns - 4:
+            indent = line[: len(line) - len(line.lstrip())]
+            lines += [indent + command, indent + "    " + note]
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def command(
     settings: type, run: Callable[..., None], overrides: Sequence[Overrides] = ()
 ) -> Callable[..., None]:
@@ -132,6 +150,7 @@ def command(
                     given.setdefault(group.section, {})[f.name] = kwargs[f.name]
         return run(chosen, given)
 
+    verb.__doc__ = fit_examples(run.__doc__ or "", shutil.get_terminal_size().columns)
     verb.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     verb.__annotations__ = {p.name: p.annotation for p in params}
     del verb.__wrapped__  # Typer reads the signature above, not run's

@@ -49,12 +49,12 @@ FINETUNE_OVERRIDES = (
 def finetune(s: FinetuneVerbSettings, flags: dict[str, dict[str, Any]]) -> None:
     """Finetune a model: domain text, classification, multiple choice or instructions.
 
-    gptcli finetune --ckpt runs/demo more_stories.txt                    continue next-token training
-    gptcli finetune --ckpt runs/demo reviews.jsonl --task classify      {"text": ..., "label": ...}
-    gptcli finetune --ckpt gpt2 pairs.csv --task classify --both-orders  text_a,text_b,label
-    gptcli finetune --ckpt runs/demo stories.jsonl --task choice         {"context", "choices", "label"}
-    gptcli finetune --ckpt runs/demo qa.jsonl --task sft                 {"prompt", "completion"}
-    gptcli finetune --ckpt gpt2-medium qa.jsonl --task sft --lora-rank 8  adapters only, base frozen
+    gptcli finetune --ckpt runs/demo more_stories.txt                      continue next-token training
+    gptcli finetune --ckpt runs/demo reviews.jsonl --task classify         {"text": ..., "label": ...}
+    gptcli finetune --ckpt gpt2 pairs.csv --task classify --both-orders    text_a,text_b,label
+    gptcli finetune --ckpt runs/demo stories.jsonl --task choice           {"context", "choices", "label"}
+    gptcli finetune --ckpt runs/demo qa.jsonl --task sft                   {"prompt", "completion"}
+    gptcli finetune --ckpt gpt2-medium qa.jsonl --task sft --lora-rank 8   adapters only, base frozen
     """
     from gptcli.train.recipes import finetune_trainer, resume_finetuning
 
