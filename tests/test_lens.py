@@ -92,6 +92,10 @@ def test_json_is_layers_by_positions_by_top_k(trained):
     assert [c["id"] for c in data["lens"][-1][-1]] == [t["id"] for t in attn["top_k"]]
     want = [t["prob"] for t in attn["top_k"]]
     assert [c["prob"] for c in data["lens"][-1][-1]] == pytest.approx(want, abs=1e-6)
+    # both say which weights made them, as eval's --json does
+    assert (data["dtype"], data["quantize"]) == (attn["dtype"], attn["quantize"]) == ("fp32", None)
+    int8 = lens_json(trained, "--top-k", "3", "--quantize", "int8")
+    assert (int8["dtype"], int8["quantize"]) == ("fp32", "int8")
 
 
 def test_one_position_and_a_tracked_token(trained):

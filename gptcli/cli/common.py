@@ -65,6 +65,14 @@ def check_save(save: Path | None, force: bool) -> None:
     files.check_writable(save, replace=force)
 
 
+def weights_of(model: Any, quantize: str | None) -> dict[str, Any]:
+    """What a --json document says of the weights that made it: their dtype (--dtype's name)
+    and --quantize (None: as stored), so that documents of one model are told apart."""
+    from gptcli.runtime import weights_dtype
+
+    return {"dtype": weights_dtype(model), "quantize": quantize}
+
+
 def is_path(arg: str) -> bool:
     """Whether a command-line argument names an existing file or directory (a text that
     happens to be empty, or too long for a file name, does not)."""

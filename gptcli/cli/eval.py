@@ -4,7 +4,7 @@ multiple choice) and a finetuned head's accuracy, for any checkpoints on any fil
 from __future__ import annotations
 
 from gptcli.cli import render
-from gptcli.cli.common import load_model
+from gptcli.cli.common import load_model, weights_of
 from gptcli.config.verbs import EvalSettings
 from gptcli.data.inputs import check_input
 
@@ -18,7 +18,6 @@ def eval_(s: EvalSettings) -> None:
     """
     from gptcli.data.records import read_records
     from gptcli.evals import evaluate, labelled, plan
-    from gptcli.runtime import weights_dtype
     from gptcli.tasks.classify import is_pair
 
     for f in s.files:
@@ -32,7 +31,7 @@ def eval_(s: EvalSettings) -> None:
             spec, s.device, s.dtype, base=s.base, quantize=s.quantize, newest=newest, pairs=pairs
         )
         name = str(spec) if spec is not None else str(loaded.path)
-        weights = {"dtype": weights_dtype(loaded.model), "quantize": s.quantize}  # (told apart in --json)
+        weights = weights_of(loaded.model, s.quantize)  # (told apart in --json)
         for f in s.files:
             task_, how = plan(loaded.meta, f, s.task)
             if s.per_example and task_ == "text" and f not in listless:  # once a file, before scoring it

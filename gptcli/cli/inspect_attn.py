@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gptcli.cli import figures, render
-from gptcli.cli.common import check_save, load_model, save_document, text_arg, warn_if_cut
+from gptcli.cli.common import check_save, load_model, save_document, text_arg, warn_if_cut, weights_of
 from gptcli.config.verbs import InspectAttnSettings
 from gptcli.errors import UsageError
 
@@ -58,6 +58,7 @@ def inspect_attn(s: InspectAttnSettings) -> None:
             "ids": p.ids,
             "attention": maps.attention.tolist(),
             "top_k": [{"token": tok.piece(i), "id": i, "prob": pr} for i, pr in zip(ids, probs, strict=True)],
+            **weights_of(loaded.model, s.quantize),
         }
         if s.save is not None:
             _save(s.save, document, maps, layers, heads, s.force)

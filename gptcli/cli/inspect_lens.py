@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gptcli.cli import figures, render
-from gptcli.cli.common import check_save, load_model, save_document, text_arg, warn_if_cut
+from gptcli.cli.common import check_save, load_model, save_document, text_arg, warn_if_cut, weights_of
 from gptcli.config.verbs import InspectLensSettings
 from gptcli.errors import UsageError
 
@@ -61,7 +61,7 @@ def inspect_lens(s: InspectLensSettings) -> None:
     positions = _positions(s.position, len(p.ids))
 
     lens = logit_lens(loaded.model, p.ids, positions, s.top_k, vocab_size=tok.vocab_size, track=track_id)
-    document = _document(tok, p.text, p.ids, lens, track_id)
+    document = {**_document(tok, p.text, p.ids, lens, track_id), **weights_of(loaded.model, s.quantize)}
     if s.save is not None:
 
         def png(path: Path, replace: bool) -> bool:
