@@ -220,6 +220,7 @@ def test_a_conversation_in_the_terminal_with_its_commands(chat_run, tmp_path, mo
         "the fox",
         "/save first.json",
         "/save taken.json",
+        f"/save {chat_run / 'best' / 'talk.json'}",  # a checkpoint's directory: refused
         "/save " + "a" * 300 + ".json",  # a name the file system refuses: said, and the talk goes on
         '"""',
         "the",
@@ -241,6 +242,8 @@ def test_a_conversation_in_the_terminal_with_its_commands(chat_run, tmp_path, mo
     assert "The fox dug a den." in result.stdout
     assert "taken.json already exists" in result.output and "unknown command /bogus" in result.output
     assert "File name too long" in result.output
+    assert f"is inside the gptcli checkpoint {chat_run / 'best'}" in result.output
+    assert not (chat_run / "best" / "talk.json").exists()
     assert json.loads((tmp_path / "taken.json").read_text()) == {}
     first = json.loads((tmp_path / "first.json").read_text())["messages"]
     assert first == [

@@ -176,8 +176,8 @@ def test_export_never_writes_into_a_run_or_checkpoint(trained, tmp_path, into):
     shutil.copytree(trained, run_dir)
     target = run_dir if into == "run" else run_dir / into
     before = contents(run_dir)
-    inside = f"is inside the gptcli run or checkpoint {run_dir / 'best'}"
-    said = inside if into == "best/sub" else "is a gptcli run or checkpoint"
+    said = {"run": "is a gptcli run;", "best": "is a gptcli checkpoint;"}.get(into)
+    said = said or f"is inside the gptcli checkpoint {run_dir / 'best'};"
     assert_usage_error(run("export", trained, target, "--force"), said)
     assert contents(run_dir) == before
 
@@ -206,15 +206,42 @@ def test_save_never_replaces_a_checkpoints_files(trained, tmp_path):
     assert json.loads((run_dir / "lens.json").read_text())
 
 
-def test_tokenize_never_writes_into_a_checkpoint(trained, tmp_path):
+def test_tokenize_never_writes_into_a_checkpoint_or_over_a_run(trained, tmp_path):
     run_dir = tmp_path / "R"
     shutil.copytree(trained, run_dir)
     make_corpus(tmp_path / "c.txt")
     before = contents(run_dir)
-    for name in ("best", "last/tokens"):
+    for name in ("best", "last/tokens", "best/a/b/tokens", "."):
         result = run("tokenize", tmp_path / "c.txt", "--out", run_dir / name, "--force")
-        assert_usage_error(result, "gptcli checkpoint", "tokenize into a directory of its own")
+        assert_usage_error(result, "is a gptcli run" if name == "." else "gptcli checkpoint", "of its own")
     assert contents(run_dir) == before
+    # a directory of its own under the run is one
+    assert run("tokenize", tmp_path / "c.txt", "--out", run_dir / "data" / "tokens").exit_code == 0
+    assert (run_dir / "data" / "tokens" / "train.bin").is_file()
+
+
+def test_paths_are_judged_where_they_land(trained, tmp_path, monkeypatch):
+    run_dir = tmp_path / "R"
+    shutil.copytree(trained, run_dir)
+    monkeypatch.chdir(run_dir / "best")
+    # ../x from inside a checkpoint lands in the run's own directory, where a figure may go
+    assert run("inspect-lens", "The fox", "--ckpt", ".", "--save", "../lens.json").exit_code == 0
+    assert (run_dir / "lens.json").is_file()
+    result = run("inspect-lens", "The fox", "--ckpt", ".", "--save", "x.json")
+    assert_usage_error(result, f"x.json is inside the gptcli checkpoint {run_dir / 'best'}")
+    # and ../../x beside the run, where an export may go
+    assert run("export", ".", "../../hf").exit_code == 0 and (tmp_path / "hf" / "config.json").is_file()
+    assert_usage_error(run("export", ".", "../hf"), f"is inside the gptcli run {run_dir}")
+
+
+def test_a_run_never_starts_inside_a_checkpoint(tmp_path):
+    make_corpus(tmp_path / "c.txt")
+    ckpt = tmp_path / "R" / "best"
+    ckpt.mkdir(parents=True)
+    (ckpt / "checkpoint.json").write_text("{}")
+    result = run("pretrain", tmp_path / "c.txt", "--out", ckpt / "sub", "--max-iters", "1")
+    assert_usage_error(result, f"is inside the gptcli checkpoint {ckpt}; choose an --out outside it")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["checkpoint.json"]
 
 
 def test_tokenize_force_replaces_a_planted_link_not_its_target(tmp_path, outside):

@@ -214,6 +214,7 @@ def _input(prompt: str) -> str:
 def _command(convo: Conversation, line: str) -> bool:
     """Run a /command; True to leave."""
     from gptcli import files
+    from gptcli.store.checkpoint import refuse_inside_checkpoints
 
     name, _, arg = line.partition(" ")
     arg = arg.strip()
@@ -235,6 +236,7 @@ def _command(convo: Conversation, line: str) -> bool:
         path = Path(arg).expanduser()
         if os.path.lexists(path):
             raise UsageError(f"{path} already exists; /save never replaces a file: choose another name")
+        refuse_inside_checkpoints(path, "save it outside the checkpoint")
         files.check_writable(path, replace=False)
         document = json.dumps({"messages": convo.messages}, ensure_ascii=False, indent=2) + "\n"
         files.write_file(path, document, replace=False)

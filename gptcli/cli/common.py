@@ -61,7 +61,7 @@ def check_save(save: Path | None, force: bool) -> None:
     from gptcli import files
     from gptcli.store.checkpoint import refuse_inside_checkpoints
 
-    refuse_inside_checkpoints(save, "save it outside the checkpoint", runs_too=False)
+    refuse_inside_checkpoints(save, "save it outside the checkpoint")
     files.check_writable(save, replace=force)
 
 

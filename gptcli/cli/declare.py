@@ -12,8 +12,10 @@ a resumed run's is not overridden, and reach run() as {section: {field: value}}.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import os
 import re
 import shutil
 import typing
@@ -108,19 +110,23 @@ def override_parameters(group: Overrides) -> list[inspect.Parameter]:
 
 
 def fit_examples(doc: str, columns: int) -> str:
-    """A verb's docstring for --help on a terminal of `columns`: an example line (gptcli ...,
-    then a note after 2 spaces or more) that would not fit goes on two, the note under the
-    command, rather than wrapped in the middle of either."""
-    lines = []
-    for line in doc.splitlines():
-        bare = line.strip()
-        command, _, note = [*re.split(r"(\s{2,})", bare, maxsplit=1), "", ""][:3]
-        if bare.startswith("gptcli ") and note and len(bare) > columns - 4:
-            indent = line[: len(line) - len(line.lstrip())]
-            lines += [indent + command, indent + "    " + note]
-        else:
-            lines.append(line)
-    return "\n".join(lines)
+    """A verb's docstring for --help on a terminal of `columns`: where an example line
+    (gptcli ..., then a note after 2 spaces or more) would not fit, every example goes on two
+    lines, the note under the command, rather than wrapped in the middle of either."""
+    examples = [re.fullmatch(r"(\s*)(gptcli \S.*?)\s{2,}(\S.*)", line) for line in doc.splitlines()]
+    if all(m is None or len(m[0].strip()) <= columns - 4 for m in examples):  # (as shown, aligned)
+        return doc
+    return "\n".join(
+        line if m is None else f"{m[1]}{m[2]}\n{m[1]}    {m[3]}"
+        for line, m in zip(doc.splitlines(), examples, strict=True)
+    )
+
+
+def help_columns() -> int:
+    """The width --help is drawn at: Typer's TERMINAL_WIDTH, else the terminal's (COLUMNS)."""
+    with contextlib.suppress(ValueError):
+        return int(os.environ.get("TERMINAL_WIDTH", ""))
+    return shutil.get_terminal_size().columns
 
 
 def command(
@@ -150,7 +156,7 @@ def command(
                     given.setdefault(group.section, {})[f.name] = kwargs[f.name]
         return run(chosen, given)
 
-    verb.__doc__ = fit_examples(run.__doc__ or "", shutil.get_terminal_size().columns)
+    verb.__doc__ = fit_examples(run.__doc__ or "", help_columns())
     verb.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     verb.__annotations__ = {p.name: p.annotation for p in params}
     del verb.__wrapped__  # Typer reads the signature above, not run's

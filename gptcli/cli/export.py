@@ -33,7 +33,7 @@ def export(s: ExportSettings) -> None:
     ckpt, out, base = s.ckpt, s.out, s.base
     from gptcli.store.checkpoint import refuse_inside_checkpoints
 
-    refuse_inside_checkpoints(out, "export into a directory of its own")
+    refuse_inside_checkpoints(out, "export into a directory of its own", runs="inside")
     if out.is_symlink():  # (written through, it would put the files wherever the link points)
         raise UsageError(f"{out} is a symbolic link; export into a directory of its own")
     files.check_under_directories(out)  # (notes.txt/x)
@@ -71,7 +71,7 @@ def _export_gguf(s: ExportSettings) -> None:
 
     if s.adapters_only:
         raise UsageError("--adapters-only writes PEFT's adapters; a GGUF file holds the merged model")
-    refuse_inside_checkpoints(s.out, "write the .gguf file outside it")
+    refuse_inside_checkpoints(s.out, "write the .gguf file outside it", runs="inside")
     files.check_writable(s.out, replace=s.force)
     loaded = loading.load(s.ckpt, base=s.base)  # a LoRA run: merged into its base
     _warn_head(loaded)

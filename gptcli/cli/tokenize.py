@@ -75,7 +75,7 @@ def _encode_corpus(s: TokenizeSettings, out: Path) -> None:
     from gptcli.data.sources import Reader
     from gptcli.store.checkpoint import refuse_inside_checkpoints
 
-    refuse_inside_checkpoints(out, "tokenize into a directory of its own", runs_too=False)
+    refuse_inside_checkpoints(out, "tokenize into a directory of its own", runs="itself")
     tok: str | Tokenizer = s.tokenizer or "char"
     if is_path(tok):
         tok = resolve_tokenizer(tok)

@@ -26,7 +26,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -191,32 +191,29 @@ def is_checkpoint_dir(path: Path) -> bool:
     return (path / META_FILE).is_file()
 
 
-def checkpoints_at(path: Path) -> Path | None:
-    """The gptcli checkpoint or run directory that path is or lies in (up to two levels
-    down), which exports must not write into; None where there is none."""
-    path = Path(path)
-    for p in (path, *path.parents[:2]):
-        if is_checkpoint_dir(p) or any(checkpoint_in(p, name) for name in (BEST, LAST)):
-            return p
-        if (p / "metrics.jsonl").is_file() and (p / "config.yaml").is_file():
-            return p
-    return None
+def is_run_dir(path: Path) -> bool:
+    """A gptcli run directory: its best/ or last/ checkpoint, or its config and metrics."""
+    return any(checkpoint_in(path, name) for name in (BEST, LAST)) or (
+        (path / "metrics.jsonl").is_file() and (path / "config.yaml").is_file()
+    )
 
 
-def refuse_inside_checkpoints(path: Path, advice: str, runs_too: bool = True) -> None:
-    """Refuse a path to write that is or lies in a gptcli run or checkpoint directory
-    (runs_too False: in a checkpoint directory only, whose files are the checkpoint's and are
-    replaced with it), --force or not: writing there could replace the very files a run
-    needs. advice: what to do instead."""
-    path = Path(path)
-    if runs_too:
-        found, what = checkpoints_at(path), "gptcli run or checkpoint"
-    else:
-        found = next((p for p in (path, *path.parents[:2]) if is_checkpoint_dir(p)), None)
-        what = "gptcli checkpoint"
+def refuse_inside_checkpoints(
+    path: str | os.PathLike, advice: str, runs: Literal["inside", "itself", "no"] = "no"
+) -> None:
+    """Refuse a path to write (a file or a directory, existing or not) that is or lies in a
+    gptcli checkpoint directory, whose files are the checkpoint's and go with it when it is
+    replaced; and, as `runs` says, one that is or lies in a run directory (exports), or is
+    one (a tokenized directory's files in a run's own). --force or not: what it would replace
+    there is the run itself. advice: what to do instead."""
+    absolute = Path(os.path.abspath(path))  # (so that ../x from inside a run is seen where it lands)
+    found, what = next((p for p in (absolute, *absolute.parents) if is_checkpoint_dir(p)), None), "checkpoint"
+    if found is None and runs != "no":
+        mine = (absolute, *absolute.parents) if runs == "inside" else (absolute,)
+        found, what = next((p for p in mine if is_run_dir(p)), None), "run"
     if found is None:
         return
-    where = f"is a {what}" if path == found else f"is inside the {what} {found}"
+    where = f"is a gptcli {what}" if found == absolute else f"is inside the gptcli {what} {found}"
     raise UsageError(f"{path} {where}; {advice}")
 
 

@@ -53,7 +53,7 @@ from gptcli.paths import RUNS_DIR
 from gptcli.reports import Notes
 from gptcli.runtime import broadcast_from_main, dist_from_env, seed_everything, shared_setup
 from gptcli.store import loading
-from gptcli.store.checkpoint import LAST, STABLE, Loaded, checkpoint_in, newest_run
+from gptcli.store.checkpoint import LAST, STABLE, Loaded, checkpoint_in, newest_run, refuse_inside_checkpoints
 from gptcli.store.checkpoint import read_meta as read_checkpoint_meta
 from gptcli.tasks import LMTask, Task, supervised_task
 from gptcli.train.state import DAMAGED, METRICS_FILE, MetricsLog
@@ -401,6 +401,7 @@ def _finetune_task(
 def new_run_dir(out: str | Path | None, stem: str) -> Path:
     """out, or runs/<stem>-<timestamp>; never a directory that already holds something."""
     path = RUNS_DIR / f"{stem or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}" if out is None else Path(out)
+    refuse_inside_checkpoints(path, "choose an --out outside it")
     if path.exists() and not path.is_dir():
         raise UsageError(f"{path} is a file; a run is a directory: choose another --out")
     if path.exists() and any(path.iterdir()):
