@@ -165,6 +165,13 @@ def test_the_chat_model_answers_and_stops_at_its_end_of_turn(chat_run):
         assert doc["reply"]["ids"] == tok.encode(doc["reply"]["text"])
         messages = [{"role": "user", "content": f"the {animal}"}]
         assert doc["prompt_ids"] == chat.render(tok, messages, add_generation_prompt=True).ids
+    # --show-probs with --json: the steps in the document, nothing else on stdout
+    result = run("chat", "--ckpt", chat_run, "-m", "the fox", "--temp", "0", "--json", "--show-probs", "3")
+    assert result.exit_code == 0, result.output
+    reply = json.loads(result.stdout)["reply"]
+    chosen = [step["chosen"]["token"] for step in reply["top_k"]]  # (and the end of turn, last)
+    assert chosen == [tok.piece(i) for i in reply["ids"]] + ["<|im_end|>"]
+    assert all(len(step["candidates"]) == 3 for step in reply["top_k"])
     # sample's decoding (the same for every verb) ends at <|im_end|> as at end-of-text
     loaded = load(chat_run)
     ids = chat.render(tok, [{"role": "user", "content": "the otter"}], add_generation_prompt=True).ids

@@ -632,3 +632,26 @@ def test_chat_completions_answer_as_gptcli_chat_does(chat_run):
                 c.chat.completions.create(model=s.model, **kwargs)
     finally:
         assert s.stop() == 0
+
+
+def test_a_request_without_max_tokens_takes_16_or_the_servers_limit(trained):
+    from gptcli.infer.server import Served, check_completion
+
+    tokenizer = load(trained).tokenizer
+    for limit, want in ((10, 10), (1000, 16)):
+        served = Served(None, tokenizer, "run", 16, limit, 2)  # type: ignore[arg-type] (no engine needed)
+        assert check_completion({"prompt": "The"}, served).max_tokens == want
+
+
+def test_the_banner_never_repeats_a_key_given_on_the_command_line():
+    from gptcli.cli import render
+
+    shown = {}
+    for key_from in ("env", "flag", None):
+        with render.out.capture() as captured:
+            render.serve_banner("http://127.0.0.1:8000", "run", key_from)
+        shown[key_from] = captured.get()
+    assert 'Bearer $GPTCLI_API_KEY"' in shown["env"]
+    assert 'api_key=os.environ["GPTCLI_API_KEY"]' in shown["env"]
+    assert 'Bearer KEY"' in shown["flag"] and "KEY: the key given to --api-key" in shown["flag"]
+    assert "Bearer" not in shown[None] and 'api_key="none"' in shown[None]

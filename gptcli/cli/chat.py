@@ -135,13 +135,14 @@ def _reply(
         seed=s.seed,
         show_probs=s.show_probs,
         on_text=calls.text,
-        on_step=calls.step if s.show_probs else None,
+        on_step=calls.step if s.show_probs and not s.json_out else None,  # (--json: in the document)
         on_fit=calls.fit,
     )
 
 
 def _answer_once(model: Any, convo: Conversation, text: str, s: ChatSettings, sampling: Any) -> None:
     """--message / --messages: one reply, streamed in a terminal, or as JSON."""
+    from gptcli.cli.sample import top_k_json
     from gptcli.infer.conversation import chat_prompt
 
     stream = render.out.is_terminal and not s.json_out
@@ -150,6 +151,8 @@ def _answer_once(model: Any, convo: Conversation, text: str, s: ChatSettings, sa
         prompt = chat_prompt(convo.tokenizer, convo.messages[:-1], convo.block_size, s.max_new_tokens)
         finish = "length" if result.finish == "length" else "stop"
         reply = {"text": result.text, "ids": result.ids, "finish": finish}
+        if s.show_probs:  # every step, as sample's --json
+            reply["top_k"] = [top_k_json(convo.tokenizer, step) for step in result.steps]
         render.print_json({"prompt_ids": prompt.rendered.ids, "reply": reply})
     elif stream:
         render.stream_text("\n")

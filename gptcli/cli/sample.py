@@ -95,14 +95,14 @@ def _document(tok: Tokenizer, p: Prompt, results: list[Sampled], show_probs: int
         "samples": [
             {
                 "text": r.text, "ids": r.ids, "finish": r.finish,
-                **({"top_k": [_top_k_json(tok, step) for step in r.steps]} if show_probs else {}),
+                **({"top_k": [top_k_json(tok, step) for step in r.steps]} if show_probs else {}),
             }
             for r in results
         ],
     }  # fmt: skip
 
 
-def _top_k_json(tok: Tokenizer, step: TopK) -> dict[str, Any]:
+def top_k_json(tok: Tokenizer, step: TopK) -> dict[str, Any]:
     """One step of --show-probs for --json: p, and q where sampling reshaped it."""
 
     def entry(i: int, p: float, q: float | None) -> dict[str, Any]:

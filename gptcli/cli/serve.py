@@ -95,7 +95,7 @@ def serve(s: ServeSettings) -> None:
         if s.json_out:
             render.print_json({"url": url, "model": name})
         else:
-            render.serve_banner(url, name, api_key is not None)
+            render.serve_banner(url, name, None if api_key is None else "flag" if s.api_key else "env")
         server.run(sockets=[listener])
     finally:
         for sig, handler in previous.items():

@@ -203,7 +203,7 @@ def check_completion(body: Any, served: Served) -> Completion:
     if body.get("logit_bias"):
         raise ApiError(400, "'logit_bias' is not supported by this server", "logit_bias")
     prompts = _prompts(body, served)
-    max_tokens = _int(body, "max_tokens", 16, 0, served.max_tokens_limit)
+    max_tokens = _int(body, "max_tokens", min(16, served.max_tokens_limit), 0, served.max_tokens_limit)
     temperature = _number(body, "temperature", 1.0, 0.0, 1e4)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
     top_k = _int(body, "top_k", None, -1, 1 << 30)
