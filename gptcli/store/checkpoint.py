@@ -239,13 +239,6 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
             f"--ckpt {p} is {what_is(p)}, not a gptcli run or checkpoint (a directory), a Hugging Face "
             "directory or a .gguf file"
         )
-    from gptcli.store.hf import WEIGHT_FILES
-
-    if (p / "config.json").is_file():  # (is_hf_dir found no weights beside it)
-        raise UsageError(
-            f"--ckpt {p} has a Hugging Face config.json but no weights beside it "
-            f"({' or '.join(WEIGHT_FILES)}); copy the weights file into it"
-        )
     raise UsageError(
         f"--ckpt {p} is not a gptcli run or checkpoint (no {META_FILE} in it, {BEST}/ or {LAST}/)"
     )

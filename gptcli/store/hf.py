@@ -92,6 +92,16 @@ def is_hf_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and any((path / f).is_file() for f in WEIGHT_FILES)
 
 
+def refuse_config_alone(path: Path) -> None:
+    """A directory that is no checkpoint but holds a Hugging Face config.json: its weights
+    are missing, which says more than "not a gptcli run"."""
+    if path.is_dir() and (path / "config.json").is_file():
+        raise UsageError(
+            f"--ckpt {path} has a Hugging Face config.json but no weights beside it "
+            f"({' or '.join(WEIGHT_FILES)}); copy the weights file into it"
+        )
+
+
 def hub_cache() -> Path:
     """The Hugging Face hub cache: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):

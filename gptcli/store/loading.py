@@ -58,7 +58,11 @@ def load(
         path = hf.resolve_hub_name(str(spec))
     if path.is_dir() and not is_checkpoint_dir(path) and hf.is_hf_dir(path):
         return _load_hf(path, device)
-    ckpt = resolve_checkpoint(path)
+    try:
+        ckpt = resolve_checkpoint(path)
+    except UsageError:
+        hf.refuse_config_alone(path)  # (the clearer error, where it applies)
+        raise
     meta = read_meta(ckpt)
     if meta.get("lora_rank"):
         return _load_lora(ckpt, meta, device, base, merge)
