@@ -250,6 +250,22 @@ def test_help_does_not_import_torch():
     assert "--json" in proc.stdout and "<bool>" not in proc.stdout  # flags take no value
 
 
+def test_tokenizing_a_corpus_does_not_import_torch(tmp_path):
+    (tmp_path / "c.txt").write_text("the fox dug a hole.\n" * 50)
+    code = (
+        "import sys\n"
+        "from gptcli.cli.app import app\n"
+        "try:\n"
+        f"    app(['tokenize', {str(tmp_path / 'c.txt')!r}, '--out', {str(tmp_path / 'tok')!r}])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert "TORCH False" in proc.stdout and (tmp_path / "tok" / "train.bin").is_file()
+
+
 def test_python_dash_m_and_version():
     proc = subprocess.run(
         [sys.executable, "-m", "gptcli", "--version"], capture_output=True, text=True, check=False

@@ -217,7 +217,7 @@ def _input(prompt: str) -> str:
 def _command(convo: Conversation, line: str) -> bool:
     """Run a /command; True to leave."""
     from gptcli import files
-    from gptcli.store.checkpoint import refuse_inside_checkpoints
+    from gptcli.store.layout import refuse_inside_checkpoints
 
     name, _, arg = line.partition(" ")
     arg = arg.strip()

@@ -59,7 +59,7 @@ def check_save(save: Path | None, force: bool) -> None:
     if save.suffix.lower() not in SAVE_FORMATS:
         raise UsageError(f"--save {save}: use a .json, .png or .html file name")
     from gptcli import files
-    from gptcli.store.checkpoint import refuse_inside_checkpoints
+    from gptcli.store.layout import refuse_inside_checkpoints
 
     refuse_inside_checkpoints(save, "save it outside the checkpoint")
     files.check_writable(save, replace=force)

@@ -31,7 +31,7 @@ def export(s: ExportSettings) -> None:
     from gptcli.store.hf import export_hf
 
     ckpt, out, base = s.ckpt, s.out, s.base
-    from gptcli.store.checkpoint import refuse_inside_checkpoints
+    from gptcli.store.layout import refuse_inside_checkpoints
 
     refuse_inside_checkpoints(out, "export into a directory of its own", runs="inside")
     if out.is_symlink():  # (written through, it would put the files wherever the link points)
@@ -66,8 +66,8 @@ def _warn_head(loaded: Any) -> None:
 def _export_gguf(s: ExportSettings) -> None:
     """--to gguf: one file, written atomically; an existing one only with --force."""
     from gptcli.store import loading
-    from gptcli.store.checkpoint import refuse_inside_checkpoints
     from gptcli.store.gguf import export_gguf
+    from gptcli.store.layout import refuse_inside_checkpoints
 
     if s.adapters_only:
         raise UsageError("--adapters-only writes PEFT's adapters; a GGUF file holds the merged model")

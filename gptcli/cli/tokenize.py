@@ -73,7 +73,7 @@ def tokenize(s: TokenizeSettings) -> None:
 def _encode_corpus(s: TokenizeSettings, out: Path) -> None:
     from gptcli.data.corpus import collect_files, tokenize_corpus
     from gptcli.data.sources import Reader
-    from gptcli.store.checkpoint import refuse_inside_checkpoints
+    from gptcli.store.layout import refuse_inside_checkpoints
 
     refuse_inside_checkpoints(out, "tokenize into a directory of its own", runs="itself")
     tok: str | Tokenizer = s.tokenizer or "char"

@@ -26,7 +26,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -39,15 +39,14 @@ from gptcli.data.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from gptcli.errors import UsageError
 from gptcli.model import GPT
 from gptcli.paths import RUNS_DIR
+from gptcli.store.layout import BEST, LAST, META_FILE, checkpoint_in, is_checkpoint_dir
 from gptcli.store.validate import read_weights
 
 FORMAT = "gptcli-checkpoint"
 VERSION = 1
 MODEL_FILE = "model.safetensors"
-META_FILE = "checkpoint.json"
 STATE_TENSORS = "train_state.safetensors"
 STATE_JSON = "train_state.json"
-BEST, LAST = "best", "last"
 STABLE = "stable"  # a WSD run's state as its decay began, which a longer run continues from
 
 
@@ -185,42 +184,6 @@ def copy_checkpoint(
 
 
 # --- finding and loading -------------------------------------------------------------------
-
-
-def is_checkpoint_dir(path: Path) -> bool:
-    return (path / META_FILE).is_file()
-
-
-def is_run_dir(path: Path) -> bool:
-    """A gptcli run directory: its best/ or last/ checkpoint, or its config and metrics."""
-    return any(checkpoint_in(path, name) for name in (BEST, LAST)) or (
-        (path / "metrics.jsonl").is_file() and (path / "config.yaml").is_file()
-    )
-
-
-def refuse_inside_checkpoints(
-    path: str | os.PathLike, advice: str, runs: Literal["inside", "itself", "no"] = "no"
-) -> None:
-    """Refuse a path to write (a file or a directory, existing or not) that is or lies in a
-    gptcli checkpoint directory, whose files are the checkpoint's and go with it when it is
-    replaced; and, as `runs` says, one that is or lies in a run directory (exports), or is
-    one (a tokenized directory's files in a run's own). --force or not: what it would replace
-    there is the run itself. advice: what to do instead."""
-    absolute = Path(os.path.abspath(path))  # (so that ../x from inside a run is seen where it lands)
-    found, what = next((p for p in (absolute, *absolute.parents) if is_checkpoint_dir(p)), None), "checkpoint"
-    if found is None and runs != "no":
-        mine = (absolute, *absolute.parents) if runs == "inside" else (absolute,)
-        found, what = next((p for p in mine if is_run_dir(p)), None), "run"
-    if found is None:
-        return
-    where = f"is a gptcli {what}" if found == absolute else f"is inside the gptcli {what} {found}"
-    raise UsageError(f"{path} {where}; {advice}")
-
-
-def checkpoint_in(run_dir: Path, name: str) -> Path | None:
-    """run_dir/name (best or last), or its .old copy when a crash came between the two
-    renames that replace a checkpoint; None if neither is there."""
-    return next((d for d in (run_dir / name, run_dir / f"{name}.old") if is_checkpoint_dir(d)), None)
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:

@@ -53,8 +53,9 @@ from gptcli.paths import RUNS_DIR
 from gptcli.reports import Notes
 from gptcli.runtime import broadcast_from_main, dist_from_env, seed_everything, shared_setup
 from gptcli.store import loading
-from gptcli.store.checkpoint import LAST, STABLE, Loaded, checkpoint_in, newest_run, refuse_inside_checkpoints
+from gptcli.store.checkpoint import LAST, STABLE, Loaded, checkpoint_in, newest_run
 from gptcli.store.checkpoint import read_meta as read_checkpoint_meta
+from gptcli.store.layout import refuse_inside_checkpoints
 from gptcli.tasks import LMTask, Task, supervised_task
 from gptcli.train.state import DAMAGED, METRICS_FILE, MetricsLog
 from gptcli.train.trainer import CONFIG_FILE, Trainer
