@@ -5,6 +5,7 @@ by what it was built from, and never in the way when it cannot be built."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from gptcli.config import ModelConfig
+from gptcli.files import DiskFull
 from gptcli.infer import generate as generate_module
 from gptcli.infer import kernels
 from gptcli.infer.generate import GREEDY, SAMPLE, Sampling, draw_from, generate, inverse_cdf
@@ -507,6 +509,50 @@ def test_the_model_moved_or_reloaded_is_read_anew():
     (want, _), (got, _) = steps_both_ways(model, 1, 5, 1, padded=False)
     torch.testing.assert_close(got, want, atol=0.03 * want.abs().max().item(), rtol=0)
     assert not torch.allclose(got, before, atol=0.03 * want.abs().max().item())
+
+
+def test_a_weight_or_module_replaced_or_adapters_added_are_read_as_the_model_reads_them():
+    """A parameter replaced anywhere (not only at the few the quick check looks at), or LoRA
+    adapters put on after a first generation: the next generation reads the model as it is
+    now (the adapters: through the model's own code, which the C step does not run)."""
+    from gptcli.lora import LoRASettings, add_adapters
+
+    library()
+    model = small_model(torch.float32)
+    kernels.use_fast_decode(model)
+    first, _ = steps_both_ways(model, 1, 5, 1, padded=False)[1]
+    block = model.transformer.h[1].attn
+    block.c_attn.weight = torch.nn.Parameter(torch.randn_like(block.c_attn.weight) * 0.2)
+    (want, _), (got, _) = steps_both_ways(model, 1, 5, 1, padded=False)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    assert not torch.allclose(got, first, atol=1e-3)
+    add_adapters(model, LoRASettings(rank=2, alpha=4.0))
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "lora_B"):
+                m.lora_B.normal_(0, 0.5)
+    (want, _), (got, _) = steps_both_ways(model, 1, 5, 1, padded=False)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    assert "_decoder" not in model.__dict__  # (the model's own code ran)
+    assert kernels.use_fast_decode(model) is False  # unmerged adapters: not for the C step
+
+
+def test_a_cache_made_for_another_model_is_left_to_the_models_code():
+    """The C step reads the cache by the model's own shape: one made for a model of fewer
+    layers or another width (a caller's mistake) gets the model's own error, not memory
+    written past the cache's end."""
+    library()
+    model = small_model(torch.float32)
+    kernels.use_fast_decode(model)
+    for other in ({"n_layer": 1}, {"n_embd": 32}):
+        config = dataclasses.replace(model.config, **other)
+        cache = KVCache(config, 1, 8)
+        with torch.no_grad(), pytest.raises((IndexError, RuntimeError)):
+            model.next_logits(torch.tensor([[3]]), kv_cache=cache)
+    cache = KVCache(model.config, 1, 8)
+    cache.v = cache.v.to(torch.bfloat16)  # keys and values of two dtypes
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        model.next_logits(torch.tensor([[3]]), kv_cache=cache)
 
 
 def test_the_weights_are_checked_once_a_generation(monkeypatch):
@@ -1168,6 +1214,46 @@ def test_a_build_the_compiler_refused_is_not_tried_again_at_every_command(tmp_pa
     third = kernels._Library()
     assert third.start() is True and third.wait() is not None, third.failed
     assert not record.exists()
+
+
+@pytest.mark.parametrize(
+    "fails", ["cc1: fatal error: cannot write decode.s: No space left on device", "killed"]
+)
+def test_a_build_the_machine_failed_is_tried_again_by_the_next_command(fails, tmp_path):
+    """A full disk, a compiler killed (for memory): the source did not fail, so nothing is
+    recorded and the next command builds again."""
+    from gptcli.infer import kernel_build
+
+    fake = tmp_path / "cc"
+    body = "kill -9 $$\n" if fails == "killed" else f'echo "{fails}" >&2\nexit 1\n'
+    fake.write_text("#!/bin/sh\n" + body)
+    fake.chmod(0o755)
+    path = tmp_path / "k" / "lib.so"
+    with pytest.raises((OSError, DiskFull)):  # (a full disk says so, for the library's path)
+        kernel_build.build(str(fake), stub_source(tmp_path), path, [["-shared"]])
+    assert kernel_build.refused(path) is None and list(path.parent.iterdir()) == []
+
+
+def test_the_build_compiles_the_source_its_library_is_named_after(tmp_path):
+    """The library's name comes from the source's text: the build compiles a copy of the
+    text it checked against that name, so a source changed meanwhile (an update during the
+    seconds of a build) is never stored under the old source's name."""
+    from gptcli.infer import kernel_build
+
+    source = stub_source(tmp_path)
+    text = source.read_bytes()
+    fake = tmp_path / "cc"  # changes the source the moment it starts, then compiles what it was given
+    fake.write_text(f'#!/bin/sh\necho "#error changed" >> {source}\nexec {kernels._compiler()} "$@"\n')
+    fake.chmod(0o755)
+    path = tmp_path / "k" / "lib.so"
+    kernel_build.build(str(fake), source, path, [["-shared", "-fPIC"]], kernel_build.digest(text))
+    assert path.is_file() and sorted(p.name for p in path.parent.iterdir()) == ["lib.so"]
+    with pytest.raises(OSError, match="changed while its library was being built"):  # now another text
+        kernel_build.build(
+            str(fake), source, tmp_path / "k2" / "lib.so", [["-shared"]], kernel_build.digest(text)
+        )
+    assert kernel_build.refused(tmp_path / "k2" / "lib.so") is None
+    assert kernels.library_path("cc", source=text) != kernels.library_path("cc", source=source.read_bytes())
 
 
 def test_a_compiler_that_hangs_is_given_up(tmp_path, monkeypatch):

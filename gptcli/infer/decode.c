@@ -2371,15 +2371,16 @@ int gptcli_beam_run(const Model *m, const int64_t *tokens, int B, int n, int slo
     if (B < 1 || n < 1 || choose < 1 || choose > V || k < 1) return -2;
     if (slot < 0 || slot + n > cache_len || slot + n > m->block) return -3;
     float *logits = malloc(sizeof(float) * (size_t)B * V), *score = malloc(sizeof(float) * 2 * B);
-    int64_t *feed = malloc(sizeof(int64_t) * 4 * (size_t)B), *positions = feed + B, *row = feed + 2 * B,
-            *token = feed + 3 * B;
-    int *last = malloc(sizeof(int) * 4 * (size_t)B), *stay = last + B, *order = last + 2 * B, *movers = last + 3 * B;
+    int64_t *feed = malloc(sizeof(int64_t) * 4 * (size_t)B);
+    int *last = malloc(sizeof(int) * 4 * (size_t)B);
     int32_t *moved = malloc(sizeof(int32_t) * (size_t)B * cache_len);
     int i = 0, rc = 0;
     if (!logits || !score || !feed || !last || !moved) {
         rc = -1;
         goto done;
     }
+    int64_t *positions = feed + B, *row = feed + 2 * B, *token = feed + 3 * B;
+    int *stay = last + B, *order = last + 2 * B, *movers = last + 3 * B;
     for (int b = 0; b < B; b++) feed[b] = tokens[b], score[b] = scores[b];
     for (; i < n; i++) {
         for (int b = 0; b < B; b++) positions[b] = last[b] = slot + i;

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -34,6 +36,22 @@ def failure_record(path: Path) -> Path:
 
 
 NOT_LOADED = "built, but did not load: "  # how a record of a library that did not load begins
+
+# what a compiler says when the machine, not the source, failed it: not recorded, the next
+# command tries again (a full disk, a compiler killed for memory)
+TRANSIENT = (
+    "no space left on device",
+    "disk quota exceeded",
+    "cannot allocate memory",
+    "out of memory",
+    "killed signal",
+    "resource temporarily unavailable",
+)
+
+
+def digest(text: bytes) -> str:
+    """The source's fingerprint, which the build checks before compiling the text it read."""
+    return hashlib.sha256(text).hexdigest()
 
 
 def why_not(errors: str, fallback: str) -> str:
@@ -55,15 +73,23 @@ def refused(path: Path) -> str | None:
     return lines[0] if lines else "failed"
 
 
-def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) -> None:
+def build(
+    compiler: str, source: Path, path: Path, attempts: list[list[str]], expect: str | None = None
+) -> None:
     """Compile source into the library at path with the first set of flags that builds;
     OSError with the compiler's first error when none does (also written to
-    failure_record(path))."""
+    failure_record(path), unless the machine rather than the source failed it: TRANSIENT, a
+    compiler killed by a signal). expect: digest() of the source the library's name was
+    made from; the text compiled is a copy of the source read once and checked against it
+    (a source changed meanwhile, by an update, is not built under the old one's name)."""
     from gptcli import files
 
     path.parent.mkdir(parents=True, exist_ok=True)
     record = failure_record(path)
     files.clean_stale(path.parent, [path.name, record.name])  # what a killed build left
+    text = source.read_bytes()
+    if expect is not None and digest(text) != expect:  # (not recorded: the next command builds the new one)
+        raise OSError(f"{source.name} changed while its library was being built")
 
     def refuse(why: str) -> OSError:  # recorded: the same build fails the same way next time
         with contextlib.suppress(OSError):
@@ -71,10 +97,12 @@ def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) ->
         return OSError(why)
 
     with files.writing_path(path) as tmp:
+        copy = tmp.parent / source.name  # (in the build's private directory, removed with it)
+        copy.write_bytes(text)
         for flags in attempts:
             try:
                 done = subprocess.run(
-                    [*shlex.split(compiler), *flags, str(source), "-o", str(tmp), "-lm"],
+                    [*shlex.split(compiler), *flags, str(copy), "-o", str(tmp), "-lm"],
                     capture_output=True,
                     text=True,
                     check=False,
@@ -85,7 +113,11 @@ def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) ->
             if done.returncode == 0:
                 break
         else:
-            raise refuse(why_not(done.stderr, f"{compiler} ended with {done.returncode}"))
+            errors = done.stderr.replace(f"{copy.parent}{os.sep}", "")  # (the copy's name, as the source's)
+            why = why_not(errors, f"{compiler} ended with {done.returncode}")
+            if done.returncode < 0 or any(sign in errors.lower() for sign in TRANSIENT):
+                raise OSError(why)  # (not recorded: the next command tries again)
+            raise refuse(why)
         if not files.is_regular_file(tmp):
             raise refuse(f"{compiler} ended with 0 but wrote no library")
     try:  # here, so that a command that ends first still leaves the verdict (a disk mounted noexec)
@@ -94,15 +126,25 @@ def build(compiler: str, source: Path, path: Path, attempts: list[list[str]]) ->
         raise refuse(NOT_LOADED + " ".join(str(e).split())) from None
 
 
-def request(compiler: str, source: Path, path: Path, attempts: list[list[str]]) -> str:
+def request(
+    compiler: str, source: Path, path: Path, attempts: list[list[str]], expect: str | None = None
+) -> str:
     """The one argument of the build process (JSON)."""
-    return json.dumps({"compiler": compiler, "source": str(source), "path": str(path), "attempts": attempts})
+    return json.dumps(
+        {
+            "compiler": compiler,
+            "source": str(source),
+            "path": str(path),
+            "attempts": attempts,
+            "expect": expect,
+        }
+    )
 
 
 def build_request(text: str) -> None:
     """The build a request (JSON, as `request` writes it) asks for."""
     r = json.loads(text)
-    build(r["compiler"], Path(r["source"]), Path(r["path"]), r["attempts"])
+    build(r["compiler"], Path(r["source"]), Path(r["path"]), r["attempts"], r.get("expect"))
 
 
 def main(argv: list[str]) -> int:

@@ -180,14 +180,16 @@ def _cpu_features() -> str:
     return " ".join(cpu_flags()) or platform.processor() or platform.machine()
 
 
-def library_path(compiler: str, flags: list[str] = FLAGS) -> Path:
-    """Where the library for this source, compiler, flags and CPU lives."""
+def library_path(compiler: str, flags: list[str] = FLAGS, source: bytes | None = None) -> Path:
+    """Where the library for this source (SOURCE's text, unless given), compiler, flags and
+    CPU lives."""
     version = subprocess.run(
         [*shlex.split(compiler), "--version"], capture_output=True, text=True, check=False
     )
+    text = SOURCE.read_bytes() if source is None else source
     key = hashlib.sha256(
         "\0".join(
-            [SOURCE.read_text(), compiler, version.stdout, " ".join(flags + THREADS), _cpu_features()]
+            [kernel_build.digest(text), compiler, version.stdout, " ".join(flags + THREADS), _cpu_features()]
         ).encode()
     )
     return kernels_dir() / f"gptcli-decode-{key.hexdigest()[:16]}.so"
@@ -268,7 +270,8 @@ class _Library:
                 self.failed = "no C compiler (cc, gcc or clang)"
                 return False
             try:  # CC may name a program that is not there, or be a command with flags
-                path = library_path(compiler, self.flags)
+                text = SOURCE.read_bytes()  # (read once: what the build compiles is checked against it)
+                path = library_path(compiler, self.flags, text)
             except (OSError, ValueError) as e:
                 why = e.strerror if isinstance(e, OSError) and e.strerror else e
                 self.failed = f"the C compiler {compiler!r} did not run ({why})"
@@ -300,7 +303,7 @@ class _Library:
             # cannot target this one (-march=native is not known to every compiler)
             mine, portable = self.flags, [f for f in self.flags if not f.startswith("-march=")]
             attempts = [[*mine, *THREADS], mine, [*portable, *THREADS], portable]
-            request = kernel_build.request(compiler, SOURCE, path, attempts)
+            request = kernel_build.request(compiler, SOURCE, path, attempts, kernel_build.digest(text))
             # the build's own process starts here, not in the thread: a command that ends a
             # moment after this still leaves it running
             process = _start_build(request)
@@ -546,8 +549,12 @@ class Decoder:
     def _versions(self) -> tuple[int, ...]:
         return tuple(map(_VERSION, self.sources))  # (150 tensors for GPT-2 124M: about 5 us)
 
-    def stale(self) -> bool:
-        """Whether a weight was changed in place since the copies were made."""
+    def stale(self, model: GPT) -> bool:
+        """Whether a weight was changed in place since the copies were made, or the model
+        holds other tensors than it did (a weight or a module replaced, adapters added)."""
+        now = [*model.parameters(), *model.buffers()]
+        if len(now) != len(self.sources) or any(a is not b for a, b in zip(now, self.sources, strict=True)):
+            return True
         return self._versions() != self.versions
 
     def step(self, lib: ctypes.CDLL, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -742,6 +749,42 @@ def _weights_key(model: GPT) -> tuple[int, ...]:
     return tuple(w.data_ptr() for w in ends) + tuple(w._version for w in ends)
 
 
+def _cache_fits(model: GPT, cache: KVCache) -> bool:
+    """Whether cache is laid out as the C step reads it for this model: keys and values of
+    one dtype, (n_layer, batch, max_len, n_head, head_dim), contiguous (a cache made for
+    another model would be read and written past its end)."""
+    c, k, v = model.config, cache.k, cache.v
+    shape = (c.n_layer, cache.batch_size, cache.max_len, c.n_head, c.n_embd // c.n_head)
+    return (
+        k.shape == shape
+        and v.shape == shape
+        and v.dtype == k.dtype
+        and k.is_contiguous()
+        and v.is_contiguous()
+        and k.is_cpu
+        and v.is_cpu
+    )
+
+
+def _readable(model: nn.Module) -> bool:
+    """Whether the C step reads every weight of model as it is: a GPT on the CPU with a plain
+    embedding, plain Linears (or Int8Linear) of fp32, bf16 or int8, contiguous. A LoRA
+    model's adapters and learning token rows are the model's own code's."""
+    if not isinstance(model, GPT) or type(model.transformer.wte) is not nn.Embedding:
+        return False
+    if model.transformer.wte.weight.device.type != "cpu":
+        return False
+    t = model.transformer
+    linears = [m for b in t.h for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+    linears.append(model.lm_head)
+    return all(
+        (type(m) is nn.Linear or isinstance(m, _Quantized))
+        and m.weight.dtype in _DTYPES
+        and m.weight.is_contiguous()
+        for m in linears
+    )
+
+
 def _decoder(model: GPT, lib: ctypes.CDLL, idx: torch.Tensor, cache: KVCache | None) -> Decoder | None:
     """The model's Decoder where the C code runs what GPT.next_logits(idx, kv_cache=cache)
     asks (one new token per row, or a prompt of one row, on a growing KV cache, without
@@ -758,7 +801,7 @@ def _decoder(model: GPT, lib: ctypes.CDLL, idx: torch.Tensor, cache: KVCache | N
         and not cache.static
         and not torch.is_grad_enabled()
         and cache.k.dtype in (torch.float32, torch.bfloat16)
-        and cache.k.is_contiguous()
+        and _cache_fits(model, cache)
         and cache.pos + T <= min(cache.max_len, model.config.block_size)
         and idx.device.type == "cpu"
     ):
@@ -770,7 +813,10 @@ def _decoder(model: GPT, lib: ctypes.CDLL, idx: torch.Tensor, cache: KVCache | N
     checked = decoder.checked_for if decoder is not None else None
     if checked is None or checked[0]() is not cache or checked[1] != cache.resets:
         weights = _weights_key(model)
-        if decoder is None or decoder.weights != weights or decoder.stale():  # new, moved or changed
+        if decoder is None or decoder.weights != weights or decoder.stale(model):  # new, moved or changed
+            model.__dict__.pop("_decoder", None)
+            if not _readable(model):  # (adapters added since: the model's own code)
+                return None
             decoder = model.__dict__["_decoder"] = Decoder(model, lib)
             decoder.weights = weights
         decoder.checked_for = (weakref.ref(cache), cache.resets)
@@ -1001,16 +1047,10 @@ def best(x: torch.Tensor, scores: torch.Tensor, n: int, k: int) -> tuple[torch.T
 def use_fast_decode(model: nn.Module) -> bool:
     """Decode through the C step when the model is on the CPU (fp32, bf16 or int8 weights);
     starts building the kernel if this machine has none yet. Returns whether it applies."""
-    p = next(model.parameters())
-    if (
-        p.device.type != "cpu"
-        or not isinstance(model, GPT)
-        or type(model.transformer.wte) is not nn.Embedding
-    ):
-        return False  # (a LoRA run's learning token rows: the model's own code)
-    linears = [m for m in model.modules() if hasattr(m, "weight") and isinstance(m, nn.Linear | _Quantized)]
-    if any(m.weight.dtype not in _DTYPES or not m.weight.is_contiguous() for m in linears):
-        return False  # weights it cannot read: the model's own code
+    if not _readable(model):
+        return (
+            False  # weights it cannot read (adapters, a LoRA run's learning token rows): the model's own code
+        )
     LIBRARY.start()
     model.next_logits = types.MethodType(_next_logits, model)  # type: ignore[method-assign]
     return True
