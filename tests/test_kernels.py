@@ -1256,6 +1256,24 @@ def test_the_build_compiles_the_source_its_library_is_named_after(tmp_path):
     assert kernels.library_path("cc", source=text) != kernels.library_path("cc", source=source.read_bytes())
 
 
+def test_on_macos_the_librarys_name_follows_the_cpu_sysctl_describes(tmp_path, monkeypatch):
+    """macOS has no /proc/cpuinfo: the name takes sysctl's model and features, so a cache
+    copied to a Mac whose CPU lacks some of them (Migration Assistant) builds anew instead of
+    loading code built with -march=native for the other CPU."""
+    monkeypatch.setattr(kernels, "cpu_flags", list)
+    monkeypatch.setattr(kernels.sys, "platform", "darwin")
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    names = []
+    for features in ("Intel(R) Xeon(R) W-3245 FMA AVX2 AVX512F", "Intel(R) Core(TM) i9-9880H FMA AVX2"):
+        bin_dir = tmp_path / f"bin{len(names)}"
+        bin_dir.mkdir()
+        (bin_dir / "sysctl").write_text(f'#!/bin/sh\necho "{features}"\n')
+        (bin_dir / "sysctl").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        names.append(kernels.library_path("cc", source=b"int x;"))
+    assert names[0] != names[1]
+
+
 def test_a_compiler_that_hangs_is_given_up(tmp_path, monkeypatch):
     """The build gives up a compiler that never finishes (and leaves nothing behind), rather
     than a build process left waiting at every command's start."""

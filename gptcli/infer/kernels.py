@@ -180,6 +180,23 @@ def _cpu_features() -> str:
     return " ".join(cpu_flags()) or platform.processor() or platform.machine()
 
 
+def _cpu_identity() -> str:
+    """What the library's name takes from the CPU it was built for (-march=native): Linux's
+    feature flags; on macOS, which has no /proc/cpuinfo, sysctl's model and feature flags
+    (a cache copied to another Mac must not load code its CPU lacks)."""
+    flags = " ".join(cpu_flags())
+    if flags or sys.platform != "darwin":
+        return flags or _cpu_features()
+    keys = ["machdep.cpu.brand_string", "machdep.cpu.features", "machdep.cpu.leaf7_features"]
+    try:  # (Apple silicon has no feature keys: its model names it; sysctl says the rest are unknown)
+        done = subprocess.run(
+            ["sysctl", "-n", *keys], capture_output=True, text=True, check=False, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return _cpu_features()
+    return " ".join(done.stdout.split()) or _cpu_features()
+
+
 def library_path(compiler: str, flags: list[str] = FLAGS, source: bytes | None = None) -> Path:
     """Where the library for this source (SOURCE's text, unless given), compiler, flags and
     CPU lives."""
@@ -189,7 +206,7 @@ def library_path(compiler: str, flags: list[str] = FLAGS, source: bytes | None =
     text = SOURCE.read_bytes() if source is None else source
     key = hashlib.sha256(
         "\0".join(
-            [kernel_build.digest(text), compiler, version.stdout, " ".join(flags + THREADS), _cpu_features()]
+            [kernel_build.digest(text), compiler, version.stdout, " ".join(flags + THREADS), _cpu_identity()]
         ).encode()
     )
     return kernels_dir() / f"gptcli-decode-{key.hexdigest()[:16]}.so"
