@@ -790,6 +790,9 @@ def test_sampling_draws_in_c_unless_top_k_or_top_p(monkeypatch):
     Sampling(0.8, top_k=40).draw(x, torch.Generator().manual_seed(3))
     Sampling(1.0, top_p=0.9).draw(x, torch.Generator().manual_seed(3))
     assert len(calls) == 2
+    u = torch.rand(16, 1, dtype=torch.float64)
+    assert kernels.sample(x, u, 1.0) is not None
+    assert kernels.sample(x, u.to("meta"), 1.0) is None  # (uniforms C cannot read: not handed to it)
 
 
 def test_the_c_ranking_of_beams_is_torchs_topk_over_the_sums():

@@ -881,7 +881,9 @@ def run_steps(
     mask = cache.key_mask  # (a server's batch of one: every slot written valid, positions the slots')
     if mask is not None and (mask.size(0) != 1 or not bool(mask[0, : cache.pos].all())):
         return None
-    if u is not None and (u.dtype != torch.float64 or u.shape != (n, 1) or not u.is_contiguous()):
+    if u is not None and (
+        u.dtype != torch.float64 or u.shape != (n, 1) or not u.is_contiguous() or not u.is_cpu
+    ):
         return None
     if u is not None and not 0 < temperature <= torch.finfo(torch.float32).max:  # (C takes a float)
         return None
@@ -999,7 +1001,12 @@ def sample(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.T
     lib = LIBRARY.lib
     if lib is None or logits.dim() != 2 or logits.size(1) == 0 or logits.dtype != torch.float32:
         return None
-    if logits.device.type != "cpu" or u.dtype != torch.float64 or u.shape != (logits.size(0), 1):
+    if (
+        logits.device.type != "cpu"
+        or u.dtype != torch.float64
+        or u.shape != (logits.size(0), 1)
+        or not u.is_cpu
+    ):
         return None
     x, u = logits.contiguous(), u.contiguous()
     ids = torch.empty(x.size(0), dtype=torch.long)
@@ -1034,7 +1041,7 @@ def top_rows(
         return None
     if not 0 < n <= x.size(1) or k < 1 or offsets.numel() != x.size(0):
         return None
-    x, offsets = x.contiguous(), offsets.to(torch.float32).contiguous()
+    x, offsets = x.contiguous(), offsets.to("cpu", torch.float32).contiguous()
     values, index = torch.empty(k, dtype=torch.float32), torch.empty(k, dtype=torch.long)
     rc = lib.gptcli_top_rows(
         ctypes.c_void_p(x.data_ptr()), x.size(0), x.size(1), n, ctypes.c_void_p(offsets.data_ptr()), k,
@@ -1052,7 +1059,7 @@ def best(x: torch.Tensor, scores: torch.Tensor, n: int, k: int) -> tuple[torch.T
         return None
     if not 0 < n <= x.size(1) or k < 1 or scores.numel() != x.size(0) or x.size(0) == 0:
         return None
-    x, scores = x.contiguous(), scores.to(torch.float32).contiguous()
+    x, scores = x.contiguous(), scores.to("cpu", torch.float32).contiguous()
     values, index = torch.empty(k, dtype=torch.float32), torch.empty(k, dtype=torch.long)
     rc = lib.gptcli_best(
         ctypes.c_void_p(x.data_ptr()), x.size(0), x.size(1), n, ctypes.c_void_p(scores.data_ptr()), k,
