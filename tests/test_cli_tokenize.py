@@ -410,3 +410,17 @@ def test_a_linked_folder_in_a_corpus_is_read_once(tmp_path):
     result = run("tokenize", corpus, "--out", tmp_path / "t", "--json")
     assert result.exit_code == 0, result.output
     assert sorted(Path(f).name for f in read_meta(tmp_path / "t").files) == ["c.txt", "more.txt"]
+
+
+def test_a_file_reached_twice_is_read_once(tmp_path):
+    """The same file named twice, linked under another name, or inside a folder given beside
+    its directory: read once (twice, its lines would be in the training split and again in
+    the validation split)."""
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    make_corpus(corpus / "a.txt")
+    make_corpus(corpus / "sub" / "b.txt", seed=1)
+    (corpus / "same.txt").symlink_to(corpus / "a.txt")
+    result = run("tokenize", corpus, corpus / "sub", corpus / "a.txt", "--out", tmp_path / "t", "--json")
+    assert result.exit_code == 0, result.output
+    assert sorted(Path(f).name for f in read_meta(tmp_path / "t").files) == ["a.txt", "b.txt"]

@@ -161,7 +161,24 @@ def collect_files(paths: Sequence[str | os.PathLike], exclude: Path | None = Non
         if not found:
             raise UsageError(f"{p}: directory holds no text files")
         files += found
-    return files
+    return _each_once(files)
+
+
+def _each_once(files: list[Path]) -> list[Path]:
+    """files with each file kept where it first comes: one named twice, reached through a
+    link or by two paths (a directory and a folder inside it) is read once, as it is one
+    text (twice, its lines would be both in the training split and in the validation one)."""
+    kept, seen = [], set()
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:  # (said when it is read)
+            kept.append(f)
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            kept.append(f)
+    return kept
 
 
 def _newline_terminated(pieces: Iterator[str]) -> Iterator[str]:
