@@ -147,6 +147,30 @@ def test_same_corpus_twice_is_reused_and_a_different_one_refused(tmp_path, corpu
     assert load_tokenizer(out).decode(load_split(out, "train").tolist()) in other.read_text()
 
 
+@pytest.mark.parametrize("damage", ["missing", "replaced"])
+def test_a_tokenizer_missing_or_replaced_is_not_reused(damage, tmp_path, corpus):
+    """The tokens mean nothing without the tokenizer they were written with: a directory
+    whose tokenizer.json is gone, or is another one, is not "reused"; --force writes it anew."""
+    out = tmp_path / "out"
+    assert run("tokenize", corpus, "--out", out).exit_code == 0
+    tok = out / "tokenizer.json"
+    if damage == "missing":
+        tok.unlink()
+    else:
+        other, text = tmp_path / "other", tmp_path / "o.txt"
+        text.write_text("zebra quiz\n" * 50)
+        assert run("tokenize", text, "--out", other).exit_code == 0
+        assert (other / "tokenizer.json").read_bytes() != tok.read_bytes()
+        tok.write_bytes((other / "tokenizer.json").read_bytes())
+    assert_usage_error(
+        run("tokenize", corpus, "--out", out), "tokenizer.json is missing or is not the one", "--force"
+    )
+    assert run("tokenize", corpus, "--out", out, "--force").exit_code == 0
+    again = run("tokenize", corpus, "--out", out)
+    assert again.exit_code == 0 and "reused" in again.output
+    assert load_tokenizer(out).decode(load_split(out, "train").tolist()) in corpus.read_text()
+
+
 def test_token_files_cut_short_are_never_trained_on_nor_reused(tmp_path, corpus, monkeypatch):
     from tests.helpers import TINY
 

@@ -283,6 +283,7 @@ _META_SCHEMA: dict[str, tuple[type, ...]] = {
     "version": (int,), "tokenizer": (str,), "request": (str,), "vocab_size": (int,), "dtype": (str,),
     "val_fraction": (float,), "source_sha256": (str,), "files": (list,), "documents": (int,),
     "bytes": (int,), "chars": (int,), "train_tokens": (int,), "val_tokens": (int,),
+    "tokenizer_sha256": (str,),
 }  # fmt: skip
 
 
@@ -322,6 +323,7 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
             and meta.get("val_fraction") == val_fraction
             and meta.get("version") == VERSION
             and _shards_whole(out, meta)
+            and _tokenizer_whole(out, meta)
         )
         if same:
             return True
@@ -334,8 +336,10 @@ def _check_out_dir(out: Path, request: str, scan: CorpusScan, val_fraction: floa
                 what = f"with --val-fraction {meta.get('val_fraction')}, not {val_fraction}"
             elif meta.get("version") != VERSION:
                 what = f"in data format version {meta.get('version')}, not {VERSION}"
-            else:
+            elif not _shards_whole(out, meta):
                 what = "whose token files are missing, cut short or changed since"
+            else:
+                what = f"whose {TOKENIZER_FILE} is missing or is not the one written with its tokens"
             raise UsageError(
                 f"{out} already holds a different tokenization ({what}); "
                 "choose another --out or pass --force to replace it"
@@ -358,6 +362,19 @@ def _shards_whole(out: Path, meta: dict) -> bool:
             for split in ("train", "val")
         )
     except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _tokenizer_whole(out: Path, meta: dict) -> bool:
+    """Whether the tokenizer is there, and the one written with the tokens where meta.json
+    holds its hash (directories written before it was kept: there at all)."""
+    path = out / TOKENIZER_FILE
+    if not files.is_regular_file(path):
+        return False
+    want = meta.get("tokenizer_sha256")
+    try:
+        return want is None or hashlib.sha256(path.read_bytes()).hexdigest() == want
+    except OSError:
         return False
 
 
@@ -559,8 +576,10 @@ def _publish(out: Path, writer: _ShardWriter, tok: Tokenizer, meta: dict) -> Non
     command then redoes it), never new shards under an old description; a concurrent
     writer of the same cache entry writes the same files."""
     tok_tmp, meta_tmp = files.temp_path(out / TOKENIZER_FILE), files.temp_path(out / META_FILE)
+    tok_text = tok.dumps()
+    meta = {**meta, "tokenizer_sha256": hashlib.sha256(tok_text.encode("utf-8")).hexdigest()}
     try:
-        for tmp, text in ((tok_tmp, tok.dumps()), (meta_tmp, json.dumps(meta, indent=2))):
+        for tmp, text in ((tok_tmp, tok_text), (meta_tmp, json.dumps(meta, indent=2))):
             with files.open_new(tmp) as f:
                 f.write(text.encode("utf-8"))
                 f.flush()
