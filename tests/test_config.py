@@ -59,6 +59,18 @@ def test_precedence_defaults_then_yaml_then_flags(tmp_path):
     assert c.model.block_size == Config().model.block_size  # default
 
 
+def test_numbers_with_an_exponent_are_numbers(tmp_path):
+    """`lr: 1e-3` is a number (YAML 1.2, Python, JSON), not the string YAML 1.1 reads;
+    words and strings that only start like one stay text."""
+    from gptcli.config.yaml_input import load
+
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 1e-3\n  min_lr: 5E-5\n  weight_decay: .5e-1\n")
+    c = load_config(path, flag_overrides())
+    assert (c.train.lr, c.train.min_lr, c.train.weight_decay) == (0.001, 5e-5, 0.05)
+    assert load("a: 1e\nb: e5\nc: '1e-3'\nd: 1e-3x", "x") == {"a": "1e", "b": "e5", "c": "1e-3", "d": "1e-3x"}
+
+
 def test_config_round_trips_through_yaml(tmp_path):
     c = load_config(None, flag_overrides(n_layer=2, max_time="15m", tokenizer="gpt2"))
     assert c.train.max_time == 900.0

@@ -10,6 +10,7 @@ and duplicate keys are refused naming both lines.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,15 @@ class _Loader(yaml.SafeLoader):
                     f"{self.source}: '{key}' is given twice (lines {first} and {line}); keep one"
                 )
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's floats, which YAML 1.1 (PyYAML) reads as strings where they have no dot or
+# exponent sign: `lr: 1e-3` and `max_iters: 1e3` are numbers, as in Python and JSON
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def load(text: str, source: str) -> Any:
