@@ -11,7 +11,7 @@ from gptcli.cli import render
 from gptcli.cli.declare import Overrides
 from gptcli.cli.training import run_trainer
 from gptcli.config import FINETUNE_DEFAULTS, TRAIN, FinetuneSettings, ModelConfig, TrainConfig
-from gptcli.config.verbs import FinetuneVerbSettings
+from gptcli.config.verbs import FinetuneVerbSettings, one_config
 from gptcli.errors import UsageError
 
 FINETUNE_OVERRIDES = (
@@ -64,7 +64,7 @@ def finetune(s: FinetuneVerbSettings, flags: dict[str, dict[str, Any]]) -> None:
         given["lora_targets"] = [t for t in names if t]
     if "val_data" in given:
         given["val_data"] = str(given["val_data"])
-    notes = render.Notes()
+    notes, config = render.Notes(), one_config(s.config)
     if s.resume:
         if s.new_data and not s.data:
             raise UsageError(
@@ -72,7 +72,7 @@ def finetune(s: FinetuneVerbSettings, flags: dict[str, dict[str, Any]]) -> None:
             )
         given |= {"data": s.data, "base": s.ckpt, "base_checkpoint": s.base}
         trainer = resume_finetuning(
-            s.out, given=given, config_path=s.config, flags=flags, new_data=s.new_data, notes=notes
+            s.out, given=given, config_path=config, flags=flags, new_data=s.new_data, notes=notes
         )
     else:
         if s.new_data:
@@ -82,5 +82,5 @@ def finetune(s: FinetuneVerbSettings, flags: dict[str, dict[str, Any]]) -> None:
         if s.base is not None:
             raise UsageError("--base goes with --resume (a new run's base is --ckpt)")
         settings = FinetuneSettings(data=[str(p) for p in s.data or []], base=s.ckpt, **given)
-        trainer = finetune_trainer(settings, config_path=s.config, out=s.out, flags=flags, notes=notes)
+        trainer = finetune_trainer(settings, config_path=config, out=s.out, flags=flags, notes=notes)
     run_trainer(trainer, resume=s.resume, verb="finetune", json_out=s.json_out)

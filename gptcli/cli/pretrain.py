@@ -10,7 +10,7 @@ from gptcli.cli import render
 from gptcli.cli.declare import Overrides
 from gptcli.cli.training import run_trainer
 from gptcli.config import TRAIN, DataConfig, ModelConfig, TrainConfig
-from gptcli.config.verbs import PretrainSettings
+from gptcli.config.verbs import PretrainSettings, one_config
 from gptcli.errors import UsageError
 
 PRETRAIN_OVERRIDES = (
@@ -36,17 +36,17 @@ def pretrain(s: PretrainSettings, flags: dict[str, dict[str, Any]]) -> None:
     """
     from gptcli.train.recipes import pretrain_trainer, resume_pretraining
 
-    notes = render.Notes()
+    notes, config = render.Notes(), one_config(s.config)
     if s.resume:
         if s.new_data and not s.corpus:
             raise UsageError(
                 "--new-data continues on the data given with it: gptcli pretrain CORPUS --resume --new-data"
             )
         trainer = resume_pretraining(
-            s.out, corpus=s.corpus, config_path=s.config, flags=flags, new_data=s.new_data, notes=notes
+            s.out, corpus=s.corpus, config_path=config, flags=flags, new_data=s.new_data, notes=notes
         )
     else:
         if s.new_data:
             raise UsageError("--new-data goes with --resume (a new run trains on the data it is given)")
-        trainer = pretrain_trainer(s.corpus or [], config_path=s.config, out=s.out, flags=flags, notes=notes)
+        trainer = pretrain_trainer(s.corpus or [], config_path=config, out=s.out, flags=flags, notes=notes)
     run_trainer(trainer, resume=s.resume, verb="pretrain", json_out=s.json_out)

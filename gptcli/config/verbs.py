@@ -98,8 +98,25 @@ def save_knob() -> Any:
 
 def config_knob() -> Any:
     return knob(
-        None, flag="--config", short="-c", help="YAML config (see examples/configs)", shown="none", panel=RUN
+        [],
+        flag="--config",
+        short="-c",
+        help="YAML config (see examples/configs)",
+        shown="none",
+        panel=RUN,
+        metavar="<path>",
     )
+
+
+def one_config(paths: list[Path]) -> Path | None:
+    """The config file given (None: none). Given twice, refused: the second would replace
+    the first whole, silently (a run of another shape than the first file says)."""
+    if len(paths) > 1:
+        raise UsageError(
+            f"--config is given {len(paths)} times ({', '.join(str(p) for p in paths)}); give one file, "
+            "with the others' settings in it or as flags"
+        )
+    return paths[0] if paths else None
 
 
 def run_dir_knob(shown: str) -> Any:
@@ -171,7 +188,7 @@ class PretrainSettings(Settings):
     corpus: list[Path] | None = knob(
         None, argument=True, help="Text files, directories of them, or a directory made by `gptcli tokenize`."
     )
-    config: Path | None = config_knob()
+    config: list[Path] = config_knob()
     out: Path | None = run_dir_knob("runs/<corpus>-<time>")
     resume: bool = resume_knob()
     new_data: bool = new_data_knob()
@@ -199,7 +216,7 @@ class FinetuneVerbSettings(Settings):
     base: Path | None = base_knob(
         help="With --resume: where a LoRA run's base checkpoint is now, if it moved", panel=LORA
     )
-    config: Path | None = config_knob()
+    config: list[Path] = config_knob()
     out: Path | None = run_dir_knob("runs/<data>-<task>-<time>")
     resume: bool = resume_knob()
     new_data: bool = new_data_knob()
