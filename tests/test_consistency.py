@@ -156,6 +156,8 @@ def test_resume_refuses_fewer_steps_than_reached_and_an_edited_config_copy(lm_ru
     resumed = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "12")
     assert resumed.exit_code == 0, resumed.output
     assert checkpoint_meta(run_dir)["step"] == 12 and "max_iters: 12" in (run_dir / "config.yaml").read_text()
+    assert "config.yaml says max_iters: 99, which this session does not take" in resumed.output
+    assert f"-c {run_dir / 'config.yaml'}" in " ".join(resumed.output.split())
     (run_dir / "config.yaml").write_text("- not a config\n")  # no mapping: not compared, rewritten
     assert run("pretrain", "--resume", "--out", run_dir, "--max-iters", "14").exit_code == 0
     assert "max_iters: 14" in (run_dir / "config.yaml").read_text()

@@ -514,9 +514,18 @@ def load_for_resume(
     before = Config(train=TrainConfig(**asdict(SAVED_BEFORE)))
     saved = merge(before, loaded.meta["config"], f"{loaded.path}/checkpoint.json")
     given = [(read_yaml(config_path), str(config_path))] if config_path is not None else []
+    in_copy: dict[tuple[str, str], Any] = {}  # what RUN/config.yaml says of what a resume may change
     if config_path is None or not _same_file(Path(config_path), run / CONFIG_FILE):
-        _check_config_copy(run / CONFIG_FILE, saved)
+        in_copy = _check_config_copy(run / CONFIG_FILE, saved)
     config = resume_config(saved, [*given, (flags, "the command line")])
+    now = config.to_dict()
+    ignored = [f"{key}: {value!r}" for (section, key), value in in_copy.items() if now[section][key] != value]
+    if ignored:  # (edited by hand, or written by a session cut before its first checkpoint)
+        notes.warning(
+            f"{run / CONFIG_FILE} says {', '.join(ignored)}, which this session does not take (the "
+            f"checkpoint's and the flags' instead) and writes over; to take them, pass "
+            f"-c {run / CONFIG_FILE}"
+        )
     step = loaded.meta.get("step")
     if isinstance(step, int) and config.train.max_iters < step:
         from_flag = "max_iters" in (flags.get("train") or {})
@@ -537,16 +546,25 @@ def load_for_resume(
     return loaded, config
 
 
-def _check_config_copy(path: Path, saved: Config) -> None:
+def _check_config_copy(path: Path, saved: Config) -> dict[tuple[str, str], Any]:
     """RUN/config.yaml is the run's config as gptcli wrote it, rewritten by every session; one
     whose maths was edited by hand (in the hope that the resumed run takes it) is refused
-    rather than overwritten: a resumed run's settings are its checkpoint's, and -c or the flags."""
+    rather than overwritten: a resumed run's settings are its checkpoint's, and -c or the flags.
+    Returns what it says of the settings a resume may change, where they differ from saved's
+    ({(section, key): value}: the caller says which it will not take)."""
     if not path.is_file() or path.is_symlink():
-        return
+        return {}
     written = read_yaml(path)  # (not YAML: refused as read_yaml refuses it, the file kept)
     if not isinstance(written, dict):
-        return
+        return {}
     ours = saved.to_dict()
+    changeable = {
+        (section, key): value
+        for section, keys in written.items()
+        if isinstance(keys, dict) and isinstance(ours.get(section), dict)
+        for key, value in keys.items()
+        if key in ours[section] and key in CONFIG_CHANGES_ON_RESUME and value != ours[section][key]
+    }
     edited = [
         f"{section}.{key}: {value!r}, not {ours[section][key]!r}"
         for section, keys in written.items()
@@ -560,6 +578,7 @@ def _check_config_copy(path: Path, saved: Config) -> None:
             f"run's settings are its checkpoint's; give what may change as flags or with -c {path}, "
             "or undo the edit"
         )
+    return changeable
 
 
 def _longer_wsd_run(loaded: Loaded, saved: Config, config: Config, run: Path, notes: Notes) -> Path | None:
