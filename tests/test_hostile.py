@@ -589,3 +589,14 @@ def test_optimizer_settings_in_a_training_state_are_checked_before_resuming(ws, 
     result = run("pretrain", "--resume", "--out", run_dir, "--max-iters", "150")
     _no_raw_control(result.output)
     assert_usage_error(result, "the training state is damaged", message)
+
+
+def test_a_missing_or_empty_metrics_log_has_no_damaged_line(tmp_path):
+    """A log deleted or emptied by hand holds no lines, not one damaged empty line."""
+    from gptcli.train.state import DAMAGED, MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    assert log.set_aside_damaged() == 0
+    log.path.write_bytes(b"")
+    assert log.set_aside_damaged() == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"] and not DAMAGED.endswith("jsonl")

@@ -78,6 +78,8 @@ class MetricsLog:
                 f"{self.path} is a symbolic link; gptcli does not write through links: remove it"
             )
         data = self.path.read_bytes() if self.path.exists() else b""
+        if not data:  # (a missing or empty log has no lines, not one empty line)
+            return [], False
         out = []
         for raw in data.split(b"\n")[: -1 if data.endswith(b"\n") else None]:  # (\r is a byte of a line)
             try:
