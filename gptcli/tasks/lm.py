@@ -27,7 +27,8 @@ class LMTask(NextTokenTask):
             if len(data) == 0 and split == "val":
                 raise UsageError(
                     "the val split is empty (too little text, or tokenized with --val-fraction 0); "
-                    "use more text or a --val-fraction above 0"
+                    "use more text, or hold out a share above 0 (--val-fraction of tokenize and "
+                    "finetune, data.val_fraction in a config)"
                 )
             if len(data) < block_size + 1:
                 raise UsageError(

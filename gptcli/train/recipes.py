@@ -431,8 +431,8 @@ def prepare_text(
         if isinstance(tokenizer, str):
             if explicit_tokenizer and report.tokenizer != tokenizer.lower():
                 raise UsageError(
-                    f"{corpus[0]} is tokenized with {report.tokenizer}, not {tokenizer}; drop --tokenizer, "
-                    "or tokenize the text again with: "
+                    f"{corpus[0]} is tokenized with {report.tokenizer}, not {tokenizer}; drop --tokenizer "
+                    "(or the config's data.tokenizer), or tokenize the text again with: "
                     f"{command_line('tokenize', 'TEXT', '--out', 'DIR', '-t', tokenizer)}"
                 )
         else:
