@@ -555,6 +555,32 @@ def test_a_cache_made_for_another_model_is_left_to_the_models_code():
         model.next_logits(torch.tensor([[3]]), kv_cache=cache)
 
 
+@pytest.mark.parametrize("n_embd", [64, 72])  # (72: inputs past the last 16)
+def test_fp32_logits_of_a_row_are_the_same_bits_whatever_else_is_in_the_batch(n_embd):
+    """A row decoded in fp32 beside others gets exactly the logits it gets alone (the products
+    of one row and of several sum in one order): a sample of a batch is what its seed gives
+    alone, near-ties included."""
+    library()
+    model = small_model(torch.float32, n_embd=n_embd, n_head=2)
+    kernels.use_fast_decode(model)
+    prompts = torch.randint(0, 97, (3, 5), generator=torch.Generator().manual_seed(4))
+    alone = [KVCache(model.config, 1, 16) for _ in range(3)]
+    with torch.no_grad():
+        for r in range(3):  # (each prompt encoded alone: torch's own products may vary with the batch)
+            GPT.next_logits(model, prompts[r : r + 1], kv_cache=alone[r])
+        batch = KVCache(model.config, 3, 16)
+        batch.k.copy_(torch.cat([c.k for c in alone], dim=1))
+        batch.v.copy_(torch.cat([c.v for c in alone], dim=1))
+        batch.pos = alone[0].pos
+        tokens = torch.tensor([[7], [11], [13]])
+        for _ in range(3):
+            together = model.next_logits(tokens, kv_cache=batch)
+            for r in range(3):
+                assert torch.equal(together[r], model.next_logits(tokens[r : r + 1], kv_cache=alone[r])[0])
+            tokens = together.argmax(-1, keepdim=True)
+    assert "_decoder" in model.__dict__  # (the C step ran)
+
+
 def test_the_weights_are_checked_once_a_generation(monkeypatch):
     """Per token the check cost more than the C step's own Python; per cache it is once."""
     library()

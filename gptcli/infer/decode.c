@@ -583,16 +583,20 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* (its weights are not asked for ahead: on a Zen 3, a whole fp32 step of one row took 1.08x
+/* The fp32 dot products of one row (dot_f32, dots4_f32) and of several (f32_rows_block) sum
+ * in one order: per output one vector of sums, each 16 inputs' first 8 then last 8 added to
+ * it, summed across at the end (hsum256), then the inputs past the last 16 one by one. So a
+ * row's logits are the same bits whatever else is in the batch (a sample of a batch is what
+ * its seed gives alone; in two orders, near-ties went either way).
+ * (its weights are not asked for ahead: on a Zen 3, a whole fp32 step of one row took 1.08x
  * to 1.12x the time when they were) */
 static float dot_f32(const float *w, const float *x, int k) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 16 <= k; i += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-    }
-    float s = hsum256(_mm256_add_ps(a0, a1));
+    for (; i + 16 <= k; i += 16)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8),
+                            _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a));
+    float s = hsum256(a);
     for (; i < k; i++) s += w[i] * x[i];
     return s;
 }
@@ -602,18 +606,16 @@ static float dot_f32(const float *w, const float *x, int k) {
  * more of the memory's bandwidth than one (see packed_bf16) */
 #define HAVE_DOTS4 1
 static void dots4_f32(const float *const *w, const float *x, int k, float *out) {
-    __m256 a[4][2];
-    for (int q = 0; q < 4; q++) a[q][0] = a[q][1] = _mm256_setzero_ps();
+    __m256 a[4];
+    for (int q = 0; q < 4; q++) a[q] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= k; i += 16) {
         const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
-        for (int q = 0; q < 4; q++) {
-            a[q][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + i), x0, a[q][0]);
-            a[q][1] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + i + 8), x1, a[q][1]);
-        }
+        for (int q = 0; q < 4; q++)
+            a[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + i + 8), x1, _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + i), x0, a[q]));
     }
     for (int q = 0; q < 4; q++) {
-        float t = hsum256(_mm256_add_ps(a[q][0], a[q][1]));
+        float t = hsum256(a[q]);
         for (int r = i; r < k; r++) t += w[q][r] * x[r];
         out[q] = t;
     }
@@ -1410,13 +1412,16 @@ static void stored_product(const Mat *m, const float *x, const uint16_t *xb, flo
     if (rows == 1 && m->dtype == F32) j = four_streams(m, x, NULL, NULL, y, mode, lo, hi);
 #endif
 #ifdef HAVE_ROWS16
-    if (rows == 1 && k % 32 == 0) {
+    /* (fp32 weights: every row so, whatever the batch, as each row alone: the same bits) */
+    if ((rows == 1 || m->dtype == F32) && k % 32 == 0) {
         const size_t size = m->dtype == I8 ? 1 : m->dtype == BF16 ? 2 : 4;
         float out[16];
-        for (; j + 16 <= hi; j += 16) {
-            rows16_wide((const char *)m->w + (size_t)j * k * size, m->dtype, x, k, out);
-            for (int q = 0; q < 16; q++) put(m, y, 0, j + q, m->dtype == I8 ? out[q] * m->scale[j + q] : out[q], mode);
-        }
+        for (; j + 16 <= hi; j += 16)
+            for (int r = 0; r < rows; r++) {
+                rows16_wide((const char *)m->w + (size_t)j * k * size, m->dtype, x + (size_t)r * k, k, out);
+                for (int q = 0; q < 16; q++)
+                    put(m, y, r, j + q, m->dtype == I8 ? out[q] * m->scale[j + q] : out[q], mode);
+            }
     }
 #endif
     for (; j < hi; j++)
