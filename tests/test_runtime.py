@@ -81,6 +81,34 @@ def test_the_kernels_bf16_products_are_named_only_where_they_apply(monkeypatch):
     assert kernels.bf16_products() is None
 
 
+def test_a_kernel_known_not_to_build_leaves_auto_in_fp32(tmp_path, monkeypatch):
+    """Where the kernel cannot be had (a build of it refused before, nowhere to keep it),
+    --dtype auto keeps fp32, whose products torch runs fast, instead of bf16, which only the
+    kernel multiplies fast on AVX2; nothing is built or made to find it out."""
+    from gptcli.infer import kernels
+
+    monkeypatch.setattr(kernels, "cpu_bf16_feature", lambda: None)
+    monkeypatch.setattr(kernels, "cpu_has_isa", lambda isa: isa == "avx2")
+    in_the_way = tmp_path / "notes.txt"
+    in_the_way.write_text("mine")
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(in_the_way / "kernels"))
+    monkeypatch.setattr(kernels, "LIBRARY", kernels._Library())
+    assert kernels.bf16_products() is None and "is a file, not a directory" in kernels.LIBRARY.failed
+    monkeypatch.setenv("GPTCLI_KERNELS_DIR", str(tmp_path / "k"))
+    monkeypatch.setattr(kernels, "LIBRARY", kernels._Library())
+    assert (
+        kernels.bf16_products() == "AVX2" and not (tmp_path / "k").exists()
+    )  # (could be built: nothing made)
+    path = kernels.library_path(kernels._compiler())
+    path.parent.mkdir()
+    kernels.kernel_build.failure_record(path).write_text("cc: error: no headers\n")
+    monkeypatch.setattr(kernels, "LIBRARY", kernels._Library())
+    assert (
+        kernels.bf16_products() is None and "did not build (cc: error: no headers)" in kernels.LIBRARY.failed
+    )
+    assert kernels.LIBRARY.thread is None
+
+
 @pytest.mark.parametrize(("verb", "want"), [("sample", "bf16"), ("beam", "bf16"), ("inspect-lens", "fp32")])
 def test_decoding_verbs_ask_for_the_kernels_bf16_and_the_others_do_not(monkeypatch, trained, verb, want):
     from gptcli.cli import render

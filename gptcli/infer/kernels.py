@@ -168,12 +168,13 @@ def cpu_has_isa(isa: str) -> bool:
 
 def bf16_products() -> str | None:
     """The instruction set with which the kernel multiplies bf16 weights on a CPU without
-    native bf16 (AVX2: widened to fp32 as they are read, from a packed copy), where a C
-    compiler is there to build it; None elsewhere (a CPU with native bf16 has torch's own
-    fast bf16 products too)."""
+    native bf16 (AVX2: widened to fp32 as they are read, from a packed copy), where the
+    kernel is loaded or can be built (a C compiler that runs, no earlier build of it refused,
+    a place to keep it); None elsewhere (a CPU with native bf16 has torch's own fast bf16
+    products too; without the kernel, torch's bf16 products on AVX2 are slow)."""
     if cpu_bf16_feature() or _compiler() is None or not cpu_has_isa("avx2"):
         return None
-    return "AVX2"
+    return "AVX2" if LIBRARY.usable() else None  # (a kernel known not to build: fp32, torch's fast products)
 
 
 def _cpu_features() -> str:
@@ -277,29 +278,65 @@ class _Library:
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
+    def _plan(self) -> tuple[str, bytes, Path] | None:
+        """(compiler, source text, library path) where the library may be loaded or built,
+        else None with self.failed saying why (no compiler, one that does not run, a build
+        of this source refused before, something else at the library's name)."""
+        compiler = _compiler()
+        if compiler is None:
+            self.failed = "no C compiler (cc, gcc or clang)"
+            return None
+        try:  # CC may name a program that is not there, or be a command with flags
+            text = SOURCE.read_bytes()  # (read once: what the build compiles is checked against it)
+            path = library_path(compiler, self.flags, text)
+        except (OSError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else e
+            self.failed = f"the C compiler {compiler!r} did not run ({why})"
+            return None
+        why = kernel_build.refused(path)  # this source, compiler and flags did not build before
+        if why is not None:
+            self.failed = _not_built(why, kernel_build.failure_record(path))
+            return None
+        if path.exists() and not path.is_file():
+            self.failed = f"the CPU decoding kernel cannot be kept: {path} is in the way (not a file)"
+            return None
+        return compiler, text, path
+
+    def usable(self) -> bool:
+        """Whether the library is loaded, being built, or may be loaded or built here (what
+        start checks first, without building anything: a command refused later starts
+        nothing); where not, self.failed says why."""
+        with self.lock:
+            if self.lib is not None or self.thread is not None:
+                return True
+            if self.failed is not None:
+                return False
+            plan = self._plan()
+            if plan is None:
+                return False
+            path = plan[2]
+            if path.is_file():
+                return True
+            place = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+            if place is not None and place.is_dir() and os.access(place, os.W_OK | os.X_OK):
+                return True
+            blocker = files.in_the_way(path)
+            why = f"{blocker} is a file, not a directory" if blocker is not None else "not writable"
+            self.failed = (
+                f"the CPU decoding kernel cannot be kept in {path.parent} ({why}): "
+                "set GPTCLI_KERNELS_DIR to a writable directory"
+            )
+            return False
+
     def start(self) -> bool:
         """Load the library, or start building it; True when it is being built (not cached)."""
         with self.lock:
             if self.lib is not None or self.failed is not None or self.thread is not None:
                 return False
-            compiler = _compiler()
-            if compiler is None:
-                self.failed = "no C compiler (cc, gcc or clang)"
+            plan = self._plan()
+            if plan is None:
                 return False
-            try:  # CC may name a program that is not there, or be a command with flags
-                text = SOURCE.read_bytes()  # (read once: what the build compiles is checked against it)
-                path = library_path(compiler, self.flags, text)
-            except (OSError, ValueError) as e:
-                why = e.strerror if isinstance(e, OSError) and e.strerror else e
-                self.failed = f"the C compiler {compiler!r} did not run ({why})"
-                return False
-            why = kernel_build.refused(path)  # this source, compiler and flags did not build before
-            if why is not None:
-                self.failed = _not_built(why, kernel_build.failure_record(path))
-                return False
-            if path.exists() and not path.is_file():
-                self.failed = f"the CPU decoding kernel cannot be kept: {path} is in the way (not a file)"
-                return False
+            compiler, text, path = plan
             if path.is_file():
                 if whole_library(path) and self._load(path):
                     return False
