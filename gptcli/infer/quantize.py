@@ -36,7 +36,13 @@ class Int8Linear(nn.Module):
         shape = (*x.shape[:-1], self.out_features)
         # torch's kernel reads its inputs 16 at a time, unchecked: a width not a multiple of 16
         # gave inf or NaN, or crashed (torch 2.13)
-        if x.dtype == torch.bfloat16 and x.device.type == "cpu" and self.in_features % 16 == 0:
+        # (not inside torch.compile: Inductor's CPU lowering of the op failed an assertion, torch 2.13)
+        if (
+            x.dtype == torch.bfloat16
+            and x.device.type == "cpu"
+            and self.in_features % 16 == 0
+            and not torch.compiler.is_compiling()
+        ):
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight,
                                                     self.scale.to(torch.bfloat16))  # fmt: skip
             y = y.view(shape)
