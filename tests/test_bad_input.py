@@ -108,6 +108,8 @@ CASES = [
     ("top-p zero", ["sample", "--ckpt", "{trained}", "--top-p", "0"], "--top-p must be in (0, 1]"),
     ("top-p above one", ["sample", "--ckpt", "{trained}", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
     ("temp negative", ["sample", "--ckpt", "{trained}", "--temp", "-0.5"], "--temp must be >= 0, got -0.5"),
+    ("seeds past the largest", ["sample", "--ckpt", "{trained}", "--seed", str(2**63 - 1), "--num-samples", "2"],
+     f"seeds its rows up to {2**63}, past {2**63 - 1}; give --seed {2**63 - 2} or less"),
     ("beams zero", ["beam", "The", "--ckpt", "{trained}", "--beams", "0"], "--beams must be >= 1"),
     ("ckpt missing", ["sample", "--ckpt", "nowhere"], "--ckpt nowhere: no such file or directory"),
     ("ckpt not a run", ["sample", "--ckpt", "emptydir"], "is not a gptcli run or checkpoint"),

@@ -249,6 +249,7 @@ def test_bad_requests_get_openais_errors_and_the_server_keeps_serving(server):
         ({"echo": True, "logprobs": 0, "max_tokens": 14}, "which scoring needs"),
         ({"best_of": 3}, "'best_of' is not supported"),
         ({"stop": ["x" * 257]}, "each of at most 256 characters"),
+        ({"n": 2, "seed": 2**63 - 1}, f"'seed' must be between 0 and {2**63 - 2}"),  # (choice i: seed + i)
     ]:
         args = {"model": server.model, "prompt": "The", **kwargs}
         with pytest.raises(openai.BadRequestError, match=re.escape(words)):

@@ -276,6 +276,12 @@ class SampleSettings(Settings):
         check_fields(self)
         if self.prompt is not None and self.prompt_file is not None:
             raise UsageError("give --prompt or --prompt-file, not both")
+        if self.seed is not None and self.seed + self.num_samples - 1 > SEED_MAX:  # (row i: seed + i)
+            raise UsageError(
+                f"--seed {self.seed} with --num-samples {self.num_samples} seeds its rows up to "
+                f"{self.seed + self.num_samples - 1}, past {SEED_MAX}; give --seed "
+                f"{SEED_MAX - self.num_samples + 1} or less"
+            )
         return self
 
 

@@ -222,7 +222,7 @@ def check_completion(body: Any, served: Served) -> Completion:
     ):
         each = f"at most {MAX_STOPS}, each of at most {MAX_STOP_CHARS} characters"
         raise ApiError(400, f"'stop' must be a string or a list of strings, {each}", "stop")
-    seed = _int(body, "seed", None, 0, SEED_MAX)
+    seed = _int(body, "seed", None, 0, SEED_MAX - n + 1)  # (choice i draws from seed + i)
     stream = _bool(body, "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
