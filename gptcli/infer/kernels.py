@@ -560,8 +560,7 @@ class Decoder:
         # model cast or moved while a generation runs replaces its parameters' .data, which
         # then frees the old memory only once the next generation's Decoder replaces this one
         keep: list[torch.Tensor] = [t.wte.weight.detach(), t.wpe.weight.detach()]
-        linears = [m for b in t.h for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
-        linears.append(model.lm_head)
+        linears = _products(model)
         sizes = [(_packed_numel(lib, m.weight), m.weight.dtype) for m in linears]
         self.arena = _Arena(sum(_Arena.room(n, d) for n, d in sizes if n is not None))
         keep.append(self.arena.memory)
@@ -828,15 +827,19 @@ def _readable(model: nn.Module) -> bool:
         return False
     if model.transformer.wte.weight.device.type != "cpu":
         return False
-    t = model.transformer
-    linears = [m for b in t.h for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
-    linears.append(model.lm_head)
     return all(
         (type(m) is nn.Linear or isinstance(m, _Quantized))
         and m.weight.dtype in _DTYPES
         and m.weight.is_contiguous()
-        for m in linears
+        for m in _products(model)
     )
+
+
+def _products(model: GPT) -> list[nn.Module]:
+    """The modules whose weights the C step multiplies: each block's four, then the unembedding."""
+    t = model.transformer
+    linears = [m for b in t.h for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+    return [*linears, model.lm_head]
 
 
 def _decoder(model: GPT, lib: ctypes.CDLL, idx: torch.Tensor, cache: KVCache | None) -> Decoder | None:
