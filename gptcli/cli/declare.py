@@ -57,6 +57,15 @@ def _base_type(hint: Any) -> Any:
     return args[0] if args and type(None) in typing.get_args(hint) else hint
 
 
+def _each(hint: Any) -> str | None:
+    """The word for one value of a repeatable parameter (list[str]: <str>, as a single one
+    shows), else None (Typer's own)."""
+    base = _base_type(hint)
+    if typing.get_origin(base) is list and typing.get_args(base):
+        return f"<{typing.get_args(base)[0].__name__.lower()}>"
+    return None
+
+
 def _complete(name: str | None) -> Callable[[str], list[str]] | None:
     if name is None:
         return None
@@ -68,12 +77,13 @@ def _complete(name: str | None) -> Callable[[str], list[str]] | None:
 def _parameter(f: Field, hint: Any, *, default: Any, help: str, panel: str | None) -> inspect.Parameter:
     """The Typer parameter of one field."""
     meta = f.metadata
-    if meta.get("argument"):
+    if meta.get("argument"):  # (its name is its word: text..., corpus...)
         spec: Any = typer.Argument(help=help, show_default=False)
     else:
         names = [meta["flag"], *([meta["short"]] if meta.get("short") else [])]
         spec = typer.Option(
-            *names, help=help, show_default=False, rich_help_panel=panel, metavar=meta.get("metavar"),
+            *names, help=help, show_default=False, rich_help_panel=panel,
+            metavar=meta.get("metavar") or _each(hint),
             autocompletion=_complete(meta.get("complete")),
         )  # fmt: skip
     return inspect.Parameter(
