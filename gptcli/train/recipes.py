@@ -558,19 +558,18 @@ def _check_config_copy(path: Path, saved: Config) -> dict[tuple[str, str], Any]:
     if not isinstance(written, dict):
         return {}
     ours = saved.to_dict()
-    changeable = {
+    differ = {
         (section, key): value
         for section, keys in written.items()
         if isinstance(keys, dict) and isinstance(ours.get(section), dict)
         for key, value in keys.items()
-        if key in ours[section] and key in CONFIG_CHANGES_ON_RESUME and value != ours[section][key]
+        if key in ours[section] and value != ours[section][key]
     }
+    changeable = {where: value for where, value in differ.items() if where[1] in CONFIG_CHANGES_ON_RESUME}
     edited = [
         f"{section}.{key}: {value!r}, not {ours[section][key]!r}"
-        for section, keys in written.items()
-        if isinstance(keys, dict) and isinstance(ours.get(section), dict)
-        for key, value in keys.items()
-        if key in ours[section] and key not in CONFIG_CHANGES_ON_RESUME and value != ours[section][key]
+        for (section, key), value in differ.items()
+        if key not in CONFIG_CHANGES_ON_RESUME
     ]  # (what a resume may change, it changes: a session cut before its first checkpoint wrote those)
     if edited:
         raise UsageError(
