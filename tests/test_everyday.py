@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,16 @@ def test_the_run_header_says_how_the_global_batch_is_formed(first_run):
         "pretrain", first_run / "corpus.txt", "--out", first_run / "B", *SHORT, "--grad-accum", "3"
     ).output
     assert "global batch = 8 x 3 = 384 tokens" in lines
+
+
+def test_a_compiled_run_says_its_first_step_waits_for_the_compile():
+    """torch.compile keeps the first step silent for up to minutes: the header says why."""
+    from gptcli.cli.render.training import header
+    from gptcli.reports import RunInfo
+
+    info = RunInfo(Path("r"), "cpu", "CPU", "fp32", "fp32", 1000, 128, 8, 1, 1, 0, 100, None, True)
+    assert "torch.compile (the first step and the first eval wait for its compile)" in header(info, "; ")[0]
+    assert "compile" not in header(replace(info, compile=False), "; ")[0]
 
 
 # --- the newest run that fits the verb -----------------------------------------------------

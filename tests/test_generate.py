@@ -382,20 +382,24 @@ def test_compiled_static_cache_decoding_gives_the_eager_tokens(decoder_model):
 def test_sample_and_beam_take_compile_and_give_the_same_text(trained):
     from tests.helpers import run
 
+    said: list[str] = []  # (a compile keeps a command silent for up to a minute: it says so, on stderr)
+
     def sample(*flag: str) -> dict:
         args = ["--prompt", "The fox", "--temp", "0", "--max-new-tokens", "30", "--dtype", "fp32", "--json"]
         result = run("sample", "--ckpt", trained, *args, *flag)
         assert result.exit_code == 0, result.output
+        said.append(result.stderr)
         return json.loads(result.stdout)
 
     assert sample("--compile") == sample("--no-compile") == sample()
-    beams = [
-        json.loads(run("beam", "The fox", "--ckpt", trained, "--beams", "3", "--json", *flag).stdout)[
-            "hypotheses"
-        ]
-        for flag in (["--compile"], ["--no-compile"])
-    ]
+    beams = []
+    for flag in ("--compile", "--no-compile"):
+        result = run("beam", "The fox", "--ckpt", trained, "--beams", "3", "--json", flag)
+        said.append(result.stderr)
+        beams.append(json.loads(result.stdout)["hypotheses"])
     assert [h["ids"] for h in beams[0]] == [h["ids"] for h in beams[1]]
+    compiling = ["compiling the decoding step (torch.compile" in err for err in said]
+    assert compiling == [True, False, False, True, False], said
 
 
 def test_a_run_asks_for_about_the_budget_read_when_it_is_asked(monkeypatch):

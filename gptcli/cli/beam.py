@@ -8,9 +8,8 @@ from dataclasses import asdict
 from gptcli.cli import render
 from gptcli.cli.common import (
     check_decoding_fits,
-    decode_compiled,
+    choose_decoding,
     load_model,
-    start_decoding,
     text_arg,
     warn_if_cut,
 )
@@ -40,8 +39,7 @@ def beam(s: BeamSettings) -> None:
     warn_if_cut(p, f"the model's block_size {block} less the {new_tokens} new tokens")
     check_decoding_fits(loaded.model, s.beams, f"--beams {s.beams}", len(p.ids) + new_tokens)
     end_ids = end_token_ids(tok, s.eos)  # (each --eos one token, checked before anything starts)
-    if s.compile is None:
-        start_decoding(loaded)
+    compiled = choose_decoding(s.compile, loaded)
     hyps = beam_complete(
         loaded.model,
         tok,
@@ -52,7 +50,7 @@ def beam(s: BeamSettings) -> None:
         end_ids=end_ids,
         stops=s.stop,
         no_repeat_ngram=s.no_repeat_ngram,
-        compile=decode_compiled(s.compile, loaded),
+        compile=compiled,
     )
     rows = [asdict(h) for h in hyps[:n_best]]
     if s.json_out:

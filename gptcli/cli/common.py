@@ -193,11 +193,19 @@ def start_decoding(loaded: Loaded) -> None:
         )
 
 
-def decode_compiled(compile: bool | None, loaded: Loaded) -> bool:
-    """--compile/--no-compile, or by default what is fastest where the model runs."""
-    if compile is not None:
-        return compile
-    return next(loaded.model.parameters()).device.type == "cuda"
+def choose_decoding(compile: bool | None, loaded: Loaded) -> bool:
+    """--compile/--no-compile, or by default what is fastest where the model runs; starts
+    what it chose (start_decoding for the default, or says that torch.compile is at work:
+    a step compiled for the first time on a CPU keeps a command silent for up to a minute)."""
+    compiled = next(loaded.model.parameters()).device.type == "cuda" if compile is None else compile
+    if compiled:
+        render.info(
+            "compiling the decoding step (torch.compile: up to a minute the first time, a few seconds "
+            "once TorchInductor's cache holds it)"
+        )
+    elif compile is None:
+        start_decoding(loaded)
+    return compiled
 
 
 def check_decoding_fits(model: Any, rows: int, what: str, length: int | None = None) -> None:

@@ -10,9 +10,8 @@ import typer
 from gptcli.cli import render
 from gptcli.cli.common import (
     check_decoding_fits,
-    decode_compiled,
+    choose_decoding,
     load_model,
-    start_decoding,
     text_arg,
     warn_if_cut,
 )
@@ -54,8 +53,7 @@ def sample(s: SampleSettings) -> None:
     if s.stream and not streaming:
         why = "--json" if s.json_out else "--show-probs" if s.show_probs else f"--num-samples {s.num_samples}"
         render.warning(f"--stream shows one sample as it is generated: with {why}, each is shown when done")
-    if s.compile is None:
-        start_decoding(loaded)
+    compiled = choose_decoding(s.compile, loaded)
     if streaming:
         render.stream_text(p.text, style="dim")
     results = complete(
@@ -68,7 +66,7 @@ def sample(s: SampleSettings) -> None:
         seed=s.seed,
         stops=s.stop,
         show_probs=s.show_probs,
-        compile=decode_compiled(s.compile, loaded),
+        compile=compiled,
         on_text=(lambda i, delta: render.stream_text(delta, style="bold")) if streaming else None,
         interruptible=True,  # Ctrl-C: what was generated so far is shown, then the exit status 130
     )

@@ -96,7 +96,8 @@ def header(info: reports.RunInfo, sep: str) -> list[str]:
     and in what precision, and how the batch is formed (the live view joins the first
     line's parts with " · ", the log with "; ")."""
     where = [info.device_reason, info.precision_reason, f"{info.params / 1e6:.2f}M parameters"]
-    where += ["torch.compile"] if info.compile else []
+    if info.compile:
+        where.append("torch.compile (the first step and the first eval wait for its compile)")
     lines = [sep.join(where), batch_line(info)]
     return lines + ([optimizer_line(info, sep)] if info.optimizers else [])
 
