@@ -147,6 +147,24 @@ def test_mfu_never_exceeds_100_percent_and_a_low_peak_is_raised(tmp_path, monkey
     assert max(peaks.values()) > 1e3
 
 
+def test_a_cached_peak_measured_on_a_busy_machine_is_raised_by_the_next_measurement():
+    """The CPU's peak is cached; a first measurement made while the machine was busy (here:
+    absurdly low) is probed again at the next run and raised, not kept for good."""
+    from gptcli import runtime
+
+    cpu = torch.device("cpu")
+    first = runtime.measured_peak_flops(cpu, torch.float32, seconds=0.05)
+    path = runtime.cache_dir() / "peak_flops.json"
+    key = runtime._peak_key(cpu, torch.float32)
+    assert json.loads(path.read_text()) == {key: first}
+    path.write_text(json.dumps({key: 1e3}))  # as if measured while the machine was busy
+    again = runtime.measured_peak_flops(cpu, torch.float32, seconds=0.05)
+    assert again > 1e6 and json.loads(path.read_text()) == {key: again}
+    path.write_text(json.dumps({key: 1e18}))  # a higher figure is kept: a busy probe lowers nothing
+    assert runtime.measured_peak_flops(cpu, torch.float32, seconds=0.05) == 1e18
+    assert json.loads(path.read_text()) == {key: 1e18}
+
+
 @pytest.mark.parametrize(
     ("name", "dtype", "peak"),
     [
