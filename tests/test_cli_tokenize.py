@@ -448,3 +448,18 @@ def test_a_file_reached_twice_is_read_once(tmp_path):
     result = run("tokenize", corpus, corpus / "sub", corpus / "a.txt", "--out", tmp_path / "t", "--json")
     assert result.exit_code == 0, result.output
     assert sorted(Path(f).name for f in read_meta(tmp_path / "t").files) == ["a.txt", "b.txt"]
+
+
+def test_the_cache_is_under_an_absolute_xdg_cache_home_and_ignores_a_relative_one(tmp_path, monkeypatch):
+    """XDG_CACHE_HOME is taken only when absolute (the XDG spec): a relative one would put
+    the cache wherever the command happens to run."""
+    from gptcli.paths import cache_dir
+
+    monkeypatch.delenv("GPTCLI_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "gptcli"
+    monkeypatch.setenv("XDG_CACHE_HOME", "cache")
+    assert cache_dir() == tmp_path / "home" / ".cache" / "gptcli"
+    monkeypatch.setenv("GPTCLI_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
