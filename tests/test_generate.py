@@ -229,6 +229,30 @@ def test_text_stream_stops_at_a_stop_string_and_holds_back_its_prefix():
     assert "".join(deltas) == "ab" and stream.finish == "stop" and stream.text == "ab"
 
 
+def test_text_stream_cuts_before_the_first_stop_string_whatever_the_order_of_the_list():
+    """Stops that complete with the same token: the text ends before the earliest, so it
+    holds none of them (it ended before the one listed first, and held an earlier one)."""
+    import random
+
+    tok = gpt2_tokenizer()
+    ids = tok.encode(" caught a mouse because")
+    for stops in (["use", "mo"], ["mo", "use"]):
+        stream = TextStream(tok, stops=stops)
+        out = "".join(stream.push(i) for i in ids)
+        assert out == stream.text == " caught a " and stream.finish == "stop", stops
+
+    chars = CharTokenizer(list("abc"))  # one character a token: a reference by prefixes
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice("abc") for _ in range(12))
+        stops = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 4))) for _ in range(3)]
+        end = next((e for e in range(1, 13) if any(text[:e].endswith(s) for s in stops)), None)
+        want = text if end is None else text[: min(end - len(s) for s in stops if text[:end].endswith(s))]
+        stream = TextStream(chars, stops=stops)
+        out = "".join(stream.push(i) for i in chars.encode(text)) + stream.close()
+        assert out == stream.text == want and not any(s in out for s in stops), (text, stops)
+
+
 def test_text_stream_ends_at_end_of_text_and_joins_partial_characters():
     tok = gpt2_tokenizer()
     stream = TextStream(tok)

@@ -118,19 +118,22 @@ class TextStream:
         pending, afresh = self._settle()
         text = self.settled + pending
         start = 0 if afresh else max(0, searched - self.longest + 1)
-        for stop in self.stops:
-            at = text.find(stop, start)
-            if at >= 0:
-                self.text = text[:at]
-                self.finish = "stop"
-                return self._emit(self.text)
+        found = [at for stop in self.stops if (at := text.find(stop, start)) >= 0]
+        if found:  # (the earliest, whichever stop string it is: the text holds none of them)
+            self.text = text[: min(found)]
+            self.finish = "stop"
+            return self._emit(self.text)
         safe = len(text.rstrip("\ufffd"))
-        for stop in self.stops:  # a tail that is the start of a stop string waits
-            for n in range(min(len(stop) - 1, safe), 0, -1):
-                if text.endswith(stop[:n], 0, safe):
-                    safe -= n
-                    break
-        return self._emit(text[:safe])
+        held = max(  # the longest tail that is the start of a stop string waits
+            (
+                n
+                for stop in self.stops
+                for n in range(1, min(len(stop), safe + 1))
+                if text.endswith(stop[:n], 0, safe)
+            ),
+            default=0,
+        )
+        return self._emit(text[: safe - held])
 
     def close(self, finish: str = "length") -> str:
         if self.finish is None:
