@@ -605,3 +605,23 @@ def test_a_missing_or_empty_metrics_log_has_no_damaged_line(tmp_path):
     assert log.set_aside_damaged() == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
     assert not (tmp_path / f"metrics.jsonl{DAMAGED}").exists()
+
+
+def test_an_empty_path_is_refused_not_read_as_the_working_directory(tmp_path, monkeypatch):
+    """Path("") is "." (an unset $OUT in a script): `export RUN "" --force` wrote the export
+    into the working directory, over its config.json. Every path flag and argument refuses
+    an empty one in a line, before anything is read or written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text("mine")
+    make_corpus(tmp_path / "c.txt", n_sentences=20)
+    for args, name in [
+        (["export", "runs/none", "", "--force"], "out"),
+        (["tokenize", "c.txt", "--out", ""], "--out"),
+        (["pretrain", "c.txt", "--out", "", *TINY], "--out"),
+        (["eval", "--ckpt", "runs/none", "c.txt", ""], "files"),
+        (["sample", "--prompt-file", ""], "--prompt-file"),
+    ]:
+        line = assert_usage_error(run(*args), "is empty; give a path")
+        assert name in line.lower(), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "config.json"]
+    assert (tmp_path / "config.json").read_text() == "mine"

@@ -21,6 +21,7 @@ import shutil
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -66,6 +67,24 @@ def _each(hint: Any) -> str | None:
     return None
 
 
+def _path(value: Any) -> Path:
+    """A path, where an empty one is refused: Path("") is ".", the working directory, so
+    `--out ""` (an unset variable in a script) wrote there."""
+    if isinstance(value, Path):
+        return value
+    if not str(value):
+        raise typer.BadParameter("is empty; give a path")
+    return Path(value)
+
+
+def _parser(hint: Any) -> Callable[[Any], Any] | None:
+    """The parser of a path parameter (single or repeatable), else None (Typer's own)."""
+    base = _base_type(hint)
+    if typing.get_origin(base) is list and typing.get_args(base):
+        base = typing.get_args(base)[0]
+    return _path if base is Path else None
+
+
 def _complete(name: str | None) -> Callable[[str], list[str]] | None:
     if name is None:
         return None
@@ -78,12 +97,12 @@ def _parameter(f: Field, hint: Any, *, default: Any, help: str, panel: str | Non
     """The Typer parameter of one field."""
     meta = f.metadata
     if meta.get("argument"):  # (its name is its word: text..., corpus...)
-        spec: Any = typer.Argument(help=help, show_default=False)
+        spec: Any = typer.Argument(help=help, show_default=False, parser=_parser(hint))
     else:
         names = [meta["flag"], *([meta["short"]] if meta.get("short") else [])]
         spec = typer.Option(
             *names, help=help, show_default=False, rich_help_panel=panel,
-            metavar=meta.get("metavar") or _each(hint),
+            metavar=meta.get("metavar") or _each(hint), parser=_parser(hint),
             autocompletion=_complete(meta.get("complete")),
         )  # fmt: skip
     return inspect.Parameter(
