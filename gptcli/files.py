@@ -131,10 +131,10 @@ def check_writable(path: Path, replace: bool, flag: str = "--force") -> None:
                stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket"}  # fmt: skip
     if mode is not None and stat.S_IFMT(mode) in special:
         raise UsageError(f"{path} is {special[stat.S_IFMT(mode)]}, not a file; give a file name")
+    if os.path.isdir(path) and not os.path.islink(path):  # (never replaced, --force or not)
+        raise UsageError(f"{path} is a directory; give a file name")
     if not replace:
         _refuse_existing(path, flag)
-    if os.path.isdir(path) and not os.path.islink(path):
-        raise UsageError(f"{path} is a directory; give a file name")
     if not path.parent.is_dir():
         check_under_directories(path)
         raise UsageError(f"the directory {path.parent} does not exist; create it first")

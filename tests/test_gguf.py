@@ -383,3 +383,15 @@ def test_a_gguf_file_by_any_name_and_lora_on_top_of_one(gpt2_dir, tmp_path):
     result = run("finetune", "--ckpt", plain, corpus, "--out", tmp_path / "lora", "--lora-rank", "2", *args)
     assert result.exit_code == 0, result.output
     assert run("sample", "--ckpt", tmp_path / "lora", "-n", "2").exit_code == 0
+
+
+def test_a_gguf_name_is_taken_as_one_and_a_directory_is_never_offered_to_force(tmp_path, monkeypatch):
+    """ ".gguf" alone (pathlib gives it no suffix) names a GGUF file, not a Hugging Face
+    directory; an existing directory named x.gguf is refused as a directory at once, not
+    with "pass --force", which then failed on it."""
+    monkeypatch.chdir(tmp_path)
+    assert_usage_error(run("export", "runs/none", ".gguf", "--to", "hf"), "--to hf writes a directory")
+    (tmp_path / "d.gguf").mkdir()
+    for force in ([], ["--force"]):
+        line = assert_usage_error(run("export", "runs/none", "d.gguf", *force), "d.gguf is a directory")
+        assert "--force" not in line

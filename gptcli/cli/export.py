@@ -19,8 +19,9 @@ def export(s: ExportSettings) -> None:
     gptcli export runs/gpt2-ft model.gguf --outtype q8_0     8-bit weights, a quarter of f32's size
     gptcli export runs/lora adapters/ --adapters-only    then PeftModel.from_pretrained(base, "adapters")
     """
-    to = s.to or ("gguf" if s.out.suffix.lower() == ".gguf" else "hf")
-    if to == "hf" and s.out.suffix.lower() == ".gguf":
+    named_gguf = s.out.name.lower().endswith(".gguf")  # (".gguf" alone has no suffix, for pathlib)
+    to = s.to or ("gguf" if named_gguf else "hf")
+    if to == "hf" and named_gguf:
         raise UsageError(f"--to hf writes a directory, not {s.out}; drop --to (or use --to gguf)")
     if s.outtype is not None and to != "gguf":
         raise UsageError("--outtype goes with --to gguf (a Hugging Face export keeps float32 weights)")
