@@ -178,6 +178,26 @@ def test_char_level_bits_per_byte_is_the_loss_over_ln2(trained, tmp_path):
     assert got["ppl"] == pytest.approx(math.exp(got["nll"]))
 
 
+def test_a_csv_is_scored_as_text_by_its_text_column_as_jsonl_records_are(trained, tmp_path):
+    """--task text on a CSV scores its "text" column (its header, commas and labels are no
+    text: they were scored, ppl 15,000 against 17), and an empty text is named as such."""
+    texts = ["The fox dug a den.", "The cat sat on a mat."]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"text": t, "label": "x"}) + "\n" for t in texts))
+    csv = 'text,label\nThe fox dug a den.,x\n"The cat sat on a mat.",x\n'
+    (tmp_path / "t.csv").write_text(csv)
+    (tmp_path / "one.csv").write_text("text\n" + "\n".join(f'"{t}"' for t in texts) + "\n")
+    jsonl = eval_json("--ckpt", trained, tmp_path / "t.jsonl", "--task", "text")
+    csv_scores = eval_json("--ckpt", trained, tmp_path / "t.csv", "--task", "text")
+    assert {**csv_scores, "file": ""} == {**jsonl, "file": ""}
+    assert jsonl["bytes"] <= sum(len(t) + 1 for t in texts) < len(csv)  # the texts and their line ends
+    assert eval_json("--ckpt", trained, tmp_path / "one.csv")["nll"] == jsonl["nll"]  # (no label: text)
+    (tmp_path / "n.csv").write_text("body\nThe fox.\n")
+    refused = run("eval", "--ckpt", trained, tmp_path / "n.csv", "--task", "text")
+    assert_usage_error(refused, "no 'text' column")
+    (tmp_path / "e.jsonl").write_text(json.dumps({"text": ""}) + "\n")
+    assert_usage_error(run("eval", "--ckpt", trained, tmp_path / "e.jsonl"), "every text in it is empty")
+
+
 def test_several_models_and_files_in_one_table(trained, hf_dir, tmp_path):
     make_corpus(tmp_path / "a.txt", n_sentences=20, seed=8)  # characters the char model knows
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "The fox dug a den."}) + "\n")

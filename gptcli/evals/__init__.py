@@ -57,7 +57,7 @@ def guess_task(path: Path, flag: bool = True) -> str:
         raise UsageError(
             f"{path} holds labelled examples: score them with a model finetuned with --task classify, {other}"
         )
-    if path.suffix.lower() == ".jsonl" and "text" in fields:
+    if "text" in fields:
         return "text"
     if not flag:
         raise UsageError(f'{path}: cannot tell which evaluation it is for; give text, or JSONL of "text", '

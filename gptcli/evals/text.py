@@ -2,10 +2,11 @@
 
 The text is tokenized as a whole, after an end-of-text token where the tokenizer has one
 (a .jsonl file: one document per line, each after its own end-of-text token, as `gptcli
-tokenize` reads them). Sliding windows as in Hugging Face's perplexity guide, with
-max_length = block_size: window k is ids[k*S : k*S + block_size], and it scores only the
-tokens no earlier window scored, each from the tokens before it in its window. With
-S = block_size the windows do not overlap and each window's first token is context only.
+tokenize` reads them; a .csv file: one per row of its "text" column). Sliding windows as
+in Hugging Face's perplexity guide, with max_length = block_size: window k is
+ids[k*S : k*S + block_size], and it scores only the tokens no earlier window scored, each
+from the tokens before it in its window. With S = block_size the windows do not overlap
+and each window's first token is context only.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch.nn as nn
 
-from gptcli.data.sources import iter_documents
+from gptcli.data.records import read_records
+from gptcli.data.sources import iter_documents, kind_of
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.evals.result import Result
@@ -38,9 +40,11 @@ def encode_text(path: Path, tokenizer: Tokenizer) -> Encoded:
     nbytes: list[np.ndarray] = []
     nchars: list[np.ndarray] = []
     eot = tokenizer.eot_id
-    docs = ["".join(d) for d in iter_documents(path)]
-    if not any(docs):  # (an empty file: not one token to predict, whatever a document's start adds)
-        raise UsageError(f"{path}: no text to score (the file is empty)")
+    records = path.suffix.lower() == ".csv" or kind_of(path) == "jsonl"
+    docs = _csv_texts(path) if path.suffix.lower() == ".csv" else ["".join(d) for d in iter_documents(path)]
+    if not any(docs):  # (not one token to predict, whatever a document's start adds)
+        what = "every text in it is empty" if records and docs else "the file is empty"
+        raise UsageError(f"{path}: no text to score ({what})")
     if eot is None and len(docs) > 1:  # documents end with a newline where no token separates them
         docs = [d if d.endswith("\n") else d + "\n" for d in docs]
     for doc in docs:
@@ -59,6 +63,18 @@ def encode_text(path: Path, tokenizer: Tokenizer) -> Encoded:
     if not ids:
         raise UsageError(f"{path}: no text to score")
     return Encoded(ids, np.concatenate(nbytes), np.concatenate(nchars))
+
+
+def _csv_texts(path: Path) -> list[str]:
+    """A CSV's "text" column, a document a row, as a JSONL file's "text" fields (not the
+    file as text: its header, commas and labels are no text to score)."""
+    rows = read_records(path)
+    if "text" not in rows[0].fields:
+        raise UsageError(
+            f"{path}: no 'text' column (it has {', '.join(map(repr, rows[0].fields))}); "
+            "--task text scores a CSV's text column"
+        )
+    return [r.fields["text"] for r in rows]
 
 
 def _bytes_and_chars(text: str, nbytes: np.ndarray, path: Path) -> tuple[np.ndarray, np.ndarray]:
