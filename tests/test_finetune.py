@@ -148,6 +148,9 @@ def test_the_classifier_reloads_and_predicts_the_same(pretrained, order_data, tm
     assert data["accuracy"] is not None and 0 <= data["accuracy"] <= 1
     single = run("classify", "--ckpt", tmp_path / "cls", "the dog fed the cat")
     assert single.exit_code == 0 and "label" in single.output and "◀" in single.output
+    (tmp_path / "one.jsonl").write_text(order_data.read_text().splitlines()[0] + "\n")
+    one = run("classify", "--ckpt", tmp_path / "cls", "--file", tmp_path / "one.jsonl")  # a table, as for 2
+    assert one.exit_code == 0 and "true" in one.stdout and "accuracy" in one.stdout, one.output
     assert trainer.meta["pairs"] is False  # trained on single texts: a pair is refused
     assert_usage_error(
         run("classify", "--ckpt", tmp_path / "cls", "the dog", "--text-b", "the cat"),

@@ -78,6 +78,21 @@ def test_the_chosen_token_s_mark_stays_on_its_row_in_a_narrow_terminal(screen):
     assert max(map(len, narrow.splitlines())) <= 20
 
 
+def test_a_long_text_never_squeezes_out_the_predictions(screen):
+    """classify --file: a text longer than the terminal is cut; the row's number, predicted
+    label, probability and true label stay whole (they had shrunk to nothing)."""
+    long = "The owl caught a mouse because it was hungry. It was not hungry any more. " * 3
+    rows = [(long, "food", 0.3951, "food"), ("The mole dug a tunnel.", "shelter", 0.6302, "rest")]
+    for width in (60, 80, 120):
+        text = screen(width, render.predictions_table, rows, 0.5)
+        lines = text.splitlines()
+        assert max(map(len, lines)) <= width and len(lines) == 5, text  # a line a row
+        for cell in ("predicted label", "prob", "true", "food ✓", "0.395", "shelter", "0.630", "rest ✗"):
+            assert cell in text, (width, cell, text)
+        assert lines[2].startswith("1 │ The owl") and "…" in lines[2] and lines[3].startswith("2 │ The mole")
+        assert "accuracy 0.5000 (1/2)" in text
+
+
 def test_beam_figures_stay_whole_in_a_narrow_terminal(screen):
     rows = [
         {"text": " dug a burrow because it was cold", "logprob": -3.8871, "score": -0.64781, "ids": [1] * 6,

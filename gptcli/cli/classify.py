@@ -44,7 +44,7 @@ def classify(s: ClassifySettings) -> None:
     key = "label" if kind == "classify" else "choice"
     if s.json_out:
         render.print_json(_document(predictions, key))
-    elif len(records) == 1:
+    elif file_records is None:  # one text: its probabilities (--file, even of one record: the table)
         p = predictions[0]
         order = sorted(range(len(p.probs)), key=lambda i: -p.probs[i])
         rows = [(rank, str(p.options[i]), p.probs[i], rank == 1) for rank, i in enumerate(order, 1)]

@@ -130,22 +130,23 @@ def predictions_table(
 ) -> None:
     """(input text, predicted label or choice, its probability, the true one or None) per
     record, and the accuracy over the labelled ones."""
-    table = Table(show_edge=False, pad_edge=False)
-    table.add_column("#", justify="right", style="dim")
-    table.add_column("text", ratio=1, overflow="ellipsis", no_wrap=True)
-    table.add_column(f"predicted {column}")
-    table.add_column("prob", justify="right")
-    table.add_column("true")
-    for i, (record, predicted, prob, true) in enumerate(rows, 1):
+    cells = []
+    for i, (_, predicted, prob, true) in enumerate(rows, 1):
         mark = "" if true is None else (" ✓" if true == predicted else " ✗")
         style = "" if true is None else ("green" if true == predicted else "red")
-        table.add_row(
-            str(i),
-            text(record, limit=500),
-            text(predicted, style, 200),
-            f"{prob:.3f}",
-            text(f"{true or ''}{mark}"),
-        )
+        true_cell = text(f"{true or ''}{mark}", limit=40)
+        cells.append((str(i), text(predicted, style, 40), f"{prob:.3f}", true_cell))
+    headers = ("#", f"predicted {column}", "prob", "true")
+    widths = [max([cell_len(h), *(cell_len(str(c[n])) for c in cells)]) for n, h in enumerate(headers)]
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("#", justify="right", style="dim", no_wrap=True, min_width=widths[0])
+    # the text gets what the other columns leave (each " │ " apart): a long one is cut, they never are
+    room = max(12, out.width - sum(widths) - 3 * len(widths))
+    table.add_column("text", overflow="ellipsis", no_wrap=True, max_width=room)
+    for header, width, justify in zip(headers[1:], widths[1:], ("left", "right", "left"), strict=True):
+        table.add_column(header, justify=justify, no_wrap=True, min_width=width)  # type: ignore[arg-type]
+    for (record, *_), (i, predicted, prob, true) in zip(rows, cells, strict=True):
+        table.add_row(i, text(record, limit=500), predicted, prob, true)
     out.print(table)
     if accuracy is not None:
         labelled = sum(true is not None for *_, true in rows)
