@@ -194,6 +194,10 @@ def test_multiple_choice_trains(pretrained, tmp_path):
     assert sum(answer["probs"]) == pytest.approx(1.0, abs=1e-5)
     scored = run("classify", "--ckpt", tmp_path / "mc", "--file", data, "--json")
     assert json.loads(scored.stdout)["accuracy"] >= 0.8
+    as_text = tmp_path / "as-text.jsonl"  # labels written "1", as HellaSwag writes them: the same
+    as_text.write_text("".join(json.dumps({**r, "label": str(r["label"])}) + "\n" for r in rows))
+    again = run("classify", "--ckpt", tmp_path / "mc", "--file", as_text, "--json")
+    assert again.exit_code == 0 and json.loads(again.stdout) == json.loads(scored.stdout), again.output
     assert "--choice" in run("classify", "--ckpt", tmp_path / "mc", "who").output  # choices are needed
 
 
@@ -347,7 +351,7 @@ def test_bad_data_names_the_file_and_line(pretrained, tmp_path):
         "--task",
         "classify",
     )
-    assert "mc.jsonl:1: 'label' must be the index" in bad(
+    assert "mc.jsonl:1: label 2 must be the index" in bad(
         "mc.jsonl", '{"context": "a", "choices": ["b", "c"], "label": 2}\n' * 2, "--task", "choice"
     )
     assert "sft.jsonl:1: 'completion' is missing" in bad(

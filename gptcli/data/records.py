@@ -77,6 +77,17 @@ def read_records(path: str | os.PathLike) -> list[Record]:
     return records
 
 
+def choice_index(record: Record, label: object, n: int) -> int:
+    """The index of the right one of n choices: an int, or a string of digits (HellaSwag
+    writes "3"); else record's file:line error."""
+    if isinstance(label, str) and label.strip().isdigit():
+        label = int(label)
+    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < n:
+        what = f"{record.source}: label {label!r}"
+        raise UsageError(f"{what} must be the index of the right choice (0 to {n - 1})")
+    return label
+
+
 def content_sha256(paths: Sequence[str | os.PathLike | None]) -> str:
     """One hash of the bytes of these files, in order (None: no file), to recognise data."""
     digest = hashlib.sha256()

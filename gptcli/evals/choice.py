@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from gptcli.data.records import Record
+from gptcli.data.records import Record, choice_index
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.evals.examples import Pair, cut_warning, field, pair, records
@@ -35,14 +35,7 @@ def choice_record(r: Record) -> tuple[str, list[str], int]:
         raise UsageError(f"{r.source}: the choices must be a list of at least two strings")
     if not all(choices):
         raise UsageError(f"{r.source}: choice {choices.index('')} is empty")
-    label = field(r, "label")
-    if isinstance(label, str) and label.strip().isdigit():  # HellaSwag writes "3"
-        label = int(label)
-    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(choices):
-        raise UsageError(
-            f"{r.source}: label {label!r} must be the index of the right choice (0 to {len(choices) - 1})"
-        )
-    return context, choices, label
+    return context, choices, choice_index(r, field(r, "label"), len(choices))
 
 
 def evaluate_choice(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gptcli.data.records import Record
+from gptcli.data.records import Record, choice_index
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.tasks.base import Source, encode_parts, record_text
@@ -39,10 +39,7 @@ def choice_sequences(
 
 
 def choice_label(record: Record) -> int:
-    label, n = record.fields.get("label"), len(record_choices(record))
-    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < n:
-        raise UsageError(f"{record.source}: 'label' must be the index of the right choice (0 to {n - 1})")
-    return label
+    return choice_index(record, record.fields.get("label"), len(record_choices(record)))
 
 
 def build(src: Source) -> tuple[SupervisedTask, int, dict]:
