@@ -148,6 +148,8 @@ CASES = [
     ("empty API key", ["serve", "--ckpt", "{trained}", "--api-key", "", "--max-batch", "0"],
      "--api-key is empty; give a key, or leave --api-key out to serve without one"),
     ("classify an LM", ["classify", "--ckpt", "{trained}", "some text"], "is not a classifier"),
+    ("an empty choice", ["classify", "--ckpt", "{trained}", "The owl", "--choice", "", "--choice", " x"],
+     "--choice is empty; give the text of each choice"),
     ("fp16 on the CPU", ["sample", "--ckpt", "{trained}", "--dtype", "fp16", "--device", "cpu"], "--dtype fp16 is for GPUs"),
     ("unknown dtype", ["pretrain", "corpus.txt", "--dtype", "fp64"], "train.dtype (--dtype) must be auto, fp32, bf16 or fp16, got 'fp64'"),
     ("unknown flag", ["finetune", "--n-layer", "2"], "No such option: --n-layer (Possible options: --lr, --min-lr, --muon-lr) (see 'gptcli finetune --help')"),

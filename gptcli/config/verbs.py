@@ -478,7 +478,10 @@ class ClassifySettings(Settings):
     base: Path | None = base_knob()
     text_b: str | None = knob(None, flag="--text-b", help="The second text of a pair", shown="none")
     choice: list[str] = knob(
-        [], flag="--choice", help="A choice for a multiple-choice model (give two or more)"
+        [],
+        flag="--choice",
+        help="A choice for a multiple-choice model (give two or more)",
+        nonempty="the text of each choice",
     )
     file: Path | None = knob(
         None,
@@ -492,6 +495,7 @@ class ClassifySettings(Settings):
     json_out: bool = json_knob()
 
     def validate(self) -> ClassifySettings:
+        check_fields(self)
         if (not self.text) == (self.file is None):
             raise UsageError("give a text to classify, or --file F.jsonl (one of the two)")
         if self.file is not None and (self.text_b is not None or self.choice):
