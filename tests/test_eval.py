@@ -232,6 +232,12 @@ def test_a_finetuned_classifier_is_scored_with_its_head(trained, tmp_path, monke
     assert result.exit_code == 0, result.output
     got = eval_json("--ckpt", tmp_path / "cls", data, "--per-example")
     assert got["task"] == "classify" and got["scored_by"] == "head" and got["n"] == 60
+    refused = run("eval", "--ckpt", tmp_path / "cls", tmp_path / "s.txt")  # text, not records
+    assert_usage_error(refused, "--task classify scores JSONL or CSV records, not text; pass --task text")
+    as_text = eval_json("--ckpt", tmp_path / "cls", tmp_path / "s.txt", "--task", "text")
+    assert as_text["scored_by"] == "zero-shot"
+    strided = run("eval", "--ckpt", tmp_path / "cls", data, "--stride", "4")  # (its head has no windows)
+    assert_usage_error(strided, "--stride is for --task text")
     (tmp_path / "runs").mkdir()  # without --ckpt: the newest classifier, as classify takes it
     shutil.copytree(trained, tmp_path / "runs" / "lm")
     later = (tmp_path / "cls" / "last" / "checkpoint.json").stat().st_mtime + 10

@@ -80,12 +80,17 @@ def plan(meta: dict, path: Path, task: str | None, flag: bool = True) -> tuple[s
     guess_task."""
     kind = meta.get("task")
     if kind in HEADS and task in (None, kind):
-        return kind, "head"
-    if task is None:
-        task = guess_task(path, flag)
-    if task not in ZERO_SHOT:
-        raise UsageError(f"--task {task!r}: use one of {', '.join(ZERO_SHOT)}")
-    return task, "zero-shot"
+        task, how = kind, "head"
+    else:
+        task = guess_task(path, flag) if task is None else task
+        how = "zero-shot"
+        if task not in ZERO_SHOT:
+            raise UsageError(f"--task {task!r}: use one of {', '.join(ZERO_SHOT)}")
+    if task != "text" and path.suffix.lower() not in (".jsonl", ".csv"):  # (read as JSON, line by line)
+        scorer = f"a model finetuned with --task {task} scores" if how == "head" else f"--task {task} scores"
+        instead = "; pass --task text to score it as text" if flag else ""
+        raise UsageError(f"{path}: {scorer} JSONL or CSV records, not text{instead}")
+    return task, how
 
 
 @dataclass(frozen=True)
@@ -123,13 +128,13 @@ def evaluate(
 ) -> Result:
     """Score the model on a file as plan() decided."""
     check_input(path, "the file to score")
+    if stride is not None and task != "text":
+        raise UsageError("--stride is for --task text")
     if how == "head":
         return evaluate_head(model, tokenizer, meta, path, limit, progress)
     run = ZERO_SHOT[task]
     if task == "text":
         run = functools.partial(run, stride=stride)
-    elif stride is not None:
-        raise UsageError("--stride is for --task text")
     return run(model, tokenizer, path, limit=limit, progress=progress)
 
 
