@@ -210,6 +210,13 @@ def test_several_models_and_files_in_one_table(trained, hf_dir, tmp_path):
     assert table.exit_code == 0, table.output
     assert "bits/byte" in table.stdout and str(hf_dir.name) in table.stdout
     assert "a.txt: text, scored zero-shot" in table.stderr
+    # a later --ckpt that is not there, or a file a later model cannot score: refused before
+    # any model scores anything (one line: no file was scored, as a long run would have been)
+    typo = run("eval", "--ckpt", trained, "--ckpt", tmp_path / "nope", tmp_path / "a.txt")
+    assert_usage_error(typo, "--ckpt", "nope: no such file or directory")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"context": "The fox", "choices": [" dug", " a"]}) + "\n")
+    unlabelled = run("eval", "--ckpt", trained, "--ckpt", hf_dir, tmp_path / "a.txt", tmp_path / "c.jsonl")
+    assert_usage_error(unlabelled, "c.jsonl:1: 'label' is missing")
 
 
 def test_limit_scores_the_first_examples(hf_dir, tmp_path):

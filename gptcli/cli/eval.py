@@ -18,10 +18,15 @@ def eval_(s: EvalSettings) -> None:
     """
     from gptcli.data.records import read_records
     from gptcli.evals import evaluate, labelled, plan
+    from gptcli.store.loading import meta_of
     from gptcli.tasks.classify import is_pair
 
     for f in s.files:
         check_input(f, "the file to score")
+    for spec in s.ckpt or []:  # every model found and every file planned before anything is scored
+        meta = meta_of(spec)
+        for f in s.files:
+            plan(meta, f, s.task, limit=s.limit)
     # without --ckpt: the newest classifier for labelled records, else the newest model that writes text
     first = next((f for f in s.files if labelled(f)), None) if not s.ckpt and s.task is None else None
     newest, pairs = ("labels", is_pair(read_records(first)[0])) if first is not None else (None, None)
@@ -33,7 +38,7 @@ def eval_(s: EvalSettings) -> None:
         name = str(spec) if spec is not None else str(loaded.path)
         weights = weights_of(loaded.model, s.quantize)  # (told apart in --json)
         for f in s.files:
-            task_, how = plan(loaded.meta, f, s.task)
+            task_, how = plan(loaded.meta, f, s.task, limit=s.limit)
             if s.per_example and task_ == "text" and f not in listless:  # once a file, before scoring it
                 render.warning(f"--per-example: {f} is scored as one text, which has no examples to list")
                 listless.add(f)

@@ -7,7 +7,7 @@ model's assistant turns), heads.py (a
 finetuned classify/choice model's own head); all score tokens through scoring.py.
 
 A new evaluation is a module with a function (model, tokenizer, path, limit, progress) ->
-Result, and one line in ZERO_SHOT below.
+Result, and one line in ZERO_SHOT below (and in RECORD_CHECKS, for one that reads records).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from pathlib import Path
 import torch.nn as nn
 
 from gptcli.data.inputs import check_input
-from gptcli.data.records import read_records
+from gptcli.data.records import Record, read_records
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.evals.chat import evaluate_chat
-from gptcli.evals.choice import evaluate_choice
-from gptcli.evals.heads import evaluate_head
-from gptcli.evals.lambada import evaluate_lambada
+from gptcli.evals.choice import choice_record, evaluate_choice
+from gptcli.evals.heads import evaluate_head, head_records
+from gptcli.evals.lambada import evaluate_lambada, lambada_record
 from gptcli.evals.result import Result
 from gptcli.evals.scoring import Progress
 from gptcli.evals.text import evaluate_text
@@ -38,6 +38,8 @@ ZERO_SHOT: dict[str, Callable[..., Result]] = {
     "choice": evaluate_choice,
     "chat": evaluate_chat,
 }
+# --task NAME -> what reads one of its records, refusing a bad one (before any model scores)
+RECORD_CHECKS: dict[str, Callable[[Record], object]] = {"lambada": lambada_record, "choice": choice_record}
 HEADS = ("classify", "choice")  # finetuned tasks whose head eval uses
 
 
@@ -74,10 +76,13 @@ def labelled(path: Path) -> bool:
     return "label" in fields and "choices" not in fields and "endings" not in fields
 
 
-def plan(meta: dict, path: Path, task: str | None, flag: bool = True) -> tuple[str, str]:
+def plan(
+    meta: dict, path: Path, task: str | None, flag: bool = True, limit: int | None = None
+) -> tuple[str, str]:
     """(task, how): how is "head" when a finetuned classify/choice model scores with its
     own head (its task, unless --task asks for another), else "zero-shot". flag: as for
-    guess_task."""
+    guess_task. The file's first `limit` records (all: None) are read as the task reads
+    them: a bad one is refused now, not once the files before it are scored."""
     kind = meta.get("task")
     if kind in HEADS and task in (None, kind):
         task, how = kind, "head"
@@ -90,6 +95,11 @@ def plan(meta: dict, path: Path, task: str | None, flag: bool = True) -> tuple[s
         scorer = f"a model finetuned with --task {task} scores" if how == "head" else f"--task {task} scores"
         instead = "; pass --task text to score it as text" if flag else ""
         raise UsageError(f"{path}: {scorer} JSONL or CSV records, not text{instead}")
+    if how == "head":
+        head_records(path, limit)
+    elif task in RECORD_CHECKS:
+        for r in read_records(path)[:limit]:
+            RECORD_CHECKS[task](r)
     return task, how
 
 

@@ -20,15 +20,9 @@ from gptcli.tasks.supervised import macro_f1
 _NAMES = {"ctx": "context", "endings": "choices"}  # HellaSwag's field names
 
 
-def evaluate_head(
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    meta: dict,
-    path: Path,
-    limit: int | None = None,
-    progress: Progress | None = None,
-) -> Result:
-    kind = meta.get("task")
+def head_records(path: Path, limit: int | None = None) -> list[Record]:
+    """The labelled records of a file, in the fields' names the heads read (HellaSwag's
+    too), or the file:line of the first without a label."""
     rows = [
         Record({_NAMES.get(k, k): v for k, v in r.fields.items()}, r.source) for r in records(path, limit)
     ]
@@ -38,6 +32,19 @@ def evaluate_head(
                 f"{r.source}: 'label' is missing; eval needs labelled records "
                 "(gptcli classify --file predicts unlabelled ones)"
             )
+    return rows
+
+
+def evaluate_head(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    meta: dict,
+    path: Path,
+    limit: int | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    kind = meta.get("task")
+    rows = head_records(path, limit)
     device = next(model.parameters()).device
     predictions = []
     for start in range(0, len(rows), 256):

@@ -13,11 +13,23 @@ from pathlib import Path
 
 import torch.nn as nn
 
+from gptcli.data.records import Record
 from gptcli.data.tokenizer import Tokenizer
 from gptcli.errors import UsageError
 from gptcli.evals.examples import Pair, cut_warning, field, pair, records
 from gptcli.evals.result import Result
 from gptcli.evals.scoring import Progress, score
+
+
+def lambada_record(r: Record) -> tuple[str, str]:
+    """(context, last word) of a record, or a file:line error."""
+    text = field(r, "text")
+    if not isinstance(text, str) or " " not in text.strip():
+        raise UsageError(f"{r.source}: 'text' must be a string of at least two words")
+    context, word = text.rsplit(" ", 1)
+    if not word:
+        raise UsageError(f"{r.source}: the text ends with a space; the last word is the target")
+    return context, word
 
 
 def evaluate_lambada(
@@ -31,12 +43,7 @@ def evaluate_lambada(
     rows = records(path, limit)
     pairs: list[Pair] = []
     for r in rows:
-        text = field(r, "text")
-        if not isinstance(text, str) or " " not in text.strip():
-            raise UsageError(f"{r.source}: 'text' must be a string of at least two words")
-        context, word = text.rsplit(" ", 1)
-        if not word:
-            raise UsageError(f"{r.source}: the text ends with a space; the last word is the target")
+        context, word = lambada_record(r)
         pairs.append(pair(tokenizer, context, " " + word, block, r.source))
     scores = score(model, [p.ids for p in pairs], [p.first for p in pairs], progress)
     nll = [s.nll for s in scores]

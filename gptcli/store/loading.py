@@ -47,9 +47,30 @@ def load(
     For a LoRA checkpoint: base, where its base checkpoint is now, if it moved; merge,
     whether the adapters are folded into the weights (for inference) or kept apart (to
     train on)."""
+    kind, path = _locate(spec)
+    if kind == "gguf":
+        return _load_gguf(path, device)
+    if kind == "hf":
+        return _load_hf(path, device)
+    meta = read_meta(path)
+    if meta.get("lora_rank"):
+        return _load_lora(path, meta, device, base, merge)
+    return load_checkpoint(path, device)
+
+
+def meta_of(spec: str | os.PathLike) -> dict[str, Any]:
+    """What load(spec) would read of a checkpoint's kind (checkpoint.json: its task, ...;
+    {} for a Hugging Face directory or a GGUF file, language models), and its errors for a
+    --ckpt that is not there or not a model, without reading the weights."""
+    kind, path = _locate(spec)
+    return read_meta(path) if kind == "checkpoint" else {}
+
+
+def _locate(spec: str | os.PathLike) -> tuple[str, Path]:
+    """(gguf, the file), (hf, the directory) or (checkpoint, its directory) for a --ckpt."""
     path = Path(spec)
     if path.is_file() and (path.suffix.lower() == ".gguf" or is_gguf(path)):  # --to gguf names it anyhow
-        return _load_gguf(path, device)
+        return "gguf", path
     if not path.exists():
         if str(spec) not in hf.HUB_MODELS:
             raise UsageError(
@@ -57,16 +78,12 @@ def load(
             )
         path = hf.resolve_hub_name(str(spec))
     if path.is_dir() and not is_checkpoint_dir(path) and hf.is_hf_dir(path):
-        return _load_hf(path, device)
+        return "hf", path
     try:
-        ckpt = resolve_checkpoint(path)
+        return "checkpoint", resolve_checkpoint(path)
     except UsageError:
         hf.refuse_config_alone(path)  # (the clearer error, where it applies)
         raise
-    meta = read_meta(ckpt)
-    if meta.get("lora_rank"):
-        return _load_lora(ckpt, meta, device, base, merge)
-    return load_checkpoint(ckpt, device)
 
 
 def weights_file(loaded: Loaded) -> Path:
