@@ -79,6 +79,9 @@ def sample_json(trained, *args) -> dict:
 def test_completions_through_the_openai_client_are_samples(trained, server):
     c = server.client
     assert [m.id for m in c.models.list().data] == [server.model] == ["run"]
+    assert c.models.retrieve("run").id == "run"  # GET /v1/models/{id}, as the client asks for it
+    with pytest.raises(openai.NotFoundError, match="no model 'other'; this server serves 'run'"):
+        c.models.retrieve("other")
     # greedy: sample --temp 0's text, from a string and from token ids (through a window slide)
     want = sample_json(trained, "-p", "The", "-n", "20", "--temp", "0")
     r = c.completions.create(model=server.model, prompt="The", max_tokens=16, temperature=0)
@@ -272,7 +275,8 @@ def test_bad_requests_get_openais_errors_and_the_server_keeps_serving(server):
     ]:
         r = server.post("/v1/completions", body)
         assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}
-    assert server.post("/v2/nothing", {}).status_code == 404
+    nothing = server.post("/v2/nothing", {})
+    assert nothing.status_code == 404 and "no such path: /v2/nothing; see GET /v1/models" in nothing.text
     # a lone surrogate the error quotes back: its JSON escape, not a failure to write it
     gone = server.post("/v1/completions", {"model": "\ud800", "prompt": "The", "max_tokens": 2})
     assert gone.status_code == 404 and "\ud800" in gone.json()["error"]["message"]

@@ -28,6 +28,7 @@ from gptcli.infer.completion import TextStream, encode_prompt
 from gptcli.infer.conversation import chat_prompt, reply_room
 from gptcli.infer.engine import Engine, Event, QueueFull, Scored, Sequence, Unavailable
 from gptcli.infer.generate import Sampling, row_generators
+from gptcli.messages import printable
 
 PLAYGROUND = Path(__file__).with_name("playground.html")
 MAX_LOGPROBS = 20  # OpenAI allows 5; lm-evaluation-harness and the playground ask for more
@@ -495,7 +496,11 @@ def create_app(served: Served) -> Any:
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, e: HTTPException) -> Response:
-        message = "no such path; the API is under /v1" if e.status_code == 404 else str(e.detail)
+        if e.status_code == 404:
+            where = "see GET /v1/models and POST /v1/completions, /v1/chat/completions"
+            message = f"no such path: {printable(request.url.path, 200)}; {where}"
+        else:
+            message = str(e.detail)
         return error(ApiError(e.status_code, message))
 
     @app.exception_handler(Exception)
@@ -539,13 +544,21 @@ def create_app(served: Served) -> Any:
         active, waiting = served.engine.load()
         return {"status": "ok", "model": served.name, "active": active, "waiting": waiting}
 
+    def model_card() -> dict[str, Any]:
+        return {"id": served.name, "object": "model", "created": served.created, "owned_by": "gptcli"}
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         check_key(request)
-        return {
-            "object": "list",
-            "data": [{"id": served.name, "object": "model", "created": served.created, "owned_by": "gptcli"}],
-        }
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(request: Request, model: str) -> dict[str, Any]:
+        check_key(request)
+        if model != served.name:
+            said = f"no model {printable(model, 200)!r}; this server serves {served.name!r}"
+            raise ApiError(404, said, "model", "model_not_found")
+        return model_card()
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
