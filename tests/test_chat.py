@@ -202,6 +202,10 @@ def test_chat_from_a_messages_file_and_what_it_refuses(chat_run, tmp_path):
         run("chat", "--ckpt", chat_run, "--messages", parts),
         "message 1's content holds parts other than text (image_url); this model reads text",
     )
+    for part, what in [({"type": "text"}, "no 'text'"), ({"type": "text", "text": 5}, "not a string (int)")]:
+        parts.write_text(json.dumps([{"role": "user", "content": [{"type": "text", "text": "a"}, part]}]))
+        said = assert_usage_error(run("chat", "--ckpt", chat_run, "--messages", parts), "message 1's part 2")
+        assert f"is a text part with {what}" in said and "other than text" not in said
     ends_with_assistant = tmp_path / "a.json"
     ends_with_assistant.write_text(json.dumps([*convo, {"role": "assistant", "content": "x"}]))
     assert_usage_error(

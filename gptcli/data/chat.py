@@ -60,6 +60,11 @@ def check_messages(value: object, where: str, *, training: bool = False) -> list
             raise UsageError(f"{where}: message {n} {has}; {use}")
         if isinstance(content, list):  # parts, not all of them text
             other = [p for p in content if not _is_text_part(p)]
+            for i, p in enumerate(content, 1):  # a text part without its text: said as such
+                if isinstance(p, dict) and p.get("type") == "text" and not isinstance(p.get("text"), str):
+                    text = p.get("text")
+                    what = "no 'text'" if text is None else f"a 'text' not a string ({type(text).__name__})"
+                    raise UsageError(f"{where}: message {n}'s part {i} is a text part with {what}")
             kinds = sorted({str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in other})
             raise UsageError(
                 f"{where}: message {n}'s content holds parts other than text ({', '.join(kinds)}); this "
