@@ -202,7 +202,8 @@ def test_chat_from_a_messages_file_and_what_it_refuses(chat_run, tmp_path):
         run("chat", "--ckpt", chat_run, "--messages", parts),
         "message 1's content holds parts other than text (image_url); this model reads text",
     )
-    for part, what in [({"type": "text"}, "no 'text'"), ({"type": "text", "text": 5}, "not a string (int)")]:
+    textless = [({"type": "text"}, "no 'text'"), ({"type": "text", "text": 5}, "a 'text' not a string (int)")]
+    for part, what in textless:
         parts.write_text(json.dumps([{"role": "user", "content": [{"type": "text", "text": "a"}, part]}]))
         said = assert_usage_error(run("chat", "--ckpt", chat_run, "--messages", parts), "message 1's part 2")
         assert f"is a text part with {what}" in said and "other than text" not in said
