@@ -308,6 +308,36 @@ def test_a_context_longer_than_the_block_is_cut_and_said(hf_dir, tmp_path):
     assert_usage_error(run("eval", "--ckpt", hf_dir, tmp_path / "c.jsonl"), "c.jsonl:2", "the model sees 64")
 
 
+def test_a_long_context_keeps_a_full_block_of_input_as_the_harness_does(hf, hf_dir, enc, tmp_path):
+    """lm-evaluation-harness feeds (context + continuation)[-(max_length + 1):][:-1]: the
+    model reads block_size tokens (it predicts the last). Contexts about the block's length
+    (64 here), cut or not, score as that slice does, in lambada and choice alike."""
+    rng = random.Random(11)
+    rows, expected = [], []
+    for n in (58, 61, 62, 63, 64, 70, 90):  # around 64 tokens of context and continuation
+        ids = enc.encode(words(rng, 200))[:n]
+        context = enc.decode(ids)
+        choices = [" " + words(rng, 1), " " + words(rng, 2)]
+        rows.append({"context": context, "choices": choices, "label": 0})
+        sums = []
+        for choice in choices:
+            c, whole = enc.encode(context), enc.encode(context + choice)
+            cont = whole[len(c) :]
+            inp = (c + cont)[-(64 + 1) :][:-1]
+            lp = hf(torch.tensor([inp])).logits[0].double().log_softmax(-1)
+            sums.append(sum(float(lp[len(inp) - len(cont) + i, t]) for i, t in enumerate(cont)))
+        expected.append(sums)
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = eval_json("--ckpt", hf_dir, tmp_path / "c.jsonl", "--per-example")
+    for mine, theirs in zip(got["examples"], expected, strict=True):
+        assert mine["logprob"] == pytest.approx(theirs, rel=1e-5, abs=1e-6)
+    lambada = [{"text": r["context"] + r["choices"][0]} for r in rows]  # its last word: the one-word choice
+    (tmp_path / "l.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lambada))
+    scored = eval_json("--ckpt", hf_dir, tmp_path / "l.jsonl", "--task", "lambada", "--per-example")
+    nll = [e["nll"] for e in scored["examples"]]
+    assert nll == pytest.approx([-sums[0] for sums in expected], rel=1e-5, abs=1e-6)
+
+
 def test_no_such_file(hf_dir, tmp_path):
     assert_usage_error(run("eval", "--ckpt", hf_dir, tmp_path / "gone.txt"), "gone.txt: no such file")
 

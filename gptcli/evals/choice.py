@@ -83,10 +83,12 @@ def evaluate_choice(
 
 def score_choices(model: nn.Module, pairs: list[list[Pair]], progress: Progress | None) -> list[list[Scores]]:
     """Each example's choices, its context read once for all of them (score_shared); an
-    example cut to fit the block, whose choices then see different contexts, one sequence
-    at a time."""
-    whole = [e for e, ps in enumerate(pairs) if any(p.cut for p in ps)]
-    shared = [e for e, ps in enumerate(pairs) if not any(p.cut for p in ps)]
+    example cut to fit the block, whose choices then see different contexts, or one that
+    fills it (the model reading all but a sequence's last token), one sequence at a time."""
+    block = model.config.block_size
+    apart = [any(p.cut or len(p.ids) > block for p in ps) for ps in pairs]  # (shared: all of each read)
+    whole = [e for e in range(len(pairs)) if apart[e]]
+    shared = [e for e in range(len(pairs)) if not apart[e]]
     out: list[list[Scores]] = [[] for _ in pairs]
     prefixes = [pairs[e][0].ids[: pairs[e][0].first] for e in shared]
     continuations = [[p.ids[p.first :] for p in pairs[e]] for e in shared]

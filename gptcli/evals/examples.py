@@ -37,7 +37,8 @@ def field(record: Record, *names: str) -> object:
 
 
 def pair(tokenizer: Tokenizer, context: str, continuation: str, block_size: int, where: str) -> Pair:
-    """The sequence context + continuation, cut from the left to the block. As the harness
+    """The sequence context + continuation, cut from the left to block_size + 1 tokens (the
+    model reads all but the last). As the harness
     does, whitespace that ends the context goes to the continuation (BPE joins a space to
     the word after it), and an empty context becomes the end-of-text token."""
     spaces = len(context) - len(context.rstrip())
@@ -57,13 +58,15 @@ def pair(tokenizer: Tokenizer, context: str, continuation: str, block_size: int,
     first = len(ctx)
     if first >= len(whole):
         raise UsageError(f"{where}: the continuation {continuation!r} adds no token to the context")
-    if len(whole) - first >= block_size:
+    if len(whole) - first > block_size:
         raise UsageError(
             f"{where}: the continuation is {len(whole) - first} tokens; the model sees {block_size} "
             "at once, and needs at least one token of context before it"
         )
     ids = ctx + whole[first:]  # the harness feeds encode(context), then the continuation's tokens
-    cut = max(0, len(ids) - block_size)
+    # the model reads all but the last token: block_size of them fit (the harness's
+    # (context + continuation)[-(max_length + 1):][:-1])
+    cut = max(0, len(ids) - (block_size + 1))
     return Pair(ids[cut:], first - cut, cut)
 
 

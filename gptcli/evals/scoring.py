@@ -44,7 +44,8 @@ def score(
     batch_tokens: int = BATCH_TOKENS,
 ) -> list[Scores]:
     """For each sequence, the tokens seq[first:] scored (first >= 1: the first token is
-    only ever context). Every sequence must fit the model's block_size."""
+    only ever context). The model reads every token but the last (which it only predicts):
+    a sequence may be block_size + 1 tokens long."""
     device = next(model.parameters()).device
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     out: list[Scores | None] = [None] * len(seqs)
@@ -54,14 +55,15 @@ def score(
         rows = order[done : done + max(1, batch_tokens // max(1, T))]
         rows = [i for i in rows if 4 * len(seqs[i]) >= 3 * T]  # at most a quarter of a row is padding
         x, _ = pad_batch([seqs[i] for i in rows])  # (B, T)
+        read = max(T - 1, 1)  # the tokens read: not the last, which is only predicted
         pos, tgt = [], []
         for r, i in enumerate(rows):
             s, f = seqs[i], first[i]
             if not 1 <= f <= len(s):
                 raise ValueError(f"first scored token {f} outside 1..{len(s)}")
-            pos.extend(r * T + j - 1 for j in range(f, len(s)))  # the position that predicts token j
+            pos.extend(r * read + j - 1 for j in range(f, len(s)))  # the position that predicts token j
             tgt.extend(s[f:])
-        h = model.hidden_states(x.to(device))  # (B, T, C)
+        h = model.hidden_states(x[:, :read].to(device))  # (B, read, C)
         h = h.reshape(-1, h.size(-1))[torch.as_tensor(pos, device=device)]  # (N, C): scored positions only
         logp, hit = _token_scores(model, h, torch.as_tensor(tgt, device=device))
         for i, scores in zip(rows, _split(logp, hit, [len(seqs[i]) - first[i] for i in rows]), strict=True):
