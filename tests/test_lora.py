@@ -182,6 +182,11 @@ def test_a_changed_or_missing_base_is_refused_and_a_moved_one_found(data, tmp_pa
     # the original, moved elsewhere, is accepted with --base
     shutil.rmtree(tmp_path / "base")
     assert_usage_error(run("sample", "--ckpt", tmp_path / "lm"), "is not there", "--base PATH")
+    typo = run("sample", "--ckpt", tmp_path / "lm", "--base", tmp_path / "bsae")  # (not: "pass --base")
+    assert_usage_error(typo, "--base ", "bsae: no such file or directory; give where the base of")
+    whole = run("sample", "--ckpt", data / "base", "--base", tmp_path / "gone", "-n", "2")  # not a LoRA run
+    assert whole.exit_code == 0 and "--base is not used: " in whole.output, whole.output
+    assert "is not a LoRA run" in whole.output
     # PEFT's adapters need no base: written from the run alone, the very tensors it trained
     alone = run("export", tmp_path / "lm", tmp_path / "adapters", "--adapters-only", "--base", data / "base")
     assert alone.exit_code == 0, alone.output

@@ -116,6 +116,8 @@ def _load_lora(
     if not meta.get("base_checkpoint") or not meta.get("base_sha256"):
         raise UsageError(f"{ckpt / META_FILE} does not name the base of its LoRA adapters; it is damaged")
     run = ckpt.parent
+    if not where.exists() and base is not None:
+        raise UsageError(f"--base {where}: no such file or directory; give where the base of {run} is now")
     if not where.exists():
         raise UsageError(
             f"{run} holds LoRA adapters for the base checkpoint {where}, which is not there; "
