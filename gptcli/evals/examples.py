@@ -38,9 +38,9 @@ def field(record: Record, *names: str) -> object:
 
 def pair(tokenizer: Tokenizer, context: str, continuation: str, block_size: int, where: str) -> Pair:
     """The sequence context + continuation, cut from the left to block_size + 1 tokens (the
-    model reads all but the last). As the harness
-    does, whitespace that ends the context goes to the continuation (BPE joins a space to
-    the word after it), and an empty context becomes the end-of-text token."""
+    model reads all but the last). As the harness does, whitespace that ends the context
+    goes to the continuation (BPE joins a space to the word after it), and an empty context
+    becomes the end-of-text token."""
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
