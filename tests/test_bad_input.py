@@ -24,6 +24,9 @@ def ws(tmp_path_factory, trained) -> Path:
     (w / "tiny.txt").write_text("The fox.\n" * 3)
     (w / "blob.bin").write_bytes(b"text\x00\x01\x02binary")
     (w / "latin1.txt").write_bytes("naïve text".encode("latin-1"))
+    (w / "chat.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+    )
     assert run("tokenize", str(w / "corpus.txt"), "--out", str(w / "tok-char")).exit_code == 0
     (w / "unknown-key.yaml").write_text("model:\n  n_layers: 4\n")
     (w / "wrong-type.yaml").write_text("train:\n  batch_size: twelve\n")
@@ -127,8 +130,10 @@ CASES = [
     ("ckpt newer format", ["sample", "--ckpt", "ckpt-newer"], "written by a newer gptcli"),
     ("tokenized otherwise", ["tokenize", "corpus.txt", "--out", "tok-char", "-t", "bpe:300"],
      "tok-char already holds a different tokenization (with tokenizer char, not bpe:300)"),
-    ("chat scoring of a model without a template", ["eval", "--ckpt", "{trained}", "corpus.txt", "--task", "chat"],
+    ("chat scoring of a model without a template", ["eval", "--ckpt", "{trained}", "chat.jsonl", "--task", "chat"],
      "scoring conversations (--task chat) needs a chat model, and this one has no chat template"),
+    ("chat scoring of a text file", ["eval", "--ckpt", "{trained}", "corpus.txt", "--task", "chat"],
+     "corpus.txt: --task chat scores JSONL or CSV records, not text; pass --task text to score it as text"),
     ("eval an empty file", ["eval", "--ckpt", "{trained}", "empty.txt"], "empty.txt: no text to score (the file is empty)"),
     ("unknown tokenizer", ["tokenize", "corpus.txt", "--out", "o", "-t", "sentencepiece"], "unknown tokenizer"),
     ("config twice", ["pretrain", "corpus.txt", "-c", "notes.txt", "--config", "notes.txt", "--out", "o"],
