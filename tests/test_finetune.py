@@ -288,6 +288,9 @@ def test_finetune_resumes(pretrained, order_data, tmp_path):
     result = run("finetune", "--resume", "--out", tmp_path / "r", *again, "--max-iters", "30")
     assert result.exit_code == 0, result.output
     assert "resumed at 20" in result.output and "step 30/30" in result.output
+    not_lora = ["--max-iters", "31", "--base", tmp_path / "x"]  # --base: said to be unused
+    longer = run("finetune", "--resume", "--out", tmp_path / "r", *not_lora)
+    assert longer.exit_code == 0 and "--base is not used: " in longer.output, longer.output
 
 
 def test_block_size_can_shrink_but_not_grow(pretrained, order_data, tmp_path):
