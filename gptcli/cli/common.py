@@ -155,8 +155,8 @@ def load_model(
         ckpt = str(run)
     dev, why_device = pick_device(device)
     loaded = loading.load(ckpt, dev, base=base)
-    if base is not None and not loaded.meta.get("lora_rank"):
-        render.warning(f"--base is not used: {loaded.path} is not a LoRA run (its weights are whole)")
+    if unused := loading.base_unused(loaded, base):
+        render.warning(unused)
     bf16_kernel = None
     if decoding and dev.type == "cpu" and dtype == "auto":
         from gptcli.infer import kernels

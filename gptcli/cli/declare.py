@@ -58,13 +58,17 @@ def _base_type(hint: Any) -> Any:
     return args[0] if args and type(None) in typing.get_args(hint) else hint
 
 
+def _item(hint: Any) -> Any:
+    """The type of one value of a repeatable parameter (list[Path]: Path), else None."""
+    base = _base_type(hint)
+    return typing.get_args(base)[0] if typing.get_origin(base) is list and typing.get_args(base) else None
+
+
 def _each(hint: Any) -> str | None:
     """The word for one value of a repeatable parameter (list[str]: <str>, as a single one
     shows), else None (Typer's own)."""
-    base = _base_type(hint)
-    if typing.get_origin(base) is list and typing.get_args(base):
-        return f"<{typing.get_args(base)[0].__name__.lower()}>"
-    return None
+    item = _item(hint)
+    return f"<{item.__name__.lower()}>" if item is not None else None
 
 
 def _path(value: Any) -> Path:
@@ -79,10 +83,7 @@ def _path(value: Any) -> Path:
 
 def _parser(hint: Any) -> Callable[[Any], Any] | None:
     """The parser of a path parameter (single or repeatable), else None (Typer's own)."""
-    base = _base_type(hint)
-    if typing.get_origin(base) is list and typing.get_args(base):
-        base = typing.get_args(base)[0]
-    return _path if base is Path else None
+    return _path if Path in (_base_type(hint), _item(hint)) else None
 
 
 def _complete(name: str | None) -> Callable[[str], list[str]] | None:

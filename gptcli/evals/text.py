@@ -40,8 +40,9 @@ def encode_text(path: Path, tokenizer: Tokenizer) -> Encoded:
     nbytes: list[np.ndarray] = []
     nchars: list[np.ndarray] = []
     eot = tokenizer.eot_id
-    records = path.suffix.lower() == ".csv" or kind_of(path) == "jsonl"
-    docs = _csv_texts(path) if path.suffix.lower() == ".csv" else ["".join(d) for d in iter_documents(path)]
+    csv = path.suffix.lower() == ".csv"
+    records = csv or kind_of(path) == "jsonl"
+    docs = _csv_texts(path) if csv else ["".join(d) for d in iter_documents(path)]
     if not any(docs):  # (not one token to predict, whatever a document's start adds)
         what = "every text in it is empty" if records and docs else "the file is empty"
         raise UsageError(f"{path}: no text to score ({what})")

@@ -58,6 +58,14 @@ def load(
     return load_checkpoint(path, device)
 
 
+def base_unused(loaded: Loaded, base: str | os.PathLike | None) -> str | None:
+    """What to warn of when --base was given for a checkpoint that is not a LoRA run (it has
+    no base to find), else None."""
+    if base is None or loaded.meta.get("lora_rank"):
+        return None
+    return f"--base is not used: {loaded.path} is not a LoRA run (its weights are whole)"
+
+
 def meta_of(spec: str | os.PathLike) -> dict[str, Any]:
     """What load(spec) would read of a checkpoint's kind (checkpoint.json: its task, ...;
     {} for a Hugging Face directory or a GGUF file, language models), and its errors for a

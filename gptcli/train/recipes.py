@@ -508,8 +508,8 @@ def load_for_resume(
                 f"{METRICS_FILE}{DAMAGED}; the run continues with the readable ones"
             )
     loaded = loading.load(found, base=base, merge=False)
-    if base is not None and not loaded.meta.get("lora_rank"):
-        notes.warning(f"--base is not used: {run} is not a LoRA run (its weights are whole)")
+    if unused := loading.base_unused(loaded, base):
+        notes.warning(unused)
     if not isinstance(loaded.meta.get("config"), dict):
         raise UsageError(f"{loaded.path}/checkpoint.json has no run config; it cannot be resumed")
     # keys the run was saved without mean what they meant then, whatever the default is now
