@@ -147,6 +147,17 @@ def test_mfu_never_exceeds_100_percent_and_a_low_peak_is_raised(tmp_path, monkey
     assert max(peaks.values()) > 1e3
 
 
+def test_the_last_step_is_logged_whatever_the_log_interval(tmp_path):
+    """The loss curve and the log end at the run's last step, not at the last multiple of
+    --log-interval before it."""
+    make_corpus(tmp_path / "c.txt")
+    args = [*TINY, "--max-iters", "7", "--eval-interval", "100", "--log-interval", "5"]
+    result = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "R", *args)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(x) for x in (tmp_path / "R" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 5, 7]
+
+
 def test_a_cached_peak_measured_on_a_busy_machine_is_raised_by_the_next_measurement():
     """The CPU's peak is cached; a first measurement made while the machine was busy (here:
     absurdly low) is probed again at the next run and raised, not kept for good."""

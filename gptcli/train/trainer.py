@@ -2,9 +2,9 @@
 
 Each step draws the global batch, runs its micro-steps and steps the optimizers
 (step.py). Every eval_interval steps it evaluates (evaluation.py) and writes last/ (the
-full training state, state.py) and best/ when val loss improved; every log_interval it
-logs to metrics.jsonl and the Reporter (gptcli/reports.py). It never prints. Set-up
-(device, precision, placement, optimizers) is setup.py's.
+full training state, state.py) and best/ when val loss improved; every log_interval steps
+(and at the last) it logs to metrics.jsonl and the Reporter (gptcli/reports.py). It never
+prints. Set-up (device, precision, placement, optimizers) is setup.py's.
 
 Under torchrun every process draws the same global batch and trains on its own slice of
 it, with the model replicated or sharded (parallel.py); rank 0 alone reports and writes.
@@ -173,7 +173,8 @@ class Trainer:
                             last = self._evaluate_and_checkpoint(elapsed)
                         self._begin_decay(elapsed)
                 rates = rates_at(state.step, cfg, elapsed, state.decay_from)
-                logging = (state.step + 1) % cfg.log_interval == 0 or state.step == 0
+                # (and the last step, so that the log and the curve end where the run does)
+                logging = (state.step + 1) % cfg.log_interval == 0 or state.step in (0, cfg.max_iters - 1)
                 result = optimizer_step(
                     self.model, self.task, cfg, self.parts, self.session.precision, rates, measure=logging
                 )
