@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
+import functools
 import os
 import re
 import shutil
-import socket
 import stat
 import time
 from collections.abc import Collection, Iterator
@@ -33,7 +32,18 @@ from typing import IO, Any
 from gptcli.errors import GptcliError, UsageError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+
+
+@functools.cache
+def _host() -> str:
+    """This machine's short tag in temporary names (made at first use, not at import, which
+    `gptcli --help` waits for: hashlib and socket take about 9 ms of it)."""
+    import hashlib
+    import socket
+
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+
+
 # what ran out, by errno, and in the words of libraries that wrap the error (safetensors)
 _FULL = {
     errno.ENOSPC: "no space left on the device to write",
@@ -62,7 +72,7 @@ def _umask() -> int:
 
 
 def _tag() -> str:
-    return f"{_HOST}-{os.getpid()}-{os.urandom(3).hex()}"
+    return f"{_host()}-{os.getpid()}-{os.urandom(3).hex()}"
 
 
 def temp_path(path: Path, suffix: str = ".tmp") -> Path:
@@ -388,7 +398,7 @@ def is_stale(entry: Path, names: Collection[str]) -> bool:
     except OSError:
         return False
     pid = int(m["pid"] or m["old_pid"] or m["old_dir_pid"])
-    if m["host"] is not None and m["host"] != _HOST:
+    if m["host"] is not None and m["host"] != _host():
         try:
             return time.time() - entry.lstat().st_mtime > STALE_AFTER
         except OSError:

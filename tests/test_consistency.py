@@ -244,8 +244,8 @@ def test_temp_files_of_dead_processes_are_removed_on_the_next_start(trained, tmp
     out = tmp_path / "tok"
     out.mkdir()
     leftovers = [
-        f".train.bin.{files._HOST}-{pid}-abc123.tmp",  # this version's names
-        f".meta.json.{files._HOST}-{pid}-abc123.tmp",
+        f".train.bin.{files._host()}-{pid}-abc123.tmp",  # this version's names
+        f".meta.json.{files._host()}-{pid}-abc123.tmp",
         f".val.bin.{pid}-0a1b2c3d.tmp",  # an earlier version's
     ]
     for name in leftovers:
@@ -255,11 +255,11 @@ def test_temp_files_of_dead_processes_are_removed_on_the_next_start(trained, tmp
 
     run_dir = tmp_path / "R"
     shutil.copytree(trained, run_dir)
-    for name in (f".last.tmp-{pid}", f".best.{files._HOST}-{pid}-abc.tmpdir"):
+    for name in (f".last.tmp-{pid}", f".best.{files._host()}-{pid}-abc.tmpdir"):
         (run_dir / name).mkdir()
         (run_dir / name / "model.safetensors").write_bytes(b"half")
     (run_dir / f".config.yaml.{pid}.tmp").write_text("half")
-    mine = run_dir / f".last.{files._HOST}-{os.getpid()}-abc.tmpdir"  # a live process's: kept
+    mine = run_dir / f".last.{files._host()}-{os.getpid()}-abc.tmpdir"  # a live process's: kept
     mine.mkdir()
     make_corpus(tmp_path / "animals.txt", n_sentences=300)
     result = run("pretrain", tmp_path / "animals.txt", "--resume", "--out", run_dir, "--max-iters", "122")

@@ -1220,7 +1220,7 @@ def test_a_build_clears_what_a_killed_build_of_the_same_library_left(tmp_path, m
     dead.wait()
     from gptcli import files
 
-    left = path.parent / f".{path.name}.{files._HOST}-{dead.pid}-abcdef.tmpdir"
+    left = path.parent / f".{path.name}.{files._host()}-{dead.pid}-abcdef.tmpdir"
     left.mkdir(parents=True)
     (left / path.name).write_bytes(b"half a library")
     other = path.parent / "mine.txt"

@@ -115,7 +115,7 @@ def test_an_export_killed_midway_leaves_nothing_in_the_way(trained, tmp_path):
     """A Hugging Face export is moved into place whole: one killed midway leaves only its
     temporary directory (as a dead process's, made here), which the next export of that name
     removes, as a GGUF export's; the same command then works."""
-    tag = f"{files._HOST}-{dead_pid()}-abcdef"
+    tag = f"{files._host()}-{dead_pid()}-abcdef"
     for left in (f".hf.{tag}.tmpdir", f".m.gguf.{tag}.tmpdir"):
         (tmp_path / left).mkdir()
         (tmp_path / left / "model.safetensors").write_bytes(b"half")

@@ -4,14 +4,16 @@ classify (or choice)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptcli.cli import render
 from gptcli.cli.common import load_model, text_arg
 from gptcli.config.verbs import ClassifySettings
 from gptcli.data.inputs import check_input
-from gptcli.data.records import Record, read_records
 from gptcli.errors import UsageError
+
+if TYPE_CHECKING:
+    from gptcli.data.records import Record
 
 
 def classify(s: ClassifySettings) -> None:
@@ -22,6 +24,7 @@ def classify(s: ClassifySettings) -> None:
     gptcli classify --ckpt runs/reasons "The owl hunted because" --choice " it ate." --choice " it slept."
     gptcli classify --ckpt runs/needs --file test.jsonl --json
     """
+    from gptcli.data.records import read_records
     from gptcli.tasks import accuracy, predict_records
     from gptcli.tasks.classify import is_pair
 
@@ -60,6 +63,8 @@ def classify(s: ClassifySettings) -> None:
 
 def _records(s: ClassifySettings, kind: str, path: Path) -> list[Record]:
     """What to classify from the command line: the text (and --text-b or --choice)."""
+    from gptcli.data.records import Record
+
     text = text_arg(" ".join(s.text or []))
     if kind == "choice":
         if len(s.choice) < 2 or s.text_b is not None:

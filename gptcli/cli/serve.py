@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -20,6 +19,8 @@ from gptcli.config.verbs import ServeSettings
 from gptcli.errors import GptcliError, UsageError, need
 
 if TYPE_CHECKING:
+    import socket
+
     from gptcli.store.checkpoint import Loaded
 
 T = TypeVar("T")
@@ -137,6 +138,8 @@ def _interruptible(wait: Callable[[], T]) -> T:
 
 def _listen(host: str, port: int) -> socket.socket:
     """A listening socket, so the port is known (--port 0) and taken before anything else."""
+    import socket  # (here: every other verb, and `gptcli --help`, starts without it)
+
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:

@@ -10,11 +10,10 @@ and duplicate keys are refused naming both lines.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from gptcli.errors import UsageError
 
@@ -25,6 +24,8 @@ MAX_NODES = 100_000  # scalars and collections, once every alias is expanded
 def _check_events(text: str, source: str) -> None:
     """Depth and expanded size from the parser's events, which come one at a time (no
     recursion, nothing built): an alias counts as the whole node it names."""
+    import yaml  # here, not at the top: `gptcli --help` never needs it
+
     anchored: dict[str, int] = {}  # anchor -> expanded size of its node
     stack: list[tuple[str | None, int]] = []  # open collections: (anchor, size so far)
     total = 0
@@ -62,43 +63,49 @@ def _check_events(text: str, source: str) -> None:
             add(anchored.get(event.anchor, 1))
 
 
-class _Loader(yaml.SafeLoader):
-    """safe_load's loader, refusing a key given twice in one mapping."""
+@functools.cache
+def _loader() -> type:
+    """safe_load's loader, refusing a key given twice in one mapping (made at first use, so
+    that importing this module does not import PyYAML)."""
+    import yaml
 
-    source = "the config"
+    class Loader(yaml.SafeLoader):
+        source = "the config"
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *base` merges; keys after it override on purpose
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            try:
-                first = seen.setdefault(key, line)
-            except TypeError:  # an unhashable key: the base class says so
-                break
-            if first != line:
-                raise UsageError(
-                    f"{self.source}: '{key}' is given twice (lines {first} and {line}); keep one"
-                )
-        return super().construct_mapping(node, deep=deep)
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` merges; keys after it override on purpose
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.setdefault(key, line)
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+                if first != line:
+                    raise UsageError(
+                        f"{self.source}: '{key}' is given twice (lines {first} and {line}); keep one"
+                    )
+            return super().construct_mapping(node, deep=deep)
 
-
-# YAML 1.2's floats, which YAML 1.1 (PyYAML) reads as strings where they have no dot or
-# exponent sign: `lr: 1e-3` and `max_iters: 1e3` are numbers, as in Python and JSON
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+    # YAML 1.2's floats, which YAML 1.1 (PyYAML) reads as strings where they have no dot or
+    # exponent sign: `lr: 1e-3` and `max_iters: 1e3` are numbers, as in Python and JSON
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."),
+    )
+    return Loader
 
 
 def load(text: str, source: str) -> Any:
     """The data of a YAML document from outside (source names it in errors)."""
+    import yaml
+
     try:
         _check_events(text, source)
-        loader = _Loader(text)
+        loader = _loader()(text)
         loader.source = source
         try:
             return loader.get_single_data()

@@ -20,14 +20,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.text import Text
 
 from gptcli import reports
@@ -215,6 +207,8 @@ def print_json(obj: Any) -> None:
 @contextmanager
 def byte_progress(description: str, total: int, show: bool = True) -> Iterator[Callable[[int, int], None]]:
     """A progress bar over bytes on stderr (only in a terminal); yields update(done, total)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
     description = escape(printable(description, 200))  # a file name is shown, never read as markup
     progress = Progress(
         "[progress.description]{task.description}",
@@ -235,6 +229,8 @@ def byte_progress(description: str, total: int, show: bool = True) -> Iterator[C
 def count_progress(description: str, total: int | None = None) -> Iterator[Callable[[int, int], None]]:
     """A progress bar over items (windows, examples) on stderr, only in a terminal;
     yields update(done, total)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
     description = escape(printable(description, 200))
     progress = Progress(
         "[progress.description]{task.description}",

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -134,7 +133,7 @@ class TrainView(reports.Reporter):
 
     def __init__(self, title: str) -> None:
         from rich.live import Live
-        from rich.progress import MofNCompleteColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
         self.title = title
         self.progress = Progress(
