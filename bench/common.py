@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import os
 import shutil
 import statistics
 import sys
@@ -30,6 +31,15 @@ from gptcli.store.hf import hf_to_gptcli_state_dict
 ROOT = Path(__file__).resolve().parents[1]
 
 _SCRATCH: list[Path] = []
+
+
+def installed_env(**extra: str) -> dict[str, str]:
+    """The environment for timing gptcli as a whole process, as an installed copy starts: with
+    Python's bytecode cached (pip compiles it at install; PYTHONDONTWRITEBYTECODE, set in some
+    CI images, would leave a work tree's modules compiled from source at every start), so
+    that the warm-up run writes it and the timed runs read it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, **extra}
 
 
 def scratch(prefix: str = "gptcli-bench-") -> Path:

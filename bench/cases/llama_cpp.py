@@ -24,7 +24,16 @@ from pathlib import Path
 
 import torch
 
-from bench.common import ROOT, Result, beside, beside_bandwidth, decoding_models, gpt2_pair, scratch
+from bench.common import (
+    ROOT,
+    Result,
+    beside,
+    beside_bandwidth,
+    decoding_models,
+    gpt2_pair,
+    installed_env,
+    scratch,
+)
 from gptcli.infer import kernels
 from gptcli.infer.generate import GREEDY, beam_search, cache_dtype, generate
 from gptcli.infer.quantize import weight_bytes
@@ -155,8 +164,9 @@ def prompts(model: GPT, llm, n: int, rounds: int) -> Result:
 
 
 def whole_process(code: list[str], repeats: int) -> float:
-    """Seconds of the best of `repeats` runs of a fresh process (after one warm-up run)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    """Seconds of the best of `repeats` runs of a fresh process (after one warm-up run, which
+    also leaves Python's bytecode cached: installed_env)."""
+    env = installed_env(PYTHONPATH=str(ROOT))
     best = float("inf")
     for i in range(repeats + 1):
         t0 = time.perf_counter()
