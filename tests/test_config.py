@@ -149,12 +149,10 @@ def test_durations(value, seconds):
 
 def test_settings_named_with_a_flag_have_that_flag():
     """Errors name a setting's flag (key_name) only where pretrain really has it."""
-    import typer
-
-    from gptcli.cli.app import app
+    from gptcli.cli.app import verb_command
     from gptcli.config import SECTIONS
 
-    pretrain = typer.main.get_command(app).commands["pretrain"]
+    pretrain = verb_command("pretrain")
     flags = {opt for param in pretrain.params for opt in (*param.opts, *param.secondary_opts)}
     named = [
         f.metadata["flag"] for cls in SECTIONS.values() for f in dataclasses.fields(cls) if f.metadata["flag"]

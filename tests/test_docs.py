@@ -10,9 +10,8 @@ import subprocess
 import sys
 
 import pytest
-import typer
 
-from gptcli.cli.app import VERBS, app
+from gptcli.cli.app import VERBS, verb_command
 from tests.helpers import ROOT
 
 
@@ -27,10 +26,9 @@ def _hook():
 
 def test_the_cli_reference_lists_every_verb_and_option_with_its_help():
     page = _hook().reference()
-    root = typer.main.get_command(app)
     for name in VERBS:
         assert f"## `gptcli {name}`" in page
-        for param in root.commands[name].params:
+        for param in verb_command(name).params:
             if param.param_type_name == "option":
                 assert f"`{param.opts[0]}`" in page, (name, param.opts)
                 assert param.help.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|") in page

@@ -4,23 +4,25 @@ holds it, and nothing about a flag is written twice."""
 
 from __future__ import annotations
 
+import inspect
 import re
+import subprocess
+import sys
 from dataclasses import MISSING, fields
 
 import pytest
-import typer
 
-from gptcli.cli.app import VERBS, app
+from gptcli.cli.app import VERBS, verb_command, verb_parts
 from gptcli.config import default_text, field_default
 
 
 def _click(verb: str):
-    return typer.main.get_command(app).commands[verb]
+    return verb_command(verb)
 
 
 def _declared(verb: str):
     """(field, the default --help must show) of every option of a verb."""
-    settings, _, overrides = VERBS[verb]
+    settings, _, overrides = verb_parts(verb)
     for f in fields(settings):
         yield f, None
     for group in overrides:
@@ -51,7 +53,7 @@ def test_each_options_help_says_the_default_its_dataclass_holds(verb):
 def test_a_verbs_defaults_are_its_dataclasss(verb):
     """An option the verb fills in itself defaults to the field's default (a list: none
     given); an option that overrides a run config defaults to None, 'not given'."""
-    settings, _, overrides = VERBS[verb]
+    settings, _, overrides = verb_parts(verb)
     params = {p.name: p for p in _click(verb).params}
     for f in fields(settings):
         if f.default is MISSING and f.default_factory is MISSING:
@@ -100,3 +102,25 @@ def test_an_example_too_wide_for_the_terminal_has_its_note_under_it_not_wrapped(
     shown = subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout.splitlines()
     assert "newest run, start of a document" in [line.strip() for line in shown]
     assert max(len(line) for line in shown) <= 80
+
+
+@pytest.mark.parametrize("verb", list(VERBS))
+def test_the_summary_gptcli_help_lists_is_the_first_paragraph_of_the_verbs_help(verb):
+    """`gptcli --help` lists the verbs from VERBS without importing them: each summary there
+    is what Typer would list from the command itself."""
+    first = inspect.cleandoc(verb_command(verb).help).split("\n\n")[0]
+    assert VERBS[verb].summary == first.replace("\n", " ").strip()
+
+
+def test_gptcli_help_imports_no_verb():
+    code = (
+        "import sys\n"
+        "from gptcli.cli.app import VERBS, main\n"
+        "sys.argv = ['gptcli', '--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "loaded = [v.module for v in VERBS.values() if 'gptcli.cli.' + v.module in sys.modules]\n"
+        "print(loaded, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "tokenize" in done.stdout and "chat" in done.stdout  # the list itself
+    assert done.stderr.strip().splitlines()[-1] == "[]"

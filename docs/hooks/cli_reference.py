@@ -25,11 +25,8 @@ def _type_name(param: Any, ctx: Any) -> str:
 
 
 def reference() -> str:
-    import typer
+    from gptcli.cli.app import VERBS, verb_command
 
-    from gptcli.cli.app import VERBS, app
-
-    root = typer.main.get_command(app)
     out = [
         "# CLI reference",
         "",
@@ -43,7 +40,7 @@ def reference() -> str:
         "",
     ]
     for name in VERBS:
-        cmd = root.commands[name]
+        cmd = verb_command(name)
         ctx = cmd.make_context(f"gptcli {name}", [], resilient_parsing=True)
         doc = (cmd.help or "").strip().splitlines()
         out += [f"## `gptcli {name}`", "", doc[0] if doc else "", ""]

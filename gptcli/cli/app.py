@@ -3,38 +3,32 @@
 Every failure leaves here as one line on stderr and an exit code: 2 for bad input (usage
 errors and gptcli.errors.UsageError), 130 for Ctrl-C, 1 for anything else. `--debug`
 (or GPTCLI_DEBUG=1) shows the traceback instead. Nothing here imports torch: verbs import
-the core lazily, so `gptcli --help` stays fast.
+the core lazily, so `gptcli --help` stays fast. A verb's module, its settings and its
+command are made only when it runs (or its own --help shows): `gptcli --help` lists the
+verbs from VERBS alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import os
 import sys
-from typing import Annotated, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer.core import TyperGroup, TyperOption
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from gptcli import __version__
 from gptcli.cli import render
-from gptcli.cli.beam import beam
-from gptcli.cli.chat import chat
-from gptcli.cli.classify import classify
-from gptcli.cli.declare import Overrides, command
-from gptcli.cli.eval import eval_
-from gptcli.cli.export import export
-from gptcli.cli.finetune import FINETUNE_OVERRIDES, finetune
-from gptcli.cli.inspect_attn import inspect_attn
-from gptcli.cli.inspect_lens import inspect_lens
-from gptcli.cli.pretrain import PRETRAIN_OVERRIDES, pretrain
-from gptcli.cli.sample import sample
-from gptcli.cli.serve import serve
-from gptcli.cli.tokenize import tokenize
-from gptcli.config import verbs
 from gptcli.errors import GptcliError, compiler_failed, unforeseen
 from gptcli.messages import printable
+
+if TYPE_CHECKING:
+    from gptcli.cli.declare import Overrides
 
 _debug = os.environ.get("GPTCLI_DEBUG", "") not in ("", "0")
 
@@ -79,8 +73,34 @@ if _option_type is not None:
     TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 
+class _Summary(TyperCommand):
+    """A verb's name and summary, all that `gptcli --help` shows of it, until it is run."""
+
+
 class _Boundary(TyperGroup):
-    """Runs the app and turns every exception into one line and an exit code."""
+    """Runs the app and turns every exception into one line and an exit code. Its verbs are
+    listed from VERBS (their help, and suggestions for a mistyped one), their commands made
+    when first asked for (verb_command)."""
+
+    _listing = False  # (while its help is drawn)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, verb in VERBS.items():
+            self.commands.setdefault(name, _Summary(name=name, help=verb.summary))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        found = super().get_command(ctx, cmd_name)
+        if isinstance(found, _Summary) and not self._listing:
+            found = self.commands[cmd_name] = verb_command(cmd_name)
+        return found
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
 
     def main(  # type: ignore[override]
         self,
@@ -219,24 +239,96 @@ def root(
     _debug = _debug or debug
 
 
-# the verbs: name -> (what it takes, its one function, the run config's flags it overrides);
+@dataclass(frozen=True)
+class Verb:
+    """Where a verb is: its module under gptcli/cli, its one function there, its settings in
+    config/verbs.py, the module's groups of run config flags it overrides, and the first
+    paragraph of the function's docstring, which `gptcli --help` lists (a test holds them
+    equal)."""
+
+    module: str
+    run: str
+    settings: str
+    summary: str
+    overrides: str | None = None
+
+
 # a new verb is its settings in config/verbs.py, its module here, and one line
-VERBS: dict[str, tuple[type, Any, tuple[Overrides, ...]]] = {
-    "tokenize": (verbs.TokenizeSettings, tokenize, ()),
-    "pretrain": (verbs.PretrainSettings, pretrain, PRETRAIN_OVERRIDES),
-    "finetune": (verbs.FinetuneVerbSettings, finetune, FINETUNE_OVERRIDES),
-    "sample": (verbs.SampleSettings, sample, ()),
-    "beam": (verbs.BeamSettings, beam, ()),
-    "inspect-attn": (verbs.InspectAttnSettings, inspect_attn, ()),
-    "inspect-lens": (verbs.InspectLensSettings, inspect_lens, ()),
-    "classify": (verbs.ClassifySettings, classify, ()),
-    "eval": (verbs.EvalSettings, eval_, ()),
-    "export": (verbs.ExportSettings, export, ()),
-    "serve": (verbs.ServeSettings, serve, ()),
-    "chat": (verbs.ChatSettings, chat, ()),
+VERBS: dict[str, Verb] = {
+    "tokenize": Verb(
+        "tokenize",
+        "tokenize",
+        "TokenizeSettings",
+        "Show the tokens of a text, or encode a corpus for training.",
+    ),
+    "pretrain": Verb(
+        "pretrain",
+        "pretrain",
+        "PretrainSettings",
+        "Train a GPT from scratch: live loss curve, checkpoints, exact resume.",
+        "PRETRAIN_OVERRIDES",
+    ),
+    "finetune": Verb(
+        "finetune",
+        "finetune",
+        "FinetuneVerbSettings",
+        "Finetune a model: domain text, classification, multiple choice or instructions.",
+        "FINETUNE_OVERRIDES",
+    ),
+    "sample": Verb("sample", "sample", "SampleSettings", "Generate text from a trained model."),
+    "beam": Verb("beam", "beam", "BeamSettings", "Search for the likeliest continuations with beam search."),
+    "inspect-attn": Verb(
+        "inspect_attn",
+        "inspect_attn",
+        "InspectAttnSettings",
+        "Show what every attention head looks at, and what the model predicts next.",
+    ),
+    "inspect-lens": Verb(
+        "inspect_lens",
+        "inspect_lens",
+        "InspectLensSettings",
+        "Show what the model would predict after each layer (the logit lens).",
+    ),
+    "classify": Verb(
+        "classify",
+        "classify",
+        "ClassifySettings",
+        "Classify text with a finetuned classifier, or pick among choices.",
+    ),
+    "eval": Verb(
+        "eval",
+        "eval_",
+        "EvalSettings",
+        "Score models on files: perplexity and bits per byte, LAMBADA, multiple choice, accuracy.",
+    ),
+    "export": Verb("export", "export", "ExportSettings", "Export a model for other tools."),
+    "serve": Verb(
+        "serve",
+        "serve",
+        "ServeSettings",
+        "Serve a model over HTTP, as OpenAI's API (completions, streaming, logprobs).",
+    ),
+    "chat": Verb("chat", "chat", "ChatSettings", "Talk to a chat model."),
 }
-for _name, (_settings, _run, _overrides) in VERBS.items():
-    app.command(_name)(command(_settings, _run, _overrides))
+
+
+def verb_parts(name: str) -> tuple[type, Callable[..., None], tuple[Overrides, ...]]:
+    """A verb's settings class, its function, and the run config's flags it overrides."""
+    from gptcli.config import verbs
+
+    verb = VERBS[name]
+    module = importlib.import_module(f"gptcli.cli.{verb.module}")
+    overrides = getattr(module, verb.overrides) if verb.overrides else ()
+    return getattr(verbs, verb.settings), getattr(module, verb.run), overrides
+
+
+def verb_command(name: str) -> Any:
+    """A verb's Click command, as Typer makes it (a Typer app of that one command)."""
+    from gptcli.cli.declare import command
+
+    one = typer.Typer(add_completion=False)
+    one.command(name)(command(*verb_parts(name)))
+    return typer.main.get_command(one)
 
 
 def main() -> None:
