@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import gzip
+import importlib
 import json
 from pathlib import Path
 
@@ -121,15 +122,20 @@ def test_bad_rows_and_damaged_files_get_one_line(tmp_path, docs):
 
 def test_a_missing_extra_is_named(tmp_path, docs, monkeypatch):
     write_all(tmp_path, docs)
-    real_import = builtins.__import__
+    real_import, real_import_module = builtins.__import__, importlib.import_module
 
     def no_optional(name, *args, **kwargs):
         if name.startswith(("pyarrow", "zstandard")):
             raise ImportError(name)
         return real_import(name, *args, **kwargs)
 
+    def no_optional_module(name, package=None):
+        if name.startswith(("pyarrow", "zstandard")):
+            raise ImportError(name)
+        return real_import_module(name, package)
+
     monkeypatch.setattr(builtins, "__import__", no_optional)
-    monkeypatch.setattr("importlib.import_module", lambda name: no_optional(name))
+    monkeypatch.setattr("importlib.import_module", no_optional_module)
     out = run("tokenize", tmp_path / "zst.txt.zst", "--out", tmp_path / "o")
     assert_usage_error(out, "pip install 'gptcli[zstd]'")
     out = run("tokenize", tmp_path / "shard.parquet", "--out", tmp_path / "o")
