@@ -89,7 +89,8 @@ OLDEST_TYPER ?= typer==0.12.5 click==8.1.7
 test-oldest-typer: $(STAMP)
 	rm -rf .oldest-typer && $(BIN)/python -m pip install -q --no-deps --target .oldest-typer $(OLDEST_TYPER)
 	PYTHONPATH=.oldest-typer $(BIN)/python -m pytest -q $(PYTEST_ARGS) -p no:cacheprovider \
-	  tests/test_shell.py tests/test_bad_input.py tests/test_cli_tokenize.py tests/test_everyday.py
+	  tests/test_shell.py tests/test_bad_input.py tests/test_cli_tokenize.py tests/test_everyday.py \
+	  tests/test_verbs.py
 
 # on a lent GPU, in one call: bench/gpu_check.py (CI runs it with DRY_RUN=1, so it cannot rot);
 # GPU_CHECK_ARGS="--skip suite --batches 64" for a shorter run. GPU_PYTHON=python3 runs it with

@@ -207,6 +207,10 @@ def _out_of_memory(e: BaseException, args: Any) -> str | None:
     return f"out of memory on {where}: {knobs}"
 
 
+# said, not left to Typer's default: Typer 0.12 compares its default's placeholder with
+# "rich", and so joined the lines of a verb's examples into one paragraph
+MARKUP = "rich"
+
 app = typer.Typer(
     cls=_Boundary,
     name="gptcli",
@@ -214,6 +218,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=MARKUP,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -326,7 +331,7 @@ def verb_command(name: str) -> Any:
     """A verb's Click command, as Typer makes it (a Typer app of that one command)."""
     from gptcli.cli.declare import command
 
-    one = typer.Typer(add_completion=False)
+    one = typer.Typer(add_completion=False, rich_markup_mode=MARKUP)
     one.command(name)(command(*verb_parts(name)))
     return typer.main.get_command(one)
 
