@@ -258,7 +258,7 @@ class Verb:
     overrides: str | None = None
 
 
-# a new verb is its settings in config/verbs.py, its module here, and one line
+# a new verb is its settings in config/verbs.py, its module here, and one entry
 VERBS: dict[str, Verb] = {
     "tokenize": Verb(
         "tokenize",
