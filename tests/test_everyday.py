@@ -147,15 +147,24 @@ def test_mfu_never_exceeds_100_percent_and_a_low_peak_is_raised(tmp_path, monkey
     assert max(peaks.values()) > 1e3
 
 
-def test_the_last_step_is_logged_whatever_the_log_interval(tmp_path):
+@pytest.mark.parametrize("stop", ["max-iters", "max-time"])
+def test_the_last_step_is_logged_whatever_the_log_interval(tmp_path, stop):
     """The loss curve and the log end at the run's last step, not at the last multiple of
-    --log-interval before it."""
+    --log-interval before it: at --max-iters, and where --max-time stops the run."""
     make_corpus(tmp_path / "c.txt")
     args = [*TINY, "--max-iters", "7", "--eval-interval", "100", "--log-interval", "5"]
+    if stop == "max-time":
+        args += ["--max-iters", "1000000", "--log-interval", "1000000", "--max-time", "2s"]
     result = run("pretrain", tmp_path / "c.txt", "--out", tmp_path / "R", *args)
     assert result.exit_code == 0, result.output
     records = [json.loads(x) for x in (tmp_path / "R" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 5, 7]
+    steps = [r["step"] for r in records if r["kind"] == "train"]
+    if stop == "max-iters":
+        assert steps == [1, 5, 7]
+    else:  # (the last eval is the stopped run's, at its last step)
+        last = records[-1]
+        assert last["kind"] == "eval" and last["step"] > 1 and steps == [1, last["step"]]
+        assert records[-2]["kind"] == "train"  # its step logged before the eval at that step
 
 
 def test_a_cached_peak_measured_on_a_busy_machine_is_raised_by_the_next_measurement():

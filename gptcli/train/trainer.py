@@ -153,11 +153,16 @@ class Trainer:
         session_start = time.perf_counter()
         clock = _Clock(t0=session_start - state.elapsed, window_t=session_start)
         last: tuple[Metrics, dict[str, dict]] = ({}, {})
+        unlogged: tuple[StepReport, StepResult] | None = None  # the last step, when not a log step
         self.model.train()
         with StopSignals(self.stopping):
             while True:
                 state.elapsed = elapsed = clock.elapsed()
                 stopping, timed_decay = self.stopping.check(state, elapsed, self.session.device)
+                if stopping and unlogged is not None:  # (out of time, or a signal: every process alike)
+                    peak = self._log(*unlogged, clock, peak)
+                    self.reporter.on_step(unlogged[0])
+                unlogged = None
                 if self.stopping.by_signal:
                     self._save_last(None)
                     break
@@ -173,7 +178,8 @@ class Trainer:
                             last = self._evaluate_and_checkpoint(elapsed)
                         self._begin_decay(elapsed)
                 rates = rates_at(state.step, cfg, elapsed, state.decay_from)
-                # (and the last step, so that the log and the curve end where the run does)
+                # (and the last step, so that the log and the curve end where the run does; a
+                # stop by time or by a signal logs its last step when it is noticed, above)
                 logging = (state.step + 1) % cfg.log_interval == 0 or state.step in (0, cfg.max_iters - 1)
                 result = optimizer_step(
                     self.model, self.task, cfg, self.parts, self.session.precision, rates, measure=logging
@@ -184,6 +190,8 @@ class Trainer:
                 report = StepReport(state.step, cfg.max_iters, clock.elapsed(), rates["adamw"], muon_lr)
                 if logging:
                     peak = self._log(report, result, clock, peak)
+                else:
+                    unlogged = (report, result)
                 self.reporter.on_step(report)
                 if cfg.sample_every and state.step % cfg.sample_every == 0:
                     with clock.paused_for():
