@@ -104,6 +104,33 @@ def test_an_example_too_wide_for_the_terminal_has_its_note_under_it_not_wrapped(
     assert max(len(line) for line in shown) <= 80
 
 
+def test_a_paragraph_of_prose_in_a_verbs_help_is_wrapped_at_the_terminals_width():
+    """Typer keeps a help's line breaks: a docstring line wider than the terminal broke in two,
+    leaving a few words on a line of their own (`beam --help` at 80 columns: "the end")."""
+    import os
+    import subprocess
+    import sys
+
+    from gptcli.cli.declare import prose_on_one_line
+
+    doc = "Do it.\n\nKeeps the best\nones, and then\nstops.\n\ngptcli x   first\ngptcli y   second"
+    assert (
+        prose_on_one_line(doc)
+        == "Do it.\n\nKeeps the best ones, and then stops.\n\ngptcli x   first\ngptcli y   second"
+    )
+    env = {**os.environ, "COLUMNS": "80"}
+    args = [sys.executable, "-m", "gptcli", "beam", "--help"]
+    shown = [
+        ln.strip()
+        for ln in subprocess.run(
+            args, capture_output=True, text=True, env=env, check=True
+        ).stdout.splitlines()
+    ]
+    prose = shown[next(i for i, ln in enumerate(shown) if ln.startswith("Keeps")) :]
+    prose = prose[: prose.index("")]
+    assert len(prose) >= 2 and all(len(line) > 60 for line in prose[:-1]), prose
+
+
 @pytest.mark.parametrize("verb", list(VERBS))
 def test_the_summary_gptcli_help_lists_is_the_first_paragraph_of_the_verbs_help(verb):
     """`gptcli --help` lists the verbs from VERBS without importing them: each summary there

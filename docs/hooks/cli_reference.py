@@ -26,6 +26,7 @@ def _type_name(param: Any, ctx: Any) -> str:
 
 def reference() -> str:
     from gptcli.cli.app import VERBS, verb_command
+    from gptcli.cli.declare import is_examples
 
     out = [
         "# CLI reference",
@@ -42,11 +43,13 @@ def reference() -> str:
     for name in VERBS:
         cmd = verb_command(name)
         ctx = cmd.make_context(f"gptcli {name}", [], resilient_parsing=True)
-        doc = (cmd.help or "").strip().splitlines()
-        out += [f"## `gptcli {name}`", "", doc[0] if doc else "", ""]
-        examples = [ln for ln in doc[1:] if ln.strip()]
-        if examples:
-            out += ["```", *[ln.strip() for ln in examples], "```", ""]
+        summary, *paragraphs = (cmd.help or "").strip().split("\n\n")
+        out += [f"## `gptcli {name}`", "", summary.replace("\n", " "), ""]
+        for paragraph in paragraphs:
+            if is_examples(paragraph):
+                out += ["```", *[ln.rstrip() for ln in paragraph.splitlines() if ln.strip()], "```", ""]
+            else:
+                out += [paragraph, ""]
         args = [p for p in cmd.params if p.param_type_name == "argument"]
         if args:
             out += ["| argument | help |", "| --- | --- |"]

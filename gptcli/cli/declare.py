@@ -152,6 +152,20 @@ def fit_examples(doc: str, columns: int) -> str:
     )
 
 
+def is_examples(paragraph: str) -> bool:
+    """Whether a paragraph of a verb's docstring is its examples: command lines (gptcli ...,
+    curl ...), each maybe with its note, indented lines under them."""
+    return all(line.startswith(("gptcli", "curl ", " ")) for line in paragraph.splitlines())
+
+
+def prose_on_one_line(doc: str) -> str:
+    """A verb's docstring with each paragraph of prose on one line, for the terminal to wrap
+    (Typer's rich help keeps a docstring's line breaks: at 80 columns a line of 84 broke in
+    two, the rest of the paragraph after it), its examples as written."""
+    paragraphs = doc.split("\n\n")
+    return "\n\n".join(p if is_examples(p) else " ".join(p.split()) for p in paragraphs)
+
+
 def help_columns() -> int:
     """The width --help is drawn at: Typer's TERMINAL_WIDTH, else the terminal's (COLUMNS)."""
     with contextlib.suppress(ValueError):
@@ -186,7 +200,7 @@ def command(
                     given.setdefault(group.section, {})[f.name] = kwargs[f.name]
         return run(chosen, given)
 
-    verb.__doc__ = fit_examples(run.__doc__ or "", help_columns())
+    verb.__doc__ = fit_examples(prose_on_one_line(inspect.cleandoc(run.__doc__ or "")), help_columns())
     verb.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     verb.__annotations__ = {p.name: p.annotation for p in params}
     del verb.__wrapped__  # Typer reads the signature above, not run's
