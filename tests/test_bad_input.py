@@ -226,6 +226,24 @@ def test_debug_shows_the_traceback(ws, monkeypatch):
     assert isinstance(result.exception, UsageError)  # raised through, for the traceback
 
 
+def test_debug_shows_the_traceback_of_a_verb_that_cannot_be_made(monkeypatch):
+    """A verb's module is imported after Click reads the command line, before the root's
+    --debug is seen: the failure is still raised through with --debug, one line without."""
+    import gptcli.cli.app as cli_app
+
+    def broken(name):
+        raise RuntimeError(f"cannot import {name}")
+
+    monkeypatch.setattr(cli_app, "_debug", False)
+    monkeypatch.setattr(cli_app, "verb_parts", broken)
+    result = run("sample", "-h")
+    assert result.exit_code == 1 and "cannot import sample" in result.output
+    assert "run again with --debug" in result.output
+    result = run("--debug", "sample", "-h")
+    assert isinstance(result.exception, RuntimeError)  # raised through, for the traceback
+    assert run("--help").exit_code == 0  # the other verbs are unaffected
+
+
 def test_json_cut_short_is_named_once(tmp_path):
     """json's 'Unterminated string starting at' is not followed by a second 'at'."""
     from gptcli.data.inputs import read_json

@@ -73,6 +73,17 @@ if _option_type is not None:
     TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 
+def _debug_before_the_verb(args: Any) -> bool:
+    """Whether --debug comes before the verb: Click makes the verb's command (importing its
+    module) before the root's callback reads --debug, so a failure there is shown as asked."""
+    for arg in list(args) if args is not None else sys.argv[1:]:
+        if arg == "--debug":
+            return True
+        if not arg.startswith("-"):  # (the verb)
+            return False
+    return False
+
+
 class _Summary(TyperCommand):
     """A verb's name and summary, all that `gptcli --help` shows of it, until it is run."""
 
@@ -110,6 +121,8 @@ class _Boundary(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        global _debug
+        _debug = _debug or _debug_before_the_verb(args)
         try:
             # "gptcli" however it was started (python -m gptcli, torchrun -m gptcli): usage
             # lines and the hints below name the command a user types
