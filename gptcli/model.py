@@ -11,6 +11,7 @@ nh heads, hs head size (C // nh), V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -18,10 +19,16 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptcli.config import ModelConfig
 
 IGNORE_INDEX = -1  # targets with this value add nothing to the loss (padding, SFT prompts)
+# attention's kernels but cuDNN's, which builds a graph for every new shape (hundreds of ms
+# on a GPU, then cached): a KV cache that grows a slot a step would build one every token
+NOT_CUDNN = [
+    SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.OVERRIDEABLE
+]  # fmt: skip
 
 
 class KVCache:
@@ -490,10 +497,12 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         if probe is not None:
             probe.residual(0, x)
-        for i, block in enumerate(self.transformer.h):
-            x = block(x, mask, kv_cache, probe)
-            if probe is not None:
-                probe.residual(i + 1, x)
+        growing = kv_cache is not None and not kv_cache.static  # (its length new at every call)
+        with sdpa_kernel(NOT_CUDNN) if growing else contextlib.nullcontext():
+            for i, block in enumerate(self.transformer.h):
+                x = block(x, mask, kv_cache, probe)
+                if probe is not None:
+                    probe.residual(i + 1, x)
         if kv_cache is not None and kv_cache.static:
             kv_cache.pos_t += T
         elif kv_cache is not None:

@@ -391,3 +391,52 @@ def test_lm_batches_cross_to_the_device_as_one_contiguous_tensor(monkeypatch):
     for row, i in enumerate([0, 7, 100]):
         assert batch["x"][row].tolist() == data[i : i + 16].tolist()
         assert batch["y"][row].tolist() == data[i + 1 : i + 17].tolist()
+
+
+def test_attention_over_a_growing_cache_never_asks_cudnn(monkeypatch):
+    """cuDNN's attention builds a graph for each new shape (hundreds of ms on a GPU): over a
+    cache that grows a slot a step (the server's batch, sample and beam without --compile)
+    it is left out, so that no step builds one. Training, and the static cache of a compiled
+    step (one shape), keep every kernel; the flags are as before after each call."""
+    seen: list[bool] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    model = GPT(config).eval()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with torch.no_grad():
+        model(torch.randint(0, 50, (2, 8)))
+        assert seen == [True, True]
+        seen.clear()
+        cache = KVCache(config, 2, 12, torch.device("cpu"), torch.float32)
+        model.next_logits(torch.randint(0, 50, (2, 5)), kv_cache=cache)
+        model.next_logits(torch.randint(0, 50, (2, 1)), kv_cache=cache)
+        cache.key_mask = torch.ones(2, 12, dtype=torch.bool)  # (the server's batch: padded rows)
+        model.next_logits(torch.randint(0, 50, (2, 1)), kv_cache=cache)
+        assert seen == [False] * 6
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        seen.clear()
+        static = KVCache(config, 2, 12, torch.device("cpu"), torch.float32, static=True)
+        model.next_logits(torch.randint(0, 50, (2, 3)), kv_cache=static)
+        model.next_logits(torch.randint(0, 50, (2, 1)), kv_cache=static)
+        assert seen == [True] * 4
+
+
+def test_a_step_over_a_growing_cache_is_one_graph():
+    """What `serve --compile` compiles (a step over the batch's growing cache, symbolic
+    sizes) leaves cuDNN out without a graph break."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    model = GPT(config).eval()
+    cache = KVCache(config, 2, 12, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        model.next_logits(torch.randint(0, 50, (2, 5)), kv_cache=cache)
+        explained = torch._dynamo.explain(model.next_logits)(torch.randint(0, 50, (2, 1)), kv_cache=cache)
+    assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
+    assert explained.graph_count == 1
