@@ -439,7 +439,8 @@ def _engine_alone(report: Report, ctx: Context) -> None:
     `gptcli serve` loads it: tokens/s for 1 and 16 sequences at once, and how much of each
     step is the model's (timed with the device synchronized around it) and how much the
     loop's own. Beside the HTTP clients' figures, it says whether a slow server is its
-    decoding loop or its HTTP side."""
+    decoding loop or its HTTP side; its first pass, beside the second, what shapes new to
+    the process cost (cuDNN's attention built a graph for each new length)."""
     import threading
 
     from gptcli.cli.common import load_model
