@@ -24,8 +24,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gptcli.config import ModelConfig
 
 IGNORE_INDEX = -1  # targets with this value add nothing to the loss (padding, SFT prompts)
-# attention's kernels but cuDNN's, which builds a graph for every new shape (hundreds of ms
-# on a GPU, then cached): a KV cache that grows a slot a step would build one every token
+# attention's kernels but cuDNN's, which builds a graph for every new shape (tens to hundreds
+# of ms on a GPU, then cached): a KV cache that grows a slot a step would build one every token
 NOT_CUDNN = [
     SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.OVERRIDEABLE
 ]  # fmt: skip

@@ -394,7 +394,7 @@ def test_lm_batches_cross_to_the_device_as_one_contiguous_tensor(monkeypatch):
 
 
 def test_attention_over_a_growing_cache_never_asks_cudnn(monkeypatch):
-    """cuDNN's attention builds a graph for each new shape (hundreds of ms on a GPU): over a
+    """cuDNN's attention builds a graph for each new shape (tens to hundreds of ms on a GPU): over a
     cache that grows a slot a step (the server's batch, sample and beam without --compile)
     it is left out, so that no step builds one. Training, and the static cache of a compiled
     step (one shape), keep every kernel; the flags are as before after each call."""
