@@ -129,7 +129,7 @@ def test_torchrun_with_nccl(tmp_path, corpus, mode):
 def test_compiled_decoding_runs_as_cuda_graphs(hf_gpt2):
     """--compile on CUDA: the one-token step is replayed as CUDA graphs (none skipped, as
     they are when the step writes to a KV cache not marked static), greedy and beams, with
-    the eager tokens in fp32."""
+    the eager tokens and logits in fp32."""
     from torch._dynamo.utils import counters
 
     from gptcli.infer.generate import GREEDY, beam_search, generate
@@ -140,10 +140,14 @@ def test_compiled_decoding_runs_as_cuda_graphs(hf_gpt2):
     torch.set_float32_matmul_precision("highest")
     counters.clear()
 
-    def greedy(compile: bool) -> list[int]:
-        return [int(s.tokens[0]) for s in generate(model, prompt, 40, sampling=GREEDY, compile=compile)]
+    def greedy(compile: bool) -> tuple[list[int], list[torch.Tensor]]:
+        steps = list(generate(model, prompt, 40, sampling=GREEDY, compile=compile))  # (read after)
+        return [int(s.tokens[0]) for s in steps], [s.logits for s in steps]
 
-    assert greedy(True) == greedy(False)
+    (compiled, compiled_logits), (eager, eager_logits) = greedy(True), greedy(False)
+    assert compiled == eager
+    # each Step's logits its own (a step ahead, the next replay overwrites the graph's output)
+    torch.testing.assert_close(torch.stack(compiled_logits), torch.stack(eager_logits), rtol=0, atol=1e-4)
     assert [h.ids for h in beam_search(model, prompt, 3, 12, compile=True)] == [
         h.ids for h in beam_search(model, prompt, 3, 12)
     ]

@@ -376,6 +376,48 @@ def decoder_model():
     return model
 
 
+def test_compiled_decoding_queues_each_tokens_next_step_before_yielding_it(decoder_model, monkeypatch):
+    """--compile decodes a step ahead of its caller (on a GPU the host's part of a token then
+    runs while the device computes the next): when token t is yielded, the step that feeds it
+    is already asked for, and none after the last token. The tokens, read on the host, and
+    the logits are eager decoding's, with sampling too, across a window slide."""
+    from gptcli.infer import generate as gen
+    from gptcli.infer.generate import row_generators
+
+    fed: list[list[int]] = []
+    push = gen._Context.push
+
+    def step(device):  # the compiled step's stand-in: eager, over the same static cache
+        return lambda model, tokens, cache: model.next_logits(tokens, kv_cache=cache)
+
+    def pushed(ctx, tokens):
+        fed.append(tokens.tolist())
+        return push(ctx, tokens)
+
+    monkeypatch.setattr(gen, "compiled_step", step)
+    monkeypatch.setattr(gen._Context, "push", pushed)
+    prompt = [5, 17, 42, 3]
+    it = generate(decoder_model, prompt, 40, num_samples=2, sampling=GREEDY, compile=True)
+    first = next(it)
+    assert first.tokens.device.type == "cpu"
+    assert fed == [first.tokens.tolist()]  # (asked for before the caller saw the token)
+    steps = [first, *it]
+    assert len(fed) == 39  # (a step for each token but the last)
+    eager = list(generate(decoder_model, prompt, 40, num_samples=2, sampling=GREEDY))
+    assert [s.tokens.tolist() for s in steps] == [s.tokens.tolist() for s in eager]
+    torch.testing.assert_close(torch.stack([s.logits for s in steps]), torch.stack([s.logits for s in eager]))
+    drawn = Sampling(temperature=0.9, top_k=20)
+
+    def sampled(compile: bool) -> list[list[int]]:
+        gens = row_generators(7, 2)
+        steps = generate(
+            decoder_model, prompt, 40, num_samples=2, sampling=drawn, generator=gens, compile=compile
+        )
+        return [s.tokens.tolist() for s in steps]
+
+    assert sampled(True) == sampled(False)
+
+
 def test_compiled_static_cache_decoding_gives_the_eager_tokens(decoder_model):
     """--compile's path (a static KV cache, a compiled one-token step) in fp32: the same
     greedy tokens as eager decoding, across a window slide (60 tokens, block 32) and for

@@ -389,8 +389,8 @@ def generate(
     batch after a single prefill). Stop early by leaving the loop.
 
     vocab_size: the tokenizer's vocabulary; ids beyond it (embedding padding) are never chosen.
-    compile: decode through a static KV cache with a compiled step (compiled_step); in fp32
-    the same tokens as without.
+    compile: decode through a static KV cache with a compiled step (compiled_step), a step
+    ahead of the caller (_one_ahead); in fp32 the same tokens as without.
 
     One sequence decoded through the C step, greedy or drawn from the logits (no top-k or
     top-p), runs several steps a call (_Context.run), as many as take about RUN_SECONDS, so
@@ -412,6 +412,9 @@ def generate(
     V = logits.size(-1)
     choose = V if vocab_size is None else min(vocab_size, V)
     padding = torch.arange(V, device=device) >= choose if choose < V else None
+    if compile:
+        yield from _one_ahead(ctx, logits, max_new_tokens, sampling, generator, padding)
+        return
     # one sequence, greedy or drawn from the logits alone, through the C step: runs of steps
     runs = num_samples == 1 and use_cache and not compile and sampling.from_logits and kernels.decodes(model)
     gen = generator[0] if isinstance(generator, Sequence) and len(generator) == 1 else generator
@@ -443,6 +446,42 @@ def generate(
         tokens = sampling.draw(logits, generator)
         yield Step(tokens, logits, sampling)
         made += 1
+
+
+def _one_ahead(
+    ctx: _Context,
+    logits: torch.Tensor,
+    n: int,
+    sampling: Sampling,
+    generator: Generators,
+    padding: torch.Tensor | None,
+) -> Iterator[Step]:
+    """Compiled decoding a step ahead: each token's next step is queued on the device before
+    the token is read on the host, so that the host's part of a token (the caller's, Python's,
+    the sync) runs while the device computes the next one (on an H200 a token's kernels took
+    about 0.6 ms and the rest of its 1.1 ms was the host's: bench/RESULTS.md). The ids reach
+    the host through a copy behind an event, which the next step does not wait for; the
+    logits a Step carries are copied out of the compiled step's output, which its next
+    replay (CUDA graphs) overwrites. The Steps' ids are on the host. A caller that leaves
+    early leaves one step done for nothing."""
+    for made in range(n):
+        out = logits.float()
+        if padding is not None:
+            out = out.masked_fill(padding, float("-inf"))
+        elif out is logits:
+            out = out.clone()
+        tokens = sampling.draw(out, generator)  # (B,) where the model is
+        if made == n - 1:
+            yield Step(tokens.cpu(), out, sampling)
+            return
+        ids = tokens.to("cpu", non_blocking=True)  # (pinned memory, from a GPU)
+        ready = torch.cuda.Event() if tokens.is_cuda else None
+        if ready is not None:
+            ready.record()
+        logits = ctx.push(tokens)  # queued behind the draw and the copy
+        if ready is not None:
+            ready.synchronize()  # (the copy, not the step after it)
+        yield Step(ids, out, sampling)
 
 
 def cache_dtype(model: GPT) -> torch.dtype:
