@@ -422,8 +422,9 @@ def _decode_profile(report: Report, cfg: ModelConfig, device: str, new: int) -> 
 
 def decode_host(report: Report, ctx: Context) -> None:
     """What the host adds to a compiled bf16 greedy token, and one way to cut it, measured
-    side by side: generate as `sample` runs it (a sync and Python every token); the
-    compiled step alone, fed its own token on the device, synced once; and generate with
+    side by side: generate as `sample` runs it (a sync and Python every token, a step ahead
+    of them on the device); the compiled step alone, fed its own token on the device, synced
+    once (the host's floor); and generate with
     inductor's freezing (the weights constants of the graph, not ~150 inputs a call: on the
     CPU that halved a tiny 12-layer step's call, 2.1 ms to 1.05 ms), with its tokens."""
     import torch._inductor.config as inductor_config
