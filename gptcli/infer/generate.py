@@ -474,10 +474,12 @@ def _one_ahead(
         if made == n - 1:
             yield Step(tokens.cpu(), out, sampling)
             return
-        ids = tokens.to("cpu", non_blocking=True)  # (pinned memory, from a GPU)
-        ready = torch.cuda.Event() if tokens.is_cuda else None
-        if ready is not None:
-            ready.record()
+        ready = None
+        if tokens.is_cuda:  # into pinned memory, the copy's end marked
+            ids, ready = tokens.to("cpu", non_blocking=True), torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(tokens.device))  # (cuda:1's, not cuda:0's)
+        else:  # (elsewhere a copy that returns when done: MPS's non-blocking one may not be)
+            ids = tokens.cpu()
         logits = ctx.push(tokens)  # queued behind the draw and the copy
         if ready is not None:
             ready.synchronize()  # (the copy, not the step after it)
