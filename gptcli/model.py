@@ -24,11 +24,27 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gptcli.config import ModelConfig
 
 IGNORE_INDEX = -1  # targets with this value add nothing to the loss (padding, SFT prompts)
-# attention's kernels but cuDNN's, which builds a graph for every new shape (tens to hundreds
-# of ms on a GPU, then cached): a KV cache that grows a slot a step would build one every token
-NOT_CUDNN = [
-    SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.OVERRIDEABLE
-]  # fmt: skip
+
+
+def not_cudnn() -> list[SDPBackend]:
+    """The attention kernels enabled now but cuDNN's, which builds a graph for every new shape
+    (tens to hundreds of ms on a GPU, then cached): a KV cache one slot longer at every step
+    would build one every token (math where nothing else is left). In a graph being compiled,
+    where the flags cannot be read, every kernel but cuDNN's."""
+    if torch.compiler.is_compiling():
+        return [
+            SDPBackend.FLASH_ATTENTION,
+            SDPBackend.EFFICIENT_ATTENTION,
+            SDPBackend.MATH,
+            SDPBackend.OVERRIDEABLE,
+        ]
+    cuda = torch.backends.cuda
+    enabled = [
+        (SDPBackend.FLASH_ATTENTION, cuda.flash_sdp_enabled()),
+        (SDPBackend.EFFICIENT_ATTENTION, cuda.mem_efficient_sdp_enabled()),
+        (SDPBackend.MATH, cuda.math_sdp_enabled()),
+    ]
+    return [*([b for b, on in enabled if on] or [SDPBackend.MATH]), SDPBackend.OVERRIDEABLE]
 
 
 class KVCache:
@@ -497,8 +513,11 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         if probe is not None:
             probe.residual(0, x)
-        growing = kv_cache is not None and not kv_cache.static  # (its length new at every call)
-        with sdpa_kernel(NOT_CUDNN) if growing else contextlib.nullcontext():
+        # a shape new at every call (a cache that grows, a prompt read into one) leaves cuDNN's
+        # attention out; the compiled step over a static cache (one shape) keeps it. (The flags
+        # are the process's: one thread decodes, in every verb.)
+        new_shapes = kv_cache is not None and (not kv_cache.static or T > 1)
+        with sdpa_kernel(not_cudnn()) if new_shapes else contextlib.nullcontext():
             for i, block in enumerate(self.transformer.h):
                 x = block(x, mask, kv_cache, probe)
                 if probe is not None:

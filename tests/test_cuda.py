@@ -128,26 +128,35 @@ def test_torchrun_with_nccl(tmp_path, corpus, mode):
 
 def test_compiled_decoding_runs_as_cuda_graphs(hf_gpt2):
     """--compile on CUDA: the one-token step is replayed as CUDA graphs (none skipped, as
-    they are when the step writes to a KV cache not marked static), greedy and beams, with
-    the eager tokens and logits in fp32."""
+    they are when the step writes to a KV cache not marked static), greedy across window
+    slides, two sampled rows and beams, with the eager tokens (and logits) in fp32."""
     from torch._dynamo.utils import counters
 
-    from gptcli.infer.generate import GREEDY, beam_search, generate
+    from gptcli.infer.generate import GREEDY, Sampling, beam_search, generate, row_generators
     from tests.helpers import ours_from_hf
 
     model = ours_from_hf(hf_gpt2(n_layer=2, vocab_size=97)).to("cuda")
+    assert model.config.block_size < 70
     prompt = [5, 17, 42, 3]
     torch.set_float32_matmul_precision("highest")
     counters.clear()
 
-    def greedy(compile: bool) -> tuple[list[int], list[torch.Tensor]]:
-        steps = list(generate(model, prompt, 40, sampling=GREEDY, compile=compile))  # (read after)
+    def greedy(compile: bool) -> tuple[list[int], list[torch.Tensor]]:  # (70 tokens: the window slides)
+        steps = list(generate(model, prompt, 70, sampling=GREEDY, compile=compile))  # (read after)
         return [int(s.tokens[0]) for s in steps], [s.logits for s in steps]
 
     (compiled, compiled_logits), (eager, eager_logits) = greedy(True), greedy(False)
     assert compiled == eager
     # each Step's logits its own (a step ahead, the next replay overwrites the graph's output)
     torch.testing.assert_close(torch.stack(compiled_logits), torch.stack(eager_logits), rtol=0, atol=1e-4)
+
+    def sampled(compile: bool) -> list[list[int]]:  # two rows, each its own generator on the GPU
+        gens = row_generators(7, 2, "cuda")
+        drawn = Sampling(temperature=0.9, top_k=20)
+        steps = generate(model, prompt, 40, num_samples=2, sampling=drawn, generator=gens, compile=compile)
+        return [s.tokens.tolist() for s in steps]
+
+    assert sampled(True) == sampled(False)
     assert [h.ids for h in beam_search(model, prompt, 3, 12, compile=True)] == [
         h.ids for h in beam_search(model, prompt, 3, 12)
     ]
@@ -159,7 +168,11 @@ def test_steps_over_a_growing_cache_run_no_cudnn_attention(hf_gpt2, compile):
     """The server's batch (eager, or `serve --compile` with symbolic sizes), and sample and
     beam without --compile, attend over a cache one slot longer at every step: cuDNN's
     attention would build a graph for each new length (on an H200 one client's 128 tokens
-    took 8 s where the same steps, their graphs built, took 0.7 s). No cuDNN kernel runs."""
+    took 8 s where the same steps, their graphs built, took 0.7 s). With cuDNN put first
+    (torch puts it first on an H100 or H200 by itself), a control call runs its kernels, and
+    none of them runs in those steps."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.profiler import ProfilerActivity, profile
 
     from gptcli.infer.engine import Engine
@@ -169,25 +182,45 @@ def test_steps_over_a_growing_cache_run_no_cudnn_attention(hf_gpt2, compile):
 
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16 (cuDNN's attention takes bf16 or fp16)")
+
+    def cudnn_kernels(prof) -> list[str]:
+        keys = {e.key for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0}
+        assert keys, "the profiler saw no device time"
+        return [k for k in keys if "cudnn" in k.lower()]
+
     model = ours_from_hf(hf_gpt2(n_layer=2, vocab_size=97)).to("cuda", torch.bfloat16)
-    engine = Engine(model, max_batch=4, compile=compile)
-    try:
-        if compile:
-            engine.warm_up()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            pending = []
-            for prompt in ([5, 17, 42, 3], [9] * 11, [1, 2]):
-                s, c = seq(prompt, 20)
-                engine.submit([s])
-                pending.append(c)
-            for c in pending:
-                assert c.wait()[1] == "length"
-            if not compile:
-                list(generate(model, [5, 17, 42, 3], 20, sampling=GREEDY))
-                beam_search(model, [5, 17, 42, 3], 3, 12)
+    cfg = model.config
+    first = [
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+    ]
+    with sdpa_kernel(first, set_priority=True):
+        q = torch.randn(2, cfg.n_head, 1, cfg.n_embd // cfg.n_head, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, cfg.n_head, 9, cfg.n_embd // cfg.n_head, device="cuda", dtype=torch.bfloat16)
+        mask = torch.ones(2, 1, 1, 9, dtype=torch.bool, device="cuda")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as control:
+            F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
             torch.cuda.synchronize()
-    finally:
-        engine.close()
-    kernels = {e.key for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0}
-    assert kernels, "the profiler saw no device time"
-    assert not [k for k in kernels if "cudnn" in k.lower()]
+        if not cudnn_kernels(control):
+            pytest.skip("cuDNN's attention does not run on this GPU (or the profiler does not name it)")
+        engine = Engine(model, max_batch=4, compile=compile)
+        try:
+            if compile:
+                engine.warm_up()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                pending = []
+                for prompt in ([5, 17, 42, 3], [9] * 11, [1, 2]):
+                    s, c = seq(prompt, 20)
+                    engine.submit([s])
+                    pending.append(c)
+                for c in pending:
+                    assert c.wait()[1] == "length"
+                if not compile:
+                    list(generate(model, [5, 17, 42, 3], 20, sampling=GREEDY))
+                    beam_search(model, [5, 17, 42, 3], 3, 12)
+                torch.cuda.synchronize()
+        finally:
+            engine.close()
+    assert not cudnn_kernels(prof)

@@ -376,11 +376,13 @@ def decoder_model():
     return model
 
 
-def test_compiled_decoding_queues_each_tokens_next_step_before_yielding_it(decoder_model, monkeypatch):
-    """--compile decodes a step ahead of its caller (on a GPU the host's part of a token then
+@pytest.mark.parametrize("ahead", [True, False], ids=["ahead-as-on-cuda", "cpu"])
+def test_compiled_decoding_queues_each_tokens_next_step_before_yielding_it(decoder_model, monkeypatch, ahead):
+    """--compile on CUDA decodes a step ahead of its caller (the host's part of a token then
     runs while the device computes the next): when token t is yielded, the step that feeds it
-    is already asked for, and none after the last token. The tokens, read on the host, and
-    the logits are eager decoding's, with sampling too, across a window slide."""
+    is already asked for, and none after the last token; on the CPU, where that step is the
+    host's own work, only once the caller asks for the next token. The tokens, read on the
+    host, and the logits are eager decoding's, with sampling too, across window slides."""
     from gptcli.infer import generate as gen
     from gptcli.infer.generate import row_generators
 
@@ -396,11 +398,12 @@ def test_compiled_decoding_queues_each_tokens_next_step_before_yielding_it(decod
 
     monkeypatch.setattr(gen, "compiled_step", step)
     monkeypatch.setattr(gen._Context, "push", pushed)
+    monkeypatch.setattr(gen, "runs_ahead", lambda device: ahead)
     prompt = [5, 17, 42, 3]
     it = generate(decoder_model, prompt, 40, num_samples=2, sampling=GREEDY, compile=True)
     first = next(it)
     assert first.tokens.device.type == "cpu"
-    assert fed == [first.tokens.tolist()]  # (asked for before the caller saw the token)
+    assert fed == ([first.tokens.tolist()] if ahead else [])  # (asked for before the caller saw it)
     steps = [first, *it]
     assert len(fed) == 39  # (a step for each token but the last)
     eager = list(generate(decoder_model, prompt, 40, num_samples=2, sampling=GREEDY))
@@ -416,6 +419,13 @@ def test_compiled_decoding_queues_each_tokens_next_step_before_yielding_it(decod
         return [s.tokens.tolist() for s in steps]
 
     assert sampled(True) == sampled(False)
+
+
+def test_compiled_decoding_runs_ahead_on_cuda_alone():
+    from gptcli.infer.generate import runs_ahead
+
+    assert runs_ahead(torch.device("cuda", 1))
+    assert not any(runs_ahead(torch.device(d)) for d in ("cpu", "mps", "meta"))
 
 
 def test_compiled_static_cache_decoding_gives_the_eager_tokens(decoder_model):

@@ -395,14 +395,16 @@ def test_lm_batches_cross_to_the_device_as_one_contiguous_tensor(monkeypatch):
 
 def test_attention_over_a_growing_cache_never_asks_cudnn(monkeypatch):
     """cuDNN's attention builds a graph for each new shape (tens to hundreds of ms on a GPU): over a
-    cache that grows a slot a step (the server's batch, sample and beam without --compile)
-    it is left out, so that no step builds one. Training, and the static cache of a compiled
-    step (one shape), keep every kernel; the flags are as before after each call."""
+    cache that grows a slot a step (the server's batch, sample and beam without --compile),
+    and for a prompt read into a static one, it is left out, so that no step builds one.
+    Training, and the compiled step over a static cache (one shape), keep every kernel; the
+    flags are as before after each call, and a kernel the user turned off stays off."""
     seen: list[bool] = []
     sdpa = F.scaled_dot_product_attention
 
     def recording(*args, **kwargs):
         seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        assert not torch.backends.cuda.mem_efficient_sdp_enabled()  # (turned off below)
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
@@ -410,6 +412,15 @@ def test_attention_over_a_growing_cache_never_asks_cudnn(monkeypatch):
     config = ModelConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16)
     model = GPT(config).eval()
     assert torch.backends.cuda.cudnn_sdp_enabled()
+    efficient = torch.backends.cuda.mem_efficient_sdp_enabled()
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    try:
+        _decode_and_record(model, config, seen)
+    finally:
+        torch.backends.cuda.enable_mem_efficient_sdp(efficient)
+
+
+def _decode_and_record(model: GPT, config: ModelConfig, seen: list[bool]) -> None:
     with torch.no_grad():
         model(torch.randint(0, 50, (2, 8)))
         assert seen == [True, True]
@@ -423,9 +434,10 @@ def test_attention_over_a_growing_cache_never_asks_cudnn(monkeypatch):
         assert torch.backends.cuda.cudnn_sdp_enabled()
         seen.clear()
         static = KVCache(config, 2, 12, torch.device("cpu"), torch.float32, static=True)
-        model.next_logits(torch.randint(0, 50, (2, 3)), kv_cache=static)
+        model.next_logits(torch.randint(0, 50, (2, 3)), kv_cache=static)  # (a prompt: a new shape)
         model.next_logits(torch.randint(0, 50, (2, 1)), kv_cache=static)
-        assert seen == [True] * 4
+        assert seen == [False, False, True, True]
+        assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 def test_a_step_over_a_growing_cache_is_one_graph():

@@ -192,7 +192,7 @@ SAMPLE = Sampling()  # from p itself
 class Step:
     """One decoding step for a batch of B continuations."""
 
-    tokens: torch.Tensor  # (B,) the chosen ids
+    tokens: torch.Tensor  # (B,) the chosen ids (on the host where decoding was compiled)
     logits: torch.Tensor  # (B, V) the model's next-token logits (fp32, padding at -inf)
     sampling: Sampling = SAMPLE
 
@@ -389,8 +389,8 @@ def generate(
     batch after a single prefill). Stop early by leaving the loop.
 
     vocab_size: the tokenizer's vocabulary; ids beyond it (embedding padding) are never chosen.
-    compile: decode through a static KV cache with a compiled step (compiled_step), a step
-    ahead of the caller (_one_ahead); in fp32 the same tokens as without.
+    compile: decode through a static KV cache with a compiled step (compiled_step), on CUDA a
+    step ahead of the caller (_one_ahead); in fp32 the same tokens as without.
 
     One sequence decoded through the C step, greedy or drawn from the logits (no top-k or
     top-p), runs several steps a call (_Context.run), as many as take about RUN_SECONDS, so
@@ -448,6 +448,13 @@ def generate(
         made += 1
 
 
+def runs_ahead(device: torch.device) -> bool:
+    """Whether compiled decoding runs a step ahead of its caller (_one_ahead): where the device
+    computes while the host goes on, CUDA's. On the CPU the step is the host's own work: ahead,
+    each token would come a step later, and a caller that stops would pay for one more."""
+    return device.type == "cuda"
+
+
 def _one_ahead(
     ctx: _Context,
     logits: torch.Tensor,
@@ -456,14 +463,15 @@ def _one_ahead(
     generator: Generators,
     padding: torch.Tensor | None,
 ) -> Iterator[Step]:
-    """Compiled decoding a step ahead: each token's next step is queued on the device before
-    the token is read on the host, so that the host's part of a token (the caller's, Python's,
-    the sync) runs while the device computes the next one (on an H200 a token's kernels took
-    about 0.6 ms and the rest of its 1.1 ms was the host's: bench/RESULTS.md). The ids reach
-    the host through a copy behind an event, which the next step does not wait for; the
-    logits a Step carries are copied out of the compiled step's output, which its next
-    replay (CUDA graphs) overwrites. The Steps' ids are on the host. A caller that leaves
-    early leaves one step done for nothing."""
+    """Compiled decoding, on CUDA a step ahead: each token's next step is queued on the device
+    before the token is read on the host, so that the host's part of a token (the caller's,
+    Python's, the sync) runs while the device computes the next one (on an H200 a token's
+    kernels took about 0.6 ms and the rest of its 1.1 ms was the host's: bench/RESULTS.md).
+    The ids reach the host through a copy behind an event, which the next step does not wait
+    for; the logits a Step carries are copied out of the compiled step's output, which its
+    next replay (CUDA graphs) overwrites. The Steps' ids are on the host. A caller that
+    leaves early leaves one step done for nothing."""
+    ahead = runs_ahead(logits.device)
     for made in range(n):
         out = logits.float()
         if padding is not None:
@@ -471,14 +479,16 @@ def _one_ahead(
         elif out is logits:
             out = out.clone()
         tokens = sampling.draw(out, generator)  # (B,) where the model is
-        if made == n - 1:
+        if made == n - 1 or not ahead:
             yield Step(tokens.cpu(), out, sampling)
-            return
+            if made < n - 1:
+                logits = ctx.push(tokens)
+            continue
         ready = None
         if tokens.is_cuda:  # into pinned memory, the copy's end marked
             ids, ready = tokens.to("cpu", non_blocking=True), torch.cuda.Event()
             ready.record(torch.cuda.current_stream(tokens.device))  # (cuda:1's, not cuda:0's)
-        else:  # (elsewhere a copy that returns when done: MPS's non-blocking one may not be)
+        else:  # (a copy that returns when done)
             ids = tokens.cpu()
         logits = ctx.push(tokens)  # queued behind the draw and the copy
         if ready is not None:
