@@ -380,15 +380,20 @@ def decoding(report: Report, ctx: Context) -> None:
     _decode_profile(report, cfg, device, new)
 
 
+def _bf16_model(cfg: ModelConfig, device: str) -> tuple[GPT, list[int]]:
+    """A random bf16 model of the shape on the device, and a 16-token prompt for it."""
+    torch.manual_seed(0)
+    model = GPT(cfg).eval().to(device, torch.bfloat16)
+    return model, torch.randint(0, cfg.vocab_size, (16,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
 def _decode_profile(report: Report, cfg: ModelConfig, device: str, new: int) -> None:
     """Where a bf16 greedy token's time goes, decoded as `sample` does on this device: the
     wall time a token, the device's kernels a token (torch.profiler), and the busiest kernels:
     kernels well under the wall time mean the host (Python, launches, syncs) is what bounds it."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.manual_seed(0)
-    model = GPT(cfg).eval().to(device, torch.bfloat16)
-    ids = torch.randint(0, cfg.vocab_size, (16,), generator=torch.Generator().manual_seed(1)).tolist()
+    model, ids = _bf16_model(cfg, device)
     compiled = device.startswith("cuda")
 
     def decode() -> None:
@@ -424,9 +429,9 @@ def decode_host(report: Report, ctx: Context) -> None:
     """What the host adds to a compiled bf16 greedy token, and one way to cut it, measured
     side by side: generate as `sample` runs it (a sync and Python every token, a step ahead
     of them on the device); the compiled step alone, fed its own token on the device, synced
-    once (the host's floor); and generate with
-    inductor's freezing (the weights constants of the graph, not ~150 inputs a call: on the
-    CPU that halved a tiny 12-layer step's call, 2.1 ms to 1.05 ms), with its tokens."""
+    once (the host's floor); and generate with inductor's freezing (the weights constants of
+    the graph, not ~150 inputs a call: on the CPU that halved a tiny 12-layer step's call,
+    2.1 ms to 1.05 ms), with its tokens."""
     import torch._inductor.config as inductor_config
 
     from gptcli.infer import generate as gen
@@ -438,9 +443,7 @@ def decode_host(report: Report, ctx: Context) -> None:
     report.section(
         f"the host's share of a compiled bf16 token, {'a tiny shape' if ctx.dry_run else 'GPT-2 124M'}"
     )
-    torch.manual_seed(0)
-    model = GPT(cfg).eval().to(device, torch.bfloat16)
-    ids = torch.randint(0, cfg.vocab_size, (16,), generator=torch.Generator().manual_seed(1)).tolist()
+    model, ids = _bf16_model(cfg, device)
     dev = torch.device(device)
 
     def decode() -> list[int]:

@@ -31,20 +31,13 @@ def not_cudnn() -> list[SDPBackend]:
     (tens to hundreds of ms on a GPU, then cached): a KV cache one slot longer at every step
     would build one every token (math where nothing else is left). In a graph being compiled,
     where the flags cannot be read, every kernel but cuDNN's."""
-    if torch.compiler.is_compiling():
-        return [
-            SDPBackend.FLASH_ATTENTION,
-            SDPBackend.EFFICIENT_ATTENTION,
-            SDPBackend.MATH,
-            SDPBackend.OVERRIDEABLE,
-        ]
-    cuda = torch.backends.cuda
-    enabled = [
-        (SDPBackend.FLASH_ATTENTION, cuda.flash_sdp_enabled()),
-        (SDPBackend.EFFICIENT_ATTENTION, cuda.mem_efficient_sdp_enabled()),
-        (SDPBackend.MATH, cuda.math_sdp_enabled()),
-    ]
-    return [*([b for b, on in enabled if on] or [SDPBackend.MATH]), SDPBackend.OVERRIDEABLE]
+    kernels = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+    kept = list(kernels)
+    if not torch.compiler.is_compiling():
+        cuda = torch.backends.cuda
+        on = (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled())
+        kept = [k for k, enabled in zip(kernels, on, strict=True) if enabled] or [SDPBackend.MATH]
+    return [*kept, SDPBackend.OVERRIDEABLE]
 
 
 class KVCache:
